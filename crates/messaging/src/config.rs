@@ -1,0 +1,204 @@
+//! The `[amqp]` section of a service's settings.
+
+use std::{fmt, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+/// Which RabbitMQ queue type the work, retry, parking-lot and holding queues use.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueType {
+    /// Replicated Raft queues: the production choice on a cluster.
+    #[default]
+    Quorum,
+    /// Single-node queues, for brokers without quorum queues.
+    Classic,
+}
+
+impl QueueType {
+    /// The `x-queue-type` argument value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Quorum => "quorum",
+            Self::Classic => "classic",
+        }
+    }
+}
+
+/// Connection and topology settings shared by the publisher, the relay and the consumers.
+///
+/// `Debug` never prints the password of `url`.
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AmqpConfig {
+    /// `amqp://user:password@host:port/vhost` (the default vhost is `%2f`).
+    pub url: String,
+    /// The durable topic exchange every event is published to.
+    pub exchange: String,
+    /// Prefix of every queue this service declares (tests use it for isolation).
+    pub queue_prefix: String,
+    /// Unacknowledged deliveries a consumer may hold at once (also its handler concurrency).
+    pub prefetch: u16,
+    /// Handler runs per message before it is parked in the dead-letter queue.
+    pub max_attempts: u32,
+    /// Delay before the first retry; each further retry waits twice as long.
+    pub retry_base_ms: u64,
+    /// `quorum` (default) or `classic`.
+    pub queue_type: QueueType,
+}
+
+impl Default for AmqpConfig {
+    fn default() -> Self {
+        Self {
+            url: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
+            exchange: "flashsale.events".to_owned(),
+            queue_prefix: String::new(),
+            prefetch: 64,
+            max_attempts: 5,
+            retry_base_ms: 1000,
+            queue_type: QueueType::Quorum,
+        }
+    }
+}
+
+impl fmt::Debug for AmqpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpConfig")
+            .field("url", &redact_url(&self.url))
+            .field("exchange", &self.exchange)
+            .field("queue_prefix", &self.queue_prefix)
+            .field("prefetch", &self.prefetch)
+            .field("max_attempts", &self.max_attempts)
+            .field("retry_base_ms", &self.retry_base_ms)
+            .field("queue_type", &self.queue_type)
+            .finish()
+    }
+}
+
+impl AmqpConfig {
+    /// Checks every value; the error names the offending key (`amqp.<key>: …`) and never
+    /// contains the password.
+    pub fn validate(&self) -> Result<(), String> {
+        match url::Url::parse(&self.url) {
+            Ok(u) if matches!(u.scheme(), "amqp" | "amqps") && u.host_str().is_some() => {}
+            Ok(u) if !matches!(u.scheme(), "amqp" | "amqps") => {
+                return Err(format!(
+                    "amqp.url: scheme must be amqp or amqps, not `{}`",
+                    u.scheme()
+                ));
+            }
+            Ok(_) => return Err("amqp.url: has no host".to_owned()),
+            Err(e) => return Err(format!("amqp.url: not a valid URL ({e})")),
+        }
+        if self.exchange.trim().is_empty() {
+            return Err("amqp.exchange: must not be empty".to_owned());
+        }
+        if self.exchange.len() > 200 || self.queue_prefix.len() > 100 {
+            return Err("amqp.exchange / amqp.queue_prefix: too long for AMQP names".to_owned());
+        }
+        if self.prefetch == 0 {
+            return Err("amqp.prefetch: must be 1..=65535".to_owned());
+        }
+        if self.max_attempts == 0 || self.max_attempts > 20 {
+            return Err("amqp.max_attempts: must be 1..=20".to_owned());
+        }
+        if self.retry_base_ms == 0 || self.retry_base_ms > 3_600_000 {
+            return Err("amqp.retry_base_ms: must be 1..=3600000".to_owned());
+        }
+        Ok(())
+    }
+
+    /// The TTL of retry queue `i` (1-based): `retry_base_ms * 2^(i-1)`, capped at one day.
+    pub fn retry_delay(&self, i: u32) -> Duration {
+        let factor = 1u64 << i.saturating_sub(1).min(30);
+        Duration::from_millis(self.retry_base_ms.saturating_mul(factor).min(86_400_000))
+    }
+
+    /// `queue_prefix` + `name`.
+    pub fn queue_name(&self, name: &str) -> String {
+        format!("{}{name}", self.queue_prefix)
+    }
+}
+
+/// The URL with its password replaced by `***` (or a placeholder when it does not parse).
+pub(crate) fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => "<unparsable url>".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bad(f: impl FnOnce(&mut AmqpConfig)) -> String {
+        let mut c = AmqpConfig::default();
+        f(&mut c);
+        c.validate().unwrap_err()
+    }
+
+    #[test]
+    fn default_config_is_valid() {
+        assert_eq!(AmqpConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn each_bad_key_is_named() {
+        assert!(bad(|c| c.url = "http://h/".into()).starts_with("amqp.url:"));
+        assert!(bad(|c| c.url = "not a url".into()).starts_with("amqp.url:"));
+        assert!(bad(|c| c.url = "amqp://".into()).starts_with("amqp.url:"));
+        assert!(bad(|c| c.exchange = " ".into()).starts_with("amqp.exchange:"));
+        assert!(bad(|c| c.prefetch = 0).starts_with("amqp.prefetch:"));
+        assert!(bad(|c| c.max_attempts = 0).starts_with("amqp.max_attempts:"));
+        assert!(bad(|c| c.retry_base_ms = 0).starts_with("amqp.retry_base_ms:"));
+    }
+
+    #[test]
+    fn amqps_is_accepted() {
+        let c = AmqpConfig {
+            url: "amqps://u:p@broker.example:5671/%2f".into(),
+            ..AmqpConfig::default()
+        };
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn debug_and_errors_never_show_the_password() {
+        let c = AmqpConfig {
+            url: "amqp://user:s3cret@host:5672/%2f".into(),
+            ..AmqpConfig::default()
+        };
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("user"), "{shown}");
+        let err = bad(|c| c.url = "ftp://user:s3cret@host/".into());
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn queue_type_and_defaults_deserialize() {
+        let c: AmqpConfig =
+            serde_json::from_str(r#"{"queue_type":"classic","prefetch":8}"#).unwrap();
+        assert_eq!(c.queue_type, QueueType::Classic);
+        assert_eq!(c.prefetch, 8);
+        assert_eq!(c.exchange, "flashsale.events");
+        assert!(serde_json::from_str::<AmqpConfig>(r#"{"queue_type":"lazy"}"#).is_err());
+    }
+
+    #[test]
+    fn retry_delays_double() {
+        let c = AmqpConfig {
+            retry_base_ms: 10,
+            ..AmqpConfig::default()
+        };
+        assert_eq!(c.retry_delay(1), Duration::from_millis(10));
+        assert_eq!(c.retry_delay(2), Duration::from_millis(20));
+        assert_eq!(c.retry_delay(4), Duration::from_millis(80));
+    }
+}

@@ -1,0 +1,85 @@
+//! The `outbox` and `inbox` tables, as a migration each service adds to its own migrator:
+//!
+//! ```ignore
+//! fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+//!     vec![Box::new(flashsale_messaging::migration::CreateOutboxAndInbox), /* … */]
+//! }
+//! ```
+
+use sea_orm_migration::{
+    MigrationName, MigrationTrait, SchemaManager, async_trait,
+    sea_orm::{ConnectionTrait as _, DbErr},
+};
+
+/// The `NOTIFY` channel the outbox trigger signals on every insert.
+pub const OUTBOX_CHANNEL: &str = "flashsale_outbox";
+
+const UP: &str = r#"
+CREATE TABLE outbox (
+    id              bigserial   PRIMARY KEY,
+    message_id      uuid        NOT NULL UNIQUE,
+    -- NULL = the relay's configured event exchange; '' = the default exchange (delay queues).
+    exchange        text        NULL,
+    routing_key     text        NOT NULL,
+    message_type    text        NOT NULL,
+    payload         bytea       NOT NULL,
+    -- Propagation headers captured at enqueue time (traceparent, tracestate).
+    headers         jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    published_at    timestamptz NULL,
+    attempts        integer     NOT NULL DEFAULT 0,
+    last_error      text        NULL,
+    -- A row the broker refused (unroutable, nacked) waits before the next try.
+    next_attempt_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX outbox_unpublished_idx ON outbox (id) WHERE published_at IS NULL;
+CREATE INDEX outbox_published_at_idx ON outbox (published_at) WHERE published_at IS NOT NULL;
+
+CREATE FUNCTION flashsale_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('flashsale_outbox', '');
+    RETURN NULL;
+END
+$$;
+-- Per statement: one wake-up for a multi-row insert; delivered at commit, never on rollback.
+CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION flashsale_outbox_notify();
+
+CREATE TABLE inbox (
+    consumer     text        NOT NULL,
+    message_id   uuid        NOT NULL,
+    processed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX inbox_processed_at_idx ON inbox (processed_at);
+"#;
+
+const DOWN: &str = r#"
+DROP TABLE IF EXISTS inbox;
+DROP TRIGGER IF EXISTS outbox_notify ON outbox;
+DROP FUNCTION IF EXISTS flashsale_outbox_notify();
+DROP TABLE IF EXISTS outbox;
+"#;
+
+/// Creates `outbox` (with its `NOTIFY` trigger) and `inbox`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateOutboxAndInbox;
+
+impl MigrationName for CreateOutboxAndInbox {
+    fn name(&self) -> &str {
+        "m20260101_000000_messaging_create_outbox_and_inbox"
+    }
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for CreateOutboxAndInbox {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager.get_connection().execute_unprepared(UP).await?;
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager.get_connection().execute_unprepared(DOWN).await?;
+        Ok(())
+    }
+}

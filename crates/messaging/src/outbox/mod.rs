@@ -1,0 +1,132 @@
+//! The transactional outbox: an event is a row written in the same transaction as the state
+//! change it reports; the [`OutboxRelay`] publishes committed rows. No dual writes: a rolled-back
+//! transaction leaves no event, a committed one is published at least once.
+
+mod relay;
+
+use std::time::Duration;
+
+use flashsale_proto::events::v1::Envelope;
+use sea_orm::{ConnectionTrait, DbErr, Statement, Value};
+
+pub use relay::{OutboxRelay, RelayOptions};
+
+use crate::{envelope, topology::DelayQueue, trace};
+
+/// Where a row goes: `exchange` `None` means the relay's configured event exchange.
+struct Target<'a> {
+    exchange: Option<&'a str>,
+    routing_key: &'a str,
+}
+
+/// Writes `env` to the outbox, to be published on the event exchange with its type as routing
+/// key. Call it inside the transaction that makes the state change; it captures the current
+/// span's trace context.
+pub async fn enqueue<C: ConnectionTrait>(conn: &C, env: &Envelope) -> Result<(), DbErr> {
+    enqueue_many(conn, std::slice::from_ref(env)).await
+}
+
+/// [`enqueue`] for several envelopes in one multi-row insert.
+pub async fn enqueue_many<C: ConnectionTrait>(conn: &C, envs: &[Envelope]) -> Result<(), DbErr> {
+    let rows: Vec<_> = envs
+        .iter()
+        .map(|e| {
+            let target = Target {
+                exchange: None,
+                routing_key: &e.r#type,
+            };
+            (e, target)
+        })
+        .collect();
+    insert(conn, &rows).await
+}
+
+/// Writes `env` to the outbox for `queue`: after the queue's delay it reaches the consumers of
+/// its routing key.
+pub async fn enqueue_delayed<C: ConnectionTrait>(
+    conn: &C,
+    env: &Envelope,
+    queue: &DelayQueue,
+) -> Result<(), DbErr> {
+    enqueue_to(conn, env, "", queue.name()).await
+}
+
+/// Writes `env` to the outbox for an explicit `exchange` (`""` = default exchange) and
+/// `routing_key`.
+pub async fn enqueue_to<C: ConnectionTrait>(
+    conn: &C,
+    env: &Envelope,
+    exchange: &str,
+    routing_key: &str,
+) -> Result<(), DbErr> {
+    let target = Target {
+        exchange: Some(exchange),
+        routing_key,
+    };
+    insert(conn, &[(env, target)]).await
+}
+
+async fn insert<C: ConnectionTrait>(conn: &C, rows: &[(&Envelope, Target<'_>)]) -> Result<(), DbErr> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let headers = trace::current_headers();
+    let headers = serde_json::Value::Object(
+        headers
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v)))
+            .collect(),
+    );
+    let mut sql = String::from(
+        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, payload, headers) VALUES ",
+    );
+    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 6);
+    for (i, (env, target)) in rows.iter().enumerate() {
+        let id = envelope::check(env).map_err(|e| DbErr::Custom(format!("outbox: {e}")))?;
+        let n = i * 6;
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str(&format!(
+            "(${},${},${},${},${},${})",
+            n + 1,
+            n + 2,
+            n + 3,
+            n + 4,
+            n + 5,
+            n + 6
+        ));
+        values.push(id.into());
+        values.push(target.exchange.map(str::to_owned).into());
+        values.push(target.routing_key.to_owned().into());
+        values.push(env.r#type.clone().into());
+        values.push(envelope::encode(env).into());
+        values.push(headers.clone().into());
+    }
+    let stmt = Statement::from_sql_and_values(conn.get_database_backend(), sql, values);
+    conn.execute_raw(stmt).await?;
+    Ok(())
+}
+
+/// Deletes rows published more than `older_than` ago; returns how many.
+pub async fn purge_published<C: ConnectionTrait>(conn: &C, older_than: Duration) -> Result<u64, DbErr> {
+    let secs = older_than.as_secs_f64();
+    let stmt = Statement::from_sql_and_values(
+        conn.get_database_backend(),
+        "DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)",
+        [secs.into()],
+    );
+    Ok(conn.execute_raw(stmt).await?.rows_affected())
+}
+
+/// Rows not yet published (a health/lag gauge for operators).
+pub async fn pending<C: ConnectionTrait>(conn: &C) -> Result<i64, DbErr> {
+    let stmt = Statement::from_string(
+        conn.get_database_backend(),
+        "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL",
+    );
+    match conn.query_one_raw(stmt).await? {
+        Some(row) => row.try_get::<i64>("", "n"),
+        None => Ok(0),
+    }
+}

@@ -1,0 +1,300 @@
+//! The relay: moves committed outbox rows to the broker.
+//!
+//! Each batch is one transaction: `SELECT … FOR UPDATE SKIP LOCKED` (so relays on several
+//! replicas share the work without publishing a row twice at the same time), publish all rows
+//! pipelined with confirms, mark the confirmed ones, commit. A crash between publish and commit
+//! publishes those rows again later: delivery is at least once and consumers deduplicate
+//! through the inbox.
+
+use std::{collections::BTreeMap, future::Future, time::Duration};
+
+use anyhow::Context as _;
+use flashsale_platform::failpoint::Failpoints;
+use futures_util::FutureExt as _;
+use lapin::types::FieldTable;
+use sea_orm::{DatabaseConnection, DbBackend, DbErr};
+use sqlx::{PgPool, Row as _, postgres::PgListener};
+use tracing::{debug, error, warn};
+
+use crate::{
+    migration::OUTBOX_CHANNEL,
+    publisher::{OutgoingMessage, PublishError, Publisher},
+    trace,
+};
+
+/// Failpoint reached after a batch was published and confirmed, before anything is marked.
+pub const FP_AFTER_PUBLISH: &str = "outbox.relay.after_publish";
+/// Failpoint reached right before the `UPDATE` that marks rows published.
+pub const FP_BEFORE_MARK: &str = "outbox.relay.before_mark";
+
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const PURGE_EVERY: Duration = Duration::from_secs(600);
+
+/// Tuning of an [`OutboxRelay`].
+#[derive(Clone, Debug)]
+pub struct RelayOptions {
+    /// Rows per transaction (published pipelined, then confirmed together).
+    pub batch_size: u32,
+    /// Poll interval when no `NOTIFY` arrives (a lost notification, a dead listener).
+    pub poll_interval: Duration,
+    /// Published rows older than this are deleted (checked every 10 minutes).
+    pub retention: Duration,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            batch_size: 256,
+            poll_interval: Duration::from_secs(1),
+            retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// Publishes committed outbox rows; run one per service replica (they cooperate).
+pub struct OutboxRelay {
+    pool: PgPool,
+    publisher: Publisher,
+    failpoints: Failpoints,
+    options: RelayOptions,
+}
+
+impl std::fmt::Debug for OutboxRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxRelay")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl OutboxRelay ===
+
+impl OutboxRelay {
+    /// A relay over the service's PostgreSQL database (fails for another backend).
+    pub fn new(db: &DatabaseConnection, publisher: Publisher) -> Result<Self, DbErr> {
+        if db.get_database_backend() != DbBackend::Postgres {
+            return Err(DbErr::Custom("the outbox relay needs PostgreSQL".to_owned()));
+        }
+        Ok(Self {
+            pool: db.get_postgres_connection_pool().clone(),
+            publisher,
+            failpoints: Failpoints::default(),
+            options: RelayOptions::default(),
+        })
+    }
+
+    /// Uses `failpoints` ([`FP_AFTER_PUBLISH`], [`FP_BEFORE_MARK`]).
+    pub fn with_failpoints(mut self, failpoints: Failpoints) -> Self {
+        self.failpoints = failpoints;
+        self
+    }
+
+    /// Replaces the tuning.
+    pub fn with_options(mut self, options: RelayOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Runs until `shutdown` resolves (e.g. `token.cancelled_owned()` of a
+    /// `tokio_util::sync::CancellationToken`, or `async move { let _ = rx.changed().await; }`
+    /// on a `watch` channel). Wakes on `NOTIFY flashsale_outbox`, and polls every
+    /// `poll_interval` in case a notification was missed. A batch in flight is finished first.
+    pub async fn run<S>(self, shutdown: S) -> anyhow::Result<()>
+    where
+        S: Future<Output = ()> + Send,
+    {
+        let shutdown = shutdown.fuse();
+        futures_util::pin_mut!(shutdown);
+        let mut listener: Option<PgListener> = None;
+        let mut backoff = BACKOFF_MIN;
+        let mut last_purge = tokio::time::Instant::now();
+        loop {
+            if listener.is_none() {
+                listener = self.listen().await;
+            }
+            // Drain: batches until one comes back short.
+            let mut failed = false;
+            loop {
+                if (&mut shutdown).now_or_never().is_some() {
+                    return Ok(());
+                }
+                match self.relay_batch().await {
+                    Ok(n) if n >= self.options.batch_size as usize => {
+                        backoff = BACKOFF_MIN;
+                    }
+                    Ok(_) => {
+                        backoff = BACKOFF_MIN;
+                        break;
+                    }
+                    Err(e) => {
+                        error!(error = format!("{e:#}"), retry_in_ms = backoff.as_millis() as u64, "failed to publish outbox batch");
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if last_purge.elapsed() >= PURGE_EVERY {
+                last_purge = tokio::time::Instant::now();
+                self.purge().await;
+            }
+            let wait = if failed { backoff } else { self.options.poll_interval };
+            if failed {
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                _ = tokio::time::sleep(wait) => {}
+                res = recv(&mut listener), if !failed => {
+                    if let Err(e) = res {
+                        warn!(error = %e, "outbox listener failed, polling until it is back");
+                        listener = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Publishes one batch of due rows; returns how many rows it took (published or not).
+    pub async fn relay_batch(&self) -> anyhow::Result<usize> {
+        let mut tx = self.pool.begin().await.context("begin outbox transaction")?;
+        let rows = sqlx::query(
+            "SELECT id, message_id, exchange, routing_key, message_type, payload, \
+                    headers::text AS headers, created_at \
+             FROM outbox \
+             WHERE published_at IS NULL AND next_attempt_at <= now() \
+             ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(i64::from(self.options.batch_size))
+        .fetch_all(&mut *tx)
+        .await
+        .context("select outbox rows")?;
+        if rows.is_empty() {
+            tx.commit().await.context("commit empty outbox batch")?;
+            return Ok(0);
+        }
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut msgs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            ids.push(row.try_get::<i64, _>("id").context("read outbox id")?);
+            msgs.push(self.message(row).context("read outbox row")?);
+        }
+        let results = self.publisher.publish_batch(&msgs).await;
+        self.failpoints.hit(FP_AFTER_PUBLISH).await?;
+
+        let mut sent = Vec::new();
+        let (mut refused_ids, mut refused_errs) = (Vec::new(), Vec::new());
+        for ((id, msg), res) in ids.iter().zip(&msgs).zip(results) {
+            match res {
+                Ok(()) => sent.push(*id),
+                Err(e @ (PublishError::Unroutable { .. } | PublishError::Nacked { .. })) => {
+                    warn!(outbox_id = id, message_id = %msg.message_id, error = %e, "broker refused outbox message");
+                    refused_ids.push(*id);
+                    refused_errs.push(e.to_string());
+                }
+                // Channel or connection trouble: mark what was confirmed, retry the rest soon.
+                Err(e) => {
+                    debug!(outbox_id = id, error = %e, "outbox message not confirmed");
+                }
+            }
+        }
+        self.failpoints.hit(FP_BEFORE_MARK).await?;
+        if !sent.is_empty() {
+            sqlx::query(
+                "UPDATE outbox SET published_at = now(), attempts = attempts + 1, last_error = NULL \
+                 WHERE id = ANY($1)",
+            )
+            .bind(&sent)
+            .execute(&mut *tx)
+            .await
+            .context("mark outbox rows published")?;
+        }
+        if !refused_ids.is_empty() {
+            sqlx::query(
+                "UPDATE outbox o SET attempts = o.attempts + 1, last_error = f.err, \
+                     next_attempt_at = now() + make_interval(secs => least(power(2, o.attempts), 300)) \
+                 FROM unnest($1::bigint[], $2::text[]) AS f(id, err) WHERE o.id = f.id",
+            )
+            .bind(&refused_ids)
+            .bind(&refused_errs)
+            .execute(&mut *tx)
+            .await
+            .context("record refused outbox rows")?;
+        }
+        tx.commit().await.context("commit outbox batch")?;
+        metrics::counter!("flashsale_outbox_published_total").increment(sent.len() as u64);
+        metrics::counter!("flashsale_outbox_refused_total").increment(refused_ids.len() as u64);
+        let unconfirmed = rows.len() - sent.len() - refused_ids.len();
+        if unconfirmed > 0 {
+            anyhow::bail!("{unconfirmed} of {} outbox messages not confirmed", rows.len());
+        }
+        Ok(rows.len())
+    }
+
+    fn message(&self, row: &sqlx::postgres::PgRow) -> anyhow::Result<OutgoingMessage> {
+        let exchange: Option<String> = row.try_get("exchange")?;
+        let created: chrono::DateTime<chrono::Utc> = row.try_get("created_at")?;
+        let headers_json: String = row.try_get("headers")?;
+        let headers: BTreeMap<String, String> = serde_json::from_str::<serde_json::Map<_, _>>(&headers_json)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(k, v)| match v {
+                serde_json::Value::String(s) => Some((k, s)),
+                _ => None,
+            })
+            .collect();
+        let mut table = FieldTable::default();
+        trace::insert_strings(&mut table, &headers);
+        Ok(OutgoingMessage {
+            exchange: exchange.unwrap_or_else(|| self.publisher.exchange().to_owned()),
+            routing_key: row.try_get("routing_key")?,
+            message_id: row.try_get::<uuid::Uuid, _>("message_id")?.to_string(),
+            kind: row.try_get("message_type")?,
+            timestamp: u64::try_from(created.timestamp()).unwrap_or(0),
+            headers: table,
+            payload: row.try_get("payload")?,
+        })
+    }
+
+    async fn listen(&self) -> Option<PgListener> {
+        let res = async {
+            let mut l = PgListener::connect_with(&self.pool).await?;
+            l.listen(OUTBOX_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(l)
+        }
+        .await;
+        match res {
+            Ok(l) => Some(l),
+            Err(e) => {
+                warn!(error = %e, "cannot listen for outbox notifications, polling");
+                None
+            }
+        }
+    }
+
+    async fn purge(&self) {
+        let secs = self.options.retention.as_secs_f64();
+        let res = sqlx::query("DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)")
+            .bind(secs)
+            .execute(&self.pool)
+            .await;
+        match res {
+            Ok(r) if r.rows_affected() > 0 => debug!(rows = r.rows_affected(), "purged published outbox rows"),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "failed to purge published outbox rows"),
+        }
+    }
+}
+
+/// The next notification, or never when there is no listener (the poll timer wakes us).
+async fn recv(listener: &mut Option<PgListener>) -> Result<(), sqlx::Error> {
+    match listener {
+        Some(l) => {
+            l.recv().await?;
+            // Coalesce a burst of notifications into one wake-up.
+            while l.next_buffered().is_some() {}
+            Ok(())
+        }
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,3 @@
+//! Adapters between the outside world and the order use cases.
+
+pub mod grpc;

@@ -1,0 +1,12 @@
+//! The order database's schema, applied at start-up.
+
+use sea_orm_migration::{MigrationTrait, MigratorTrait, async_trait::async_trait};
+
+pub struct Migrator;
+
+#[async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(flashsale_messaging::migration::CreateOutboxAndInbox)]
+    }
+}

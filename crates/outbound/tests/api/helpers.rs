@@ -1,0 +1,41 @@
+//! `spawn_app`: the outbound service in-process on free ports with its own database.
+
+use flashsale_outbound::config::Settings;
+use flashsale_platform::shutdown::Shutdown;
+use flashsale_test_support::{TestDatabase, amqp_url, unique_name};
+
+pub struct TestApp {
+    pub grpc_port: u16,
+    pub metrics_port: u16,
+    pub shutdown: Shutdown,
+    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub db: TestDatabase,
+}
+
+pub fn test_settings(db: &TestDatabase) -> Settings {
+    let mut s = Settings::default();
+    s.grpc.addr = "127.0.0.1:0".into();
+    s.metrics.addr = "127.0.0.1:0".into();
+    s.database.url = db.url.clone();
+    s.database.max_connections = 5;
+    s.amqp.url = amqp_url();
+    s.amqp.exchange = unique_name("fs_test_ex");
+    s.amqp.queue_prefix = format!("{}.", unique_name("fs_test_q"));
+    s
+}
+
+pub async fn spawn_app() -> TestApp {
+    let db = TestDatabase::create().await.expect("create test database");
+    let app = flashsale_outbound::startup::build(test_settings(&db))
+        .await
+        .expect("build app");
+    let (grpc_port, metrics_port, shutdown) = (app.grpc_port(), app.metrics_port(), app.shutdown());
+    let task = tokio::spawn(app.run_until_stopped());
+    TestApp {
+        grpc_port,
+        metrics_port,
+        shutdown,
+        task,
+        db,
+    }
+}

@@ -1,0 +1,210 @@
+//! Named failpoints at the steps of a saga, so a fault-injection suite can make a process error,
+//! panic, stall or die at exactly one step.
+//!
+//! A [`Failpoints`] value is owned per service instance (not a process global), so tests running
+//! in parallel in one process arm only their own. Services arm them from the `FLASHSALE_FAILPOINTS`
+//! spec at start-up (`name=action;name=action`, actions `error`, `panic`, `exit`, `sleep(ms)`,
+//! each optionally prefixed with a count: `1*exit` fires once).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+/// What an armed failpoint does when reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Return [`FailpointError`] from [`Failpoints::hit`].
+    Error,
+    /// Panic the task that reached it.
+    Panic,
+    /// End the whole process at once, like `kill -9` (exit code 137).
+    Exit,
+    /// Sleep, then go on.
+    Sleep(Duration),
+}
+
+#[derive(Clone, Debug)]
+struct Armed {
+    action: Action,
+    /// `None` fires forever; `Some(n)` fires n more times.
+    remaining: Option<u32>,
+}
+
+/// The error a failpoint armed with [`Action::Error`] returns.
+#[derive(Debug, thiserror::Error)]
+#[error("failpoint {0} triggered")]
+pub struct FailpointError(pub String);
+
+/// A set of armed failpoints; cheap to clone, free to check while none is armed.
+#[derive(Clone, Default)]
+pub struct Failpoints {
+    any: Arc<AtomicBool>,
+    armed: Arc<RwLock<HashMap<String, Armed>>>,
+}
+
+impl std::fmt::Debug for Failpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self
+            .armed
+            .read()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        f.debug_struct("Failpoints").field("armed", &names).finish()
+    }
+}
+
+impl Failpoints {
+    /// Parses a spec such as `outbox.relay.after_publish=1*exit;order.create.after_reserve=error`.
+    pub fn from_spec(spec: &str) -> Result<Self, String> {
+        let fp = Self::default();
+        for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, action) = part
+                .split_once('=')
+                .ok_or_else(|| format!("failpoint `{part}` has no `=action`"))?;
+            let name = name.trim();
+            if name.is_empty() {
+                return Err(format!("failpoint `{part}` has an empty name"));
+            }
+            let (count, action) = match action.split_once('*') {
+                Some((n, a)) => (
+                    Some(
+                        n.trim()
+                            .parse::<u32>()
+                            .map_err(|_| format!("failpoint `{name}`: bad count `{n}`"))?,
+                    ),
+                    a.trim(),
+                ),
+                None => (None, action.trim()),
+            };
+            let action = parse_action(action).ok_or_else(|| {
+                format!("failpoint `{name}`: unknown action `{action}` (error, panic, exit, sleep(ms))")
+            })?;
+            fp.arm_n(name, action, count);
+        }
+        Ok(fp)
+    }
+
+    /// Arms `name` to fire every time it is reached.
+    pub fn arm(&self, name: &str, action: Action) {
+        self.arm_n(name, action, None);
+    }
+
+    /// Arms `name` to fire `count` times (forever when `None`).
+    pub fn arm_n(&self, name: &str, action: Action, count: Option<u32>) {
+        if let Ok(mut m) = self.armed.write() {
+            m.insert(
+                name.to_owned(),
+                Armed {
+                    action,
+                    remaining: count,
+                },
+            );
+            self.any.store(true, Ordering::Release);
+        }
+    }
+
+    /// Disarms `name`.
+    pub fn disarm(&self, name: &str) {
+        if let Ok(mut m) = self.armed.write() {
+            m.remove(name);
+            self.any.store(!m.is_empty(), Ordering::Release);
+        }
+    }
+
+    fn take(&self, name: &str) -> Option<Action> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut m = self.armed.write().ok()?;
+        let armed = m.get_mut(name)?;
+        let action = armed.action.clone();
+        match armed.remaining {
+            Some(0) => return None,
+            Some(ref mut n) => *n -= 1,
+            None => {}
+        }
+        Some(action)
+    }
+
+    /// Reaches failpoint `name`: does nothing unless it is armed.
+    pub async fn hit(&self, name: &str) -> Result<(), FailpointError> {
+        match self.take(name) {
+            None => Ok(()),
+            Some(Action::Sleep(d)) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+            Some(other) => fire(name, other),
+        }
+    }
+}
+
+fn fire(name: &str, action: Action) -> Result<(), FailpointError> {
+    match action {
+        Action::Error => Err(FailpointError(name.to_owned())),
+        Action::Panic => panic!("failpoint {name} triggered"),
+        Action::Exit => {
+            tracing::error!(failpoint = name, "failpoint exits the process");
+            std::process::exit(137)
+        }
+        Action::Sleep(d) => {
+            std::thread::sleep(d);
+            Ok(())
+        }
+    }
+}
+
+fn parse_action(s: &str) -> Option<Action> {
+    match s {
+        "error" => Some(Action::Error),
+        "panic" => Some(Action::Panic),
+        "exit" => Some(Action::Exit),
+        _ => {
+            let ms = s.strip_prefix("sleep(")?.strip_suffix(')')?;
+            Some(Action::Sleep(Duration::from_millis(ms.trim().parse().ok()?)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unarmed_failpoint_does_nothing() {
+        let fp = Failpoints::default();
+        assert!(fp.hit("x").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn counted_failpoint_fires_only_that_many_times() {
+        let fp = Failpoints::from_spec("a=2*error").unwrap();
+        assert!(fp.hit("a").await.is_err());
+        assert!(fp.hit("a").await.is_err());
+        assert!(fp.hit("a").await.is_ok());
+        assert!(fp.hit("b").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn disarmed_failpoint_stops_firing() {
+        let fp = Failpoints::default();
+        fp.arm("a", Action::Error);
+        assert!(fp.hit("a").await.is_err());
+        fp.disarm("a");
+        assert!(fp.hit("a").await.is_ok());
+    }
+
+    #[test]
+    fn bad_specs_are_rejected_with_the_name() {
+        assert!(Failpoints::from_spec("a").unwrap_err().contains("`a`"));
+        assert!(Failpoints::from_spec("a=boom").unwrap_err().contains("boom"));
+        assert!(Failpoints::from_spec("a=x*error").unwrap_err().contains("count"));
+        assert!(Failpoints::from_spec("=error").is_err());
+        assert!(Failpoints::from_spec("a=sleep(5);b=1*panic").is_ok());
+    }
+}

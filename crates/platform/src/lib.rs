@@ -1,0 +1,19 @@
+//! What every flashsale service stands on: layered configuration, telemetry, the gRPC server
+//! builder (health, reflection, auth, limits), the one mapping from service errors to
+//! `tonic::Status`, graceful shutdown, Prometheus metrics and named failpoints.
+
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod db;
+pub mod dead_letter;
+pub mod error;
+pub mod failpoint;
+pub mod grpc;
+pub mod metrics;
+pub mod settings;
+pub mod shutdown;
+pub mod telemetry;
+pub mod trace;
+
+pub use error::ApiError;

@@ -1,0 +1,91 @@
+//! W3C trace context across gRPC: servers continue the caller's trace (a span per request whose
+//! parent is the incoming `traceparent`), clients inject the current span's context.
+
+use std::task::{Context, Poll};
+
+use opentelemetry::propagation::{Extractor, Injector};
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+struct HeaderExtractor<'a>(&'a http::HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);
+
+impl Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(k), Ok(v)) = (
+            tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+            tonic::metadata::MetadataValue::try_from(value.as_str()),
+        ) {
+            self.0.insert(k, v);
+        }
+    }
+}
+
+/// Writes the current span's trace context into outgoing request metadata.
+pub fn inject_current(metadata: &mut tonic::metadata::MetadataMap) {
+    let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut MetadataInjector(metadata));
+    });
+}
+
+/// A tonic client interceptor that injects the current trace context into every call.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InjectTraceContext;
+
+impl tonic::service::Interceptor for InjectTraceContext {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        inject_current(request.metadata_mut());
+        Ok(request)
+    }
+}
+
+/// Tower layer for the server: one span per request, child of the incoming `traceparent`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TraceContextLayer;
+
+impl<S> tower::Layer<S> for TraceContextLayer {
+    type Service = TraceContextService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        TraceContextService { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct TraceContextService<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for TraceContextService<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let parent = opentelemetry::global::get_text_map_propagator(|p| {
+            p.extract(&HeaderExtractor(req.headers()))
+        });
+        let span = tracing::info_span!("grpc", rpc = %req.uri().path());
+        let _ = span.set_parent(parent);
+        let fut = self.inner.call(req);
+        Box::pin(fut.instrument(span))
+    }
+}

@@ -1,0 +1,40 @@
+//! Builds the product-stock service from its settings.
+
+use flashsale_platform::{
+    app::{Application, Foundation},
+    dead_letter::PendingDeadLetters,
+    grpc::ServerRoutes,
+};
+use flashsale_proto::{
+    admin::v1::dead_letter_service_server::DeadLetterServiceServer,
+    product::v1::product_stock_service_server::ProductStockServiceServer,
+};
+use tonic::service::interceptor::InterceptedService;
+
+use crate::{adapters::grpc::ProductStockApi, config::Settings, migration::Migrator};
+
+/// Connects and migrates the database, binds the listeners and wires the gRPC services.
+pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+    let f = Foundation::build::<Migrator>(
+        "product-stock",
+        &settings.grpc,
+        &settings.metrics,
+        &settings.database,
+        &settings.auth,
+    ).await?;
+    let max = settings.grpc.max_message_bytes;
+    let routes = ServerRoutes::new()
+        .add(InterceptedService::new(
+            ProductStockServiceServer::new(ProductStockApi)
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+            f.auth.clone(),
+        ))
+        .add(InterceptedService::new(
+            DeadLetterServiceServer::new(PendingDeadLetters)
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+            f.auth.clone(),
+        ));
+    Ok(Application::new(f, routes))
+}

@@ -1,0 +1,68 @@
+//! Checks every flashsale service must pass, whatever its business: health, reflection of the
+//! whole contract, `/metrics`, the dead-letter admin API's auth, and a clean stop.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use flashsale_platform::{auth::Role, shutdown::Shutdown};
+use flashsale_proto::admin::v1::{
+    ListDeadLettersRequest, dead_letter_service_client::DeadLetterServiceClient,
+};
+use tonic::Code;
+
+use crate::grpc::{channel, health, http_get, reflection_services, token, with_token};
+
+const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+
+/// Health, reflection (`v1` and `v1alpha`), `/metrics` and dead-letter auth of a running service
+/// whose business service is `service_name`.
+pub async fn check_endpoints(grpc_port: u16, metrics_port: u16, service_name: &str) -> anyhow::Result<()> {
+    ensure!(health(grpc_port, service_name).await? == SERVING, "{service_name} is not SERVING");
+    ensure!(health(grpc_port, "").await? == SERVING, "the server is not SERVING");
+    let err = health(grpc_port, "no.such.Service").await.err().context("unknown service must fail")?;
+    let status = err.downcast_ref::<tonic::Status>().context("health error is a status")?;
+    ensure!(status.code() == Code::NotFound, "unknown service: {status:?}");
+
+    let (v1, v1alpha) = reflection_services(grpc_port).await?;
+    for names in [&v1, &v1alpha] {
+        for expected in flashsale_proto::SERVICE_NAMES.iter().copied().chain(["grpc.health.v1.Health"]) {
+            ensure!(names.iter().any(|n| n == expected), "reflection lacks {expected}: {names:?}");
+        }
+    }
+
+    let (status, body) = http_get(metrics_port, "/metrics").await?;
+    ensure!(status.contains("200"), "/metrics answered {status}");
+    ensure!(body.is_empty() || body.contains('#') || body.contains('_'), "not Prometheus text: {body}");
+    let (status, _) = http_get(metrics_port, "/nope").await?;
+    ensure!(status.contains("404"), "/nope answered {status}");
+
+    let mut dl = DeadLetterServiceClient::new(channel(grpc_port).await?);
+    let code = |r: Result<tonic::Response<_>, tonic::Status>| r.err().map(|s| s.code());
+    let anonymous = dl.list_dead_letters(ListDeadLettersRequest::default()).await;
+    ensure!(code(anonymous) == Some(Code::Unauthenticated), "anonymous dead-letter call");
+    let user = dl
+        .list_dead_letters(with_token(ListDeadLettersRequest::default(), &token("alice", Role::User)))
+        .await;
+    ensure!(code(user) == Some(Code::PermissionDenied), "user dead-letter call");
+    let forged = dl
+        .list_dead_letters(with_token(ListDeadLettersRequest::default(), "not.a.jwt"))
+        .await;
+    ensure!(code(forged) == Some(Code::Unauthenticated), "forged token dead-letter call");
+    Ok(())
+}
+
+/// Triggers shutdown and checks the service stops by itself, cleanly, and stops listening.
+pub async fn check_clean_stop(
+    grpc_port: u16,
+    shutdown: Shutdown,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    shutdown.trigger();
+    let joined = tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .context("service did not stop within 15 s")?;
+    joined.context("service task panicked")??;
+    let refused = tokio::net::TcpStream::connect(("127.0.0.1", grpc_port)).await.is_err();
+    ensure!(refused, "gRPC port still accepts connections after stop");
+    Ok(())
+}

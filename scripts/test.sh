@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs the whole test suite against real servers:
+#   1. scripts/dev-infra.sh (PostgreSQL, Redis, RabbitMQ reachable at FLASHSALE_TEST_*_URL),
+#   2. drops fs_test_* databases that earlier runs left behind (ones still in use are kept),
+#   3. cargo nextest run --workspace "$@"   (cargo test --workspace "$@" without nextest).
+# Extra arguments go to the test runner (e.g. a filter: scripts/test.sh reserve_fails).
+# The exit code is the test runner's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCRIPT="test"
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+
+drop_leftover_test_databases() {
+    if ! have psql; then
+        warn "psql not found: leftover fs_test_* databases are not dropped"
+        return 0
+    fi
+    local admin db dropped=0 busy=0 dbs=()
+    admin="$(url_base "$FLASHSALE_TEST_POSTGRES_URL")/postgres"
+    mapfile -t dbs < <(psql "$admin" -w -Atqc \
+        "select datname from pg_database where datname like 'fs\\_test\\_%' order by 1")
+    for db in "${dbs[@]}"; do
+        [[ "$db" =~ ^fs_test_[A-Za-z0-9_]+$ ]] || continue
+        # without FORCE: a database a running test still uses is kept
+        if psql "$admin" -w -qc "drop database if exists \"$db\"" >/dev/null 2>&1; then
+            dropped=$((dropped + 1))
+        else
+            busy=$((busy + 1))
+        fi
+    done
+    if ((dropped + busy > 0)); then
+        log "dropped $dropped leftover test database(s); kept $busy in use"
+    fi
+}
+
+main() {
+    scripts/dev-infra.sh
+    drop_leftover_test_databases
+    if cargo nextest --version >/dev/null 2>&1; then
+        log "cargo nextest run --workspace $*"
+        exec cargo nextest run --workspace "$@"
+    fi
+    warn "cargo-nextest is not installed; falling back to cargo test"
+    log "cargo test --workspace $*"
+    exec cargo test --workspace "$@"
+}
+
+main "$@"

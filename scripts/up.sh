@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Starts the whole platform on this machine:
+#   1. scripts/dev-infra.sh (PostgreSQL, Redis, RabbitMQ reachable),
+#   2. cargo build --workspace --bins (into $CARGO_TARGET_DIR, default ~/.cache/flashsale-target),
+#   3. flashsale-product-stock, flashsale-order, flashsale-outbound in the background from the
+#      repository root (so ./config is found), pid files and logs in .run/ ($FLASHSALE_RUN_DIR),
+#   4. waits until `flashsale health` reports all three SERVING ($FLASHSALE_UP_TIMEOUT s, 60).
+# Idempotent: a service whose pid file names a live process is not started again.
+# Stop with scripts/down.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCRIPT=up
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+
+UP_TIMEOUT="${FLASHSALE_UP_TIMEOUT:-60}"
+BIN_DIR="$CARGO_TARGET_DIR/debug"
+CLI="$BIN_DIR/flashsale"
+STARTED=() # services started by this run
+
+build() {
+    log "cargo build --workspace --bins (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+    cargo build --workspace --bins
+}
+
+start_service() { # service
+    local svc="$1" bin="$BIN_DIR/flashsale-$1" pidf="$RUN_DIR/$1.pid" logf="$RUN_DIR/$1.log"
+    local pid port
+    if pid="$(live_pid "$pidf" "flashsale-$svc")"; then
+        if [[ "$bin" -nt "$pidf" ]]; then
+            log "$svc already running (pid $pid) on an older build: scripts/down.sh && scripts/up.sh restarts it"
+        else
+            log "$svc already running (pid $pid)"
+        fi
+        return 0
+    fi
+    rm -f "$pidf"
+    [[ -x "$bin" ]] || die "$bin is missing after the build"
+    for port in "$(svc_grpc_port "$svc")" "$(svc_metrics_port "$svc")"; do
+        if port_open 127.0.0.1 "$port"; then
+            die "port $port (for $svc) is taken by a process up.sh did not start; 'ss -ltnp' shows which"
+        fi
+    done
+    if [[ -f "$logf" ]]; then mv -f "$logf" "$logf.1"; fi
+    nohup "$bin" >"$logf" 2>&1 </dev/null &
+    pid=$!
+    echo "$pid" >"$pidf"
+    STARTED+=("$svc")
+    log "started $svc (pid $pid), log $logf"
+}
+
+# Prints the end of a service's log, indented.
+show_log_tail() { # service
+    local logf="$RUN_DIR/$1.log"
+    if [[ -s "$logf" ]]; then
+        printf '%s: --- last lines of %s ---\n' "$SCRIPT" "$logf" >&2
+        tail -n 40 "$logf" | sed 's/^/    /' >&2
+    else
+        printf '%s: (%s is empty)\n' "$SCRIPT" "$logf" >&2
+    fi
+}
+
+# The CLI finds the services through these (only set when the caller did not).
+export_health_urls() {
+    local svc var
+    for svc in "${SERVICES[@]}"; do
+        var="FLASHSALE_$(svc_env "$svc")_URL"
+        if [[ -z "${!var:-}" ]]; then
+            export "$var=http://127.0.0.1:$(svc_grpc_port "$svc")"
+        fi
+    done
+}
+
+# Waits until `flashsale health` exits 0; fails as soon as a service process is gone.
+wait_healthy() {
+    local deadline=$((SECONDS + UP_TIMEOUT)) svc out
+    log "waiting up to ${UP_TIMEOUT} s for all services to be SERVING"
+    while :; do
+        for svc in "${SERVICES[@]}"; do
+            if ! live_pid "$RUN_DIR/$svc.pid" "flashsale-$svc" >/dev/null; then
+                printf '%s: error: %s exited during start\n' "$SCRIPT" "$svc" >&2
+                show_log_tail "$svc"
+                rm -f "$RUN_DIR/$svc.pid"
+                die "$svc did not start (the others are left running; scripts/down.sh stops them)"
+            fi
+        done
+        if out="$("$CLI" health 2>&1)"; then
+            return 0
+        fi
+        if ((SECONDS >= deadline)); then
+            printf '%s: error: not all services SERVING after %s s; flashsale health said:\n' "$SCRIPT" "$UP_TIMEOUT" >&2
+            printf '%s\n' "$out" | sed 's/^/    /' >&2
+            for svc in "${SERVICES[@]}"; do show_log_tail "$svc"; done
+            die "start-up timed out (the services are left running; scripts/down.sh stops them)"
+        fi
+        sleep 1
+    done
+}
+
+print_endpoints() {
+    local svc
+    log "all services SERVING"
+    for svc in "${SERVICES[@]}"; do
+        printf '  %-14s gRPC 127.0.0.1:%s   metrics http://127.0.0.1:%s/metrics   log %s\n' \
+            "$svc" "$(svc_grpc_port "$svc")" "$(svc_metrics_port "$svc")" "$RUN_DIR/$svc.log"
+    done
+    printf '  CLI: %s (e.g. "%s health")\n' "$CLI" "$CLI"
+    printf '  stop: scripts/down.sh\n'
+}
+
+main() {
+    scripts/dev-infra.sh
+    build
+    mkdir -p "$RUN_DIR"
+    local svc
+    for svc in "${SERVICES[@]}"; do start_service "$svc"; done
+    export_health_urls
+    wait_healthy
+    print_endpoints
+}
+
+main "$@"
