@@ -197,7 +197,7 @@ async fn lost(conn: &Connection) -> String {
             },
             _ = tick.tick() => {
                 if !conn.status().connected() {
-                    return format!("connection state {:?}", conn.status().state());
+                    return "connection no longer connected".to_owned();
                 }
             }
         }

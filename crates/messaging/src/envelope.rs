@@ -199,7 +199,12 @@ mod tests {
 
     #[test]
     fn caused_by_links_the_cause() {
-        let cause = new(Payload::OrderCreated(OrderCreated::default()), "o1", "", "order");
+        let cause = new(
+            Payload::OrderCreated(OrderCreated::default()),
+            "o1",
+            "",
+            "order",
+        );
         let effect = caused_by(
             &cause,
             Payload::StockReserved(StockReserved::default()),
@@ -225,7 +230,10 @@ mod tests {
         ));
         let mut env = new(Payload::OrderPaid(OrderPaid::default()), "o1", "", "order");
         env.message_id = "nope".into();
-        assert!(matches!(decode(&encode(&env)), Err(DecodeError::BadMessageId(_))));
+        assert!(matches!(
+            decode(&encode(&env)),
+            Err(DecodeError::BadMessageId(_))
+        ));
         assert!(matches!(
             decode(b"\xff\xff\xff garbage"),
             Err(DecodeError::Protobuf(_))

@@ -1,1 +1,39 @@
-//! placeholder
+//! RabbitMQ plumbing shared by the flashsale services (ARCHITECTURE §5): one [`Broker`]
+//! connection that heals itself, the event exchange and per-consumer queues with a retry ladder
+//! and a parking lot ([`topology`]), the protobuf [`envelope`], a confirming [`Publisher`], the
+//! transactional [`outbox`] with its relay, the [`inbox`] for idempotent handlers, and the
+//! retry/DLQ [`Consumer`] loop. Trace context rides along in a `traceparent` header.
+//!
+//! A service wires it like this:
+//!
+//! ```ignore
+//! let broker = Broker::connect(settings.amqp.clone()).await?;
+//! let publisher = Publisher::with_delay_queues(&broker, vec![payment_timeout_queue]);
+//! tokio::spawn(OutboxRelay::new(&db, publisher)?.run(token.clone().cancelled_owned()));
+//! let topology = QueueTopology::new(broker.config(), "order.stock-events", &[keys::STOCK_RESERVED]);
+//! tokio::spawn(Consumer::new(&broker, topology, handler).run(token.cancelled_owned()));
+//! // in a use case's transaction:
+//! outbox::enqueue(&txn, &envelope::new(payload, order_id, "", "order")).await?;
+//! // in a handler's transaction:
+//! if !inbox::claim(&txn, "order.stock-events", msg.message_id).await? { return Ok(()); }
+//! ```
+
+pub mod broker;
+pub mod config;
+pub mod consumer;
+pub mod envelope;
+pub mod headers;
+pub mod inbox;
+pub mod migration;
+pub mod outbox;
+pub mod publisher;
+pub mod topology;
+pub mod trace;
+
+pub use broker::{Broker, BrokerError};
+pub use config::{AmqpConfig, QueueType};
+pub use consumer::{Consumer, Handler, HandlerError, Incoming};
+pub use envelope::{DecodeError, keys};
+pub use outbox::{OutboxRelay, RelayOptions};
+pub use publisher::{OutgoingMessage, PublishError, Publisher};
+pub use topology::{DelayQueue, QueueTopology};

@@ -71,6 +71,8 @@ impl MigrationName for CreateOutboxAndInbox {
     }
 }
 
+// async_trait cannot take `SchemaManager<'_>` here (early/late-bound lifetime mismatch).
+#[allow(elided_lifetimes_in_paths)]
 #[async_trait::async_trait]
 impl MigrationTrait for CreateOutboxAndInbox {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {

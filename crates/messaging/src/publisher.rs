@@ -48,6 +48,9 @@ pub enum PublishError {
     /// No confirm arrived in time; the message may or may not have been delivered.
     #[error("no publisher confirm within {0:?}")]
     Timeout(Duration),
+    /// Not sent: the channel failed on an earlier message of the same batch.
+    #[error("not sent: the channel failed earlier in the batch")]
+    NotSent,
     /// The channel or connection failed.
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -97,13 +100,18 @@ impl OutgoingMessage {
     }
 
     fn properties(&self) -> Result<BasicProperties, BrokerError> {
-        Ok(BasicProperties::default()
+        let mut props = BasicProperties::default()
             .with_content_type(CONTENT_TYPE.into())
             .with_delivery_mode(2)
-            .with_message_id(short(&self.message_id)?)
-            .with_type(short(&self.kind)?)
             .with_timestamp(self.timestamp)
-            .with_headers(self.headers.clone()))
+            .with_headers(self.headers.clone());
+        if !self.message_id.is_empty() {
+            props = props.with_message_id(short(&self.message_id)?);
+        }
+        if !self.kind.is_empty() {
+            props = props.with_type(short(&self.kind)?);
+        }
+        Ok(props)
     }
 }
 
@@ -162,7 +170,11 @@ impl Publisher {
     }
 
     /// Publishes `env` into `queue`, which releases it to its routing key after its delay.
-    pub async fn publish_delayed(&self, queue: &DelayQueue, env: &Envelope) -> Result<(), PublishError> {
+    pub async fn publish_delayed(
+        &self,
+        queue: &DelayQueue,
+        env: &Envelope,
+    ) -> Result<(), PublishError> {
         let msg = OutgoingMessage::for_envelope(env, "", queue.name());
         self.publish(&msg).await
     }
@@ -203,7 +215,7 @@ impl Publisher {
         }
         let waits = pending.into_iter().zip(msgs).map(|(p, msg)| async move {
             match p {
-                None => Err(PublishError::Broker(BrokerError::Unavailable(Duration::ZERO))),
+                None => Err(PublishError::NotSent),
                 Some(Err(e)) => Err(e),
                 Some(Ok(confirm)) => match confirm.await {
                     Ok(c) => confirmation(c, msg),
@@ -213,7 +225,11 @@ impl Publisher {
         });
         match tokio::time::timeout(CONFIRM_TIMEOUT, join_all(waits)).await {
             Ok(results) => {
-                if failed || results.iter().any(|r| matches!(r, Err(PublishError::Broker(_)))) {
+                if failed
+                    || results
+                        .iter()
+                        .any(|r| matches!(r, Err(PublishError::Broker(_))))
+                {
                     self.reset().await;
                 }
                 results

@@ -296,8 +296,12 @@ mod tests {
 
     #[test]
     fn quorum_dead_lettering_is_at_least_once() {
-        let args = queue_args(QueueType::Quorum, Some(Duration::from_millis(5)), Some(("", "q")))
-            .unwrap();
+        let args = queue_args(
+            QueueType::Quorum,
+            Some(Duration::from_millis(5)),
+            Some(("", "q")),
+        )
+        .unwrap();
         let m = args.inner();
         assert_eq!(m.get("x-message-ttl"), Some(&AMQPValue::LongLongInt(5)));
         assert!(m.contains_key("x-delivery-limit"));

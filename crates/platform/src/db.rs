@@ -27,7 +27,12 @@ async fn ensure_database(url: &str) -> anyhow::Result<()> {
     let name = parsed.path().trim_start_matches('/').to_owned();
     anyhow::ensure!(!name.is_empty(), "database.url names no database");
     parsed.set_path("/postgres");
-    let admin = Database::connect(parsed.as_str())
+    let mut admin_opts = ConnectOptions::new(parsed.as_str());
+    admin_opts
+        .max_connections(1)
+        .connect_timeout(Duration::from_secs(5))
+        .sqlx_logging(false);
+    let admin = Database::connect(admin_opts)
         .await
         .with_context(|| format!("connect to {}", redact_url(parsed.as_str())))?;
     let exists = admin

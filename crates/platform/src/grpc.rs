@@ -54,15 +54,13 @@ impl ServerRoutes {
     /// Adds a business service; it reports SERVING once the server runs.
     pub fn add<S>(mut self, svc: S) -> Self
     where
-        S: tower::Service<
-                http::Request<tonic::body::Body>,
-                Response = http::Response<tonic::body::Body>,
-                Error = std::convert::Infallible,
-            > + NamedService
+        S: tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+            + NamedService
             + Clone
             + Send
             + Sync
             + 'static,
+        S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
         self.names.push(S::NAME);

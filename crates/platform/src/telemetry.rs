@@ -1,4 +1,4 @@
-//! Logs and traces: `tracing` with an `EnvFilter` from `RUST_LOG` (default `info`), pretty or
+//! Logs and traces: `tracing` with an `EnvFilter` from `RUST_LOG` (default `info,sqlx=warn`), pretty or
 //! JSON output, optional OTLP/gRPC span export, and the W3C trace-context propagator installed
 //! globally so gRPC calls and AMQP messages carry `traceparent`.
 
@@ -29,7 +29,7 @@ impl Drop for TelemetryGuard {
 /// Installs the global subscriber and propagator. Call once, from `main`, inside the runtime.
 pub fn init(settings: &TelemetrySettings, service: &'static str) -> anyhow::Result<TelemetryGuard> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
 
     let provider = if settings.otlp_endpoint.is_empty() {
         // Spans still get ids, so trace context is propagated even without export.

@@ -42,13 +42,29 @@ pub(super) async fn process<H: Handler>(ctx: Arc<Ctx<H>>, delivery: Delivery) {
         Ok(env) => env,
         Err(e) => {
             warn!(queue = %queue, routing_key = %routing_key, error = %e, "undecodable message, parking it");
-            park(&ctx, delivery, hdrs, attempt, &routing_key, &format!("undecodable: {e}")).await;
+            park(
+                &ctx,
+                delivery,
+                hdrs,
+                attempt,
+                &routing_key,
+                &format!("undecodable: {e}"),
+            )
+            .await;
             return;
         }
     };
     // `decode` checked the id already.
     let Ok(message_id) = envelope::message_id(&env) else {
-        return park(&ctx, delivery, hdrs, attempt, &routing_key, "undecodable: bad message_id").await;
+        return park(
+            &ctx,
+            delivery,
+            hdrs,
+            attempt,
+            &routing_key,
+            "undecodable: bad message_id",
+        )
+        .await;
     };
     let span = tracing::info_span!(
         "consume",
@@ -68,37 +84,44 @@ pub(super) async fn process<H: Handler>(ctx: Arc<Ctx<H>>, delivery: Delivery) {
         routing_key: routing_key.clone(),
         queue: queue.clone(),
     };
-    let outcome = AssertUnwindSafe(ctx.handler.handle(msg).instrument(span.clone()))
+    settle(&ctx, delivery, hdrs, msg).instrument(span).await;
+}
+
+/// Runs the handler, then acks, schedules a retry or parks.
+async fn settle<H: Handler>(ctx: &Ctx<H>, delivery: Delivery, hdrs: FieldTable, msg: Incoming) {
+    let (attempt, routing_key, queue) = (msg.attempt, msg.routing_key.clone(), msg.queue.clone());
+    let outcome = AssertUnwindSafe(ctx.handler.handle(msg))
         .catch_unwind()
         .await
         .unwrap_or_else(|_| Err(HandlerError::transient(anyhow::anyhow!("handler panicked"))));
-
-    let _entered = span.enter();
     match outcome {
         Ok(()) => {
-            metrics::counter!("flashsale_messages_consumed_total", "queue" => queue.clone()).increment(1);
-            ack(&ctx, &delivery).await;
+            metrics::counter!("flashsale_messages_consumed_total", "queue" => queue).increment(1);
+            ack(ctx, &delivery).await;
         }
         Err(HandlerError::Transient(e)) if attempt < ctx.max_attempts => {
             let retry_queue = ctx.topology.retry_queue(attempt);
             warn!(error = format!("{e:#}"), retry_queue = %retry_queue, "handler failed, retrying later");
             let mut hdrs = hdrs;
-            set(&mut hdrs, headers::ATTEMPT, AMQPValue::LongLongInt(i64::from(attempt) + 1));
+            set(
+                &mut hdrs,
+                headers::ATTEMPT,
+                AMQPValue::LongLongInt(i64::from(attempt) + 1),
+            );
             set_str(&mut hdrs, headers::ORIGINAL_ROUTING_KEY, &routing_key);
-            let msg = forward(&delivery, hdrs, retry_queue);
-            match ctx.publisher.publish(&msg).await {
+            let out = forward(&delivery, hdrs, retry_queue);
+            match ctx.publisher.publish(&out).await {
                 Ok(()) => {
-                    metrics::counter!("flashsale_messages_retried_total", "queue" => queue.clone()).increment(1);
-                    ack(&ctx, &delivery).await;
+                    metrics::counter!("flashsale_messages_retried_total", "queue" => queue)
+                        .increment(1);
+                    ack(ctx, &delivery).await;
                 }
                 Err(pe) => requeue(&delivery, &format!("cannot schedule retry: {pe}")).await,
             }
         }
         Err(e) => {
             error!(error = %e, "handler gave up on the message, parking it");
-            let reason = e.to_string();
-            drop(_entered);
-            park(&ctx, delivery, hdrs, attempt, &routing_key, &reason).await;
+            park(ctx, delivery, hdrs, attempt, &routing_key, &e.to_string()).await;
         }
     }
 }
@@ -122,10 +145,18 @@ async fn park<H>(
     }
     let now_ms = chrono::Utc::now().timestamp_millis();
     set_str(&mut hdrs, headers::ERROR, &reason);
-    set(&mut hdrs, headers::ATTEMPT, AMQPValue::LongLongInt(i64::from(attempt)));
+    set(
+        &mut hdrs,
+        headers::ATTEMPT,
+        AMQPValue::LongLongInt(i64::from(attempt)),
+    );
     set_str(&mut hdrs, headers::ORIGINAL_ROUTING_KEY, routing_key);
     set_str(&mut hdrs, headers::ORIGINAL_QUEUE, ctx.topology.queue());
-    set(&mut hdrs, headers::PARKED_AT_MS, AMQPValue::LongLongInt(now_ms));
+    set(
+        &mut hdrs,
+        headers::PARKED_AT_MS,
+        AMQPValue::LongLongInt(now_ms),
+    );
     let msg = forward(&delivery, hdrs, ctx.topology.dead_letter_queue());
     match ctx.publisher.publish(&msg).await {
         Ok(()) => {
@@ -165,7 +196,11 @@ fn forward(delivery: &Delivery, hdrs: FieldTable, queue: String) -> OutgoingMess
     OutgoingMessage {
         exchange: String::new(),
         routing_key: queue,
-        message_id: p.message_id().as_ref().map(|s| s.to_string()).unwrap_or_default(),
+        message_id: p
+            .message_id()
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_default(),
         kind: p.kind().as_ref().map(|s| s.to_string()).unwrap_or_default(),
         timestamp: p.timestamp().unwrap_or(0),
         headers: hdrs,

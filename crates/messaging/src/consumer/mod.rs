@@ -103,7 +103,12 @@ impl<H: Handler> Consumer<H> {
                     if started.elapsed() > BACKOFF_MAX {
                         backoff = BACKOFF_MIN;
                     }
-                    error!(queue = self.ctx.topology.queue(), error = format!("{e:#}"), retry_in_ms = backoff.as_millis() as u64, "consumer lost its channel, resuming");
+                    error!(
+                        queue = self.ctx.topology.queue(),
+                        error = format!("{e:#}"),
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "consumer lost its channel, resuming"
+                    );
                 }
             }
             tokio::select! {
@@ -120,12 +125,20 @@ impl<H: Handler> Consumer<H> {
         S: Future<Output = ()> + Unpin + futures_util::future::FusedFuture,
     {
         let queue = self.ctx.topology.queue().to_owned();
-        let channel = self.broker.channel().await.context("open consumer channel")?;
+        let channel = self
+            .broker
+            .channel()
+            .await
+            .context("open consumer channel")?;
         channel
             .basic_qos(self.prefetch, BasicQosOptions::default())
             .await
             .context("set prefetch")?;
-        self.ctx.topology.declare(&channel).await.context("declare consumer topology")?;
+        self.ctx
+            .topology
+            .declare(&channel)
+            .await
+            .context("declare consumer topology")?;
         let tag = format!("{queue}.{}", uuid::Uuid::new_v4().simple());
         let mut deliveries = channel
             .basic_consume(
@@ -173,14 +186,20 @@ impl<H: Handler> Consumer<H> {
 
 /// Stops deliveries, lets in-flight handlers finish and ack, then closes the channel.
 async fn stop(channel: &Channel, tag: &str, tasks: &mut JoinSet<()>, queue: &str) {
-    if let Ok(tag) = short(tag) {
-        if let Err(e) = channel.basic_cancel(tag, BasicCancelOptions::default()).await {
-            warn!(queue, error = %e, "failed to cancel consumer");
-        }
+    if let Ok(tag) = short(tag)
+        && let Err(e) = channel
+            .basic_cancel(tag, BasicCancelOptions::default())
+            .await
+    {
+        warn!(queue, error = %e, "failed to cancel consumer");
     }
     let drain = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
-        warn!(queue, in_flight = tasks.len(), "handlers still running at shutdown, abandoning them");
+        warn!(
+            queue,
+            in_flight = tasks.len(),
+            "handlers still running at shutdown, abandoning them"
+        );
         tasks.abort_all();
     }
     let _ = channel.close(200, "shutdown".into()).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use flashsale_proto::events::v1::Envelope;
 use sea_orm::{ConnectionTrait, DbErr, Statement, Value};
 
-pub use relay::{OutboxRelay, RelayOptions};
+pub use relay::{FP_AFTER_PUBLISH, FP_BEFORE_MARK, OutboxRelay, RelayOptions};
 
 use crate::{envelope, topology::DelayQueue, trace};
 
@@ -66,7 +66,10 @@ pub async fn enqueue_to<C: ConnectionTrait>(
     insert(conn, &[(env, target)]).await
 }
 
-async fn insert<C: ConnectionTrait>(conn: &C, rows: &[(&Envelope, Target<'_>)]) -> Result<(), DbErr> {
+async fn insert<C: ConnectionTrait>(
+    conn: &C,
+    rows: &[(&Envelope, Target<'_>)],
+) -> Result<(), DbErr> {
     if rows.is_empty() {
         return Ok(());
     }
@@ -109,7 +112,10 @@ async fn insert<C: ConnectionTrait>(conn: &C, rows: &[(&Envelope, Target<'_>)]) 
 }
 
 /// Deletes rows published more than `older_than` ago; returns how many.
-pub async fn purge_published<C: ConnectionTrait>(conn: &C, older_than: Duration) -> Result<u64, DbErr> {
+pub async fn purge_published<C: ConnectionTrait>(
+    conn: &C,
+    older_than: Duration,
+) -> Result<u64, DbErr> {
     let secs = older_than.as_secs_f64();
     let stmt = Statement::from_sql_and_values(
         conn.get_database_backend(),

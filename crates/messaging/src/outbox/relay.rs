@@ -74,7 +74,9 @@ impl OutboxRelay {
     /// A relay over the service's PostgreSQL database (fails for another backend).
     pub fn new(db: &DatabaseConnection, publisher: Publisher) -> Result<Self, DbErr> {
         if db.get_database_backend() != DbBackend::Postgres {
-            return Err(DbErr::Custom("the outbox relay needs PostgreSQL".to_owned()));
+            return Err(DbErr::Custom(
+                "the outbox relay needs PostgreSQL".to_owned(),
+            ));
         }
         Ok(Self {
             pool: db.get_postgres_connection_pool().clone(),
@@ -128,7 +130,11 @@ impl OutboxRelay {
                         break;
                     }
                     Err(e) => {
-                        error!(error = format!("{e:#}"), retry_in_ms = backoff.as_millis() as u64, "failed to publish outbox batch");
+                        error!(
+                            error = format!("{e:#}"),
+                            retry_in_ms = backoff.as_millis() as u64,
+                            "failed to publish outbox batch"
+                        );
                         failed = true;
                         break;
                     }
@@ -138,7 +144,11 @@ impl OutboxRelay {
                 last_purge = tokio::time::Instant::now();
                 self.purge().await;
             }
-            let wait = if failed { backoff } else { self.options.poll_interval };
+            let wait = if failed {
+                backoff
+            } else {
+                self.options.poll_interval
+            };
             if failed {
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
@@ -157,7 +167,11 @@ impl OutboxRelay {
 
     /// Publishes one batch of due rows; returns how many rows it took (published or not).
     pub async fn relay_batch(&self) -> anyhow::Result<usize> {
-        let mut tx = self.pool.begin().await.context("begin outbox transaction")?;
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .context("begin outbox transaction")?;
         let rows = sqlx::query(
             "SELECT id, message_id, exchange, routing_key, message_type, payload, \
                     headers::text AS headers, created_at \
@@ -226,7 +240,10 @@ impl OutboxRelay {
         metrics::counter!("flashsale_outbox_refused_total").increment(refused_ids.len() as u64);
         let unconfirmed = rows.len() - sent.len() - refused_ids.len();
         if unconfirmed > 0 {
-            anyhow::bail!("{unconfirmed} of {} outbox messages not confirmed", rows.len());
+            anyhow::bail!(
+                "{unconfirmed} of {} outbox messages not confirmed",
+                rows.len()
+            );
         }
         Ok(rows.len())
     }
@@ -235,14 +252,15 @@ impl OutboxRelay {
         let exchange: Option<String> = row.try_get("exchange")?;
         let created: chrono::DateTime<chrono::Utc> = row.try_get("created_at")?;
         let headers_json: String = row.try_get("headers")?;
-        let headers: BTreeMap<String, String> = serde_json::from_str::<serde_json::Map<_, _>>(&headers_json)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|(k, v)| match v {
-                serde_json::Value::String(s) => Some((k, s)),
-                _ => None,
-            })
-            .collect();
+        let headers: BTreeMap<String, String> =
+            serde_json::from_str::<serde_json::Map<_, _>>(&headers_json)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|(k, v)| match v {
+                    serde_json::Value::String(s) => Some((k, s)),
+                    _ => None,
+                })
+                .collect();
         let mut table = FieldTable::default();
         trace::insert_strings(&mut table, &headers);
         Ok(OutgoingMessage {
@@ -274,12 +292,16 @@ impl OutboxRelay {
 
     async fn purge(&self) {
         let secs = self.options.retention.as_secs_f64();
-        let res = sqlx::query("DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)")
-            .bind(secs)
-            .execute(&self.pool)
-            .await;
+        let res = sqlx::query(
+            "DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)",
+        )
+        .bind(secs)
+        .execute(&self.pool)
+        .await;
         match res {
-            Ok(r) if r.rows_affected() > 0 => debug!(rows = r.rows_affected(), "purged published outbox rows"),
+            Ok(r) if r.rows_affected() > 0 => {
+                debug!(rows = r.rows_affected(), "purged published outbox rows")
+            }
             Ok(_) => {}
             Err(e) => warn!(error = %e, "failed to purge published outbox rows"),
         }

@@ -1,0 +1,12 @@
+//! Integration tests of flashsale-messaging against the real RabbitMQ and PostgreSQL; each test
+//! has its own exchange, queue prefix and database, so they run in parallel.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod consumer;
+mod delay;
+mod helpers;
+mod outbox;
+mod publisher;
+mod reconnect;
+mod trace;

@@ -1,0 +1,212 @@
+use std::{collections::BTreeSet, time::Duration};
+
+use flashsale_messaging::{
+    Consumer, HandlerError, Incoming, OutboxRelay, Publisher, RelayOptions, inbox, keys, outbox,
+    outbox::FP_AFTER_PUBLISH,
+};
+use flashsale_platform::failpoint::{Action, Failpoints};
+use flashsale_test_support::eventually;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait};
+use uuid::Uuid;
+
+use crate::helpers::{Amqp, Recorder, Running, WAIT, config, database, order_created};
+
+async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
+    let row = db
+        .query_one_raw(Statement::from_string(DbBackend::Postgres, sql))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get::<i64>("", "n").unwrap()
+}
+
+async fn uuids(db: &DatabaseConnection, sql: &str) -> BTreeSet<Uuid> {
+    db.query_all_raw(Statement::from_string(DbBackend::Postgres, sql))
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.try_get::<Uuid>("", "id").unwrap())
+        .collect()
+}
+
+/// Applies each message as one `effects` row, deduplicated by the inbox in the same
+/// transaction; records every call and every duplicate.
+fn effect_handler(
+    db: DatabaseConnection,
+    calls: Recorder<Uuid>,
+    duplicates: Recorder<Uuid>,
+) -> impl Fn(Incoming) -> futures_util::future::BoxFuture<'static, Result<(), HandlerError>>
++ Send
++ Sync
++ 'static {
+    move |m: Incoming| {
+        let (db, calls, duplicates) = (db.clone(), calls.clone(), duplicates.clone());
+        Box::pin(async move {
+            calls.push(m.message_id);
+            let txn = db.begin().await?;
+            if !inbox::claim(&txn, "it.effects", m.message_id).await? {
+                duplicates.push(m.message_id);
+                return Ok(());
+            }
+            txn.execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "INSERT INTO effects (message_id) VALUES ($1)",
+                [m.message_id.into()],
+            ))
+            .await?;
+            txn.commit().await?;
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn relay_dying_between_publish_and_mark_still_applies_each_row_once() {
+    let (_tdb, db) = database().await;
+    let amqp = Amqp::new(config()).await;
+    let t = amqp.topology("effects", &[keys::ORDER_CREATED]).await;
+
+    let txn = db.begin().await.unwrap();
+    let envs: Vec<_> = (0..3).map(|i| order_created(&format!("o-{i}"))).collect();
+    outbox::enqueue_many(&txn, &envs).await.unwrap();
+    txn.commit().await.unwrap();
+
+    let (calls, duplicates) = (Recorder::default(), Recorder::default());
+    let consumer = Consumer::new(
+        &amqp.broker,
+        t.clone(),
+        effect_handler(db.clone(), calls.clone(), duplicates.clone()),
+    );
+    let consumer = Running::spawn(|s| consumer.run(s));
+
+    // First relay: publishes the batch, then "dies" before marking the rows.
+    let fp = Failpoints::default();
+    fp.arm(FP_AFTER_PUBLISH, Action::Error);
+    let relay1 = OutboxRelay::new(&db, Publisher::new(&amqp.broker))
+        .unwrap()
+        .with_failpoints(fp);
+    let err = relay1.relay_batch().await.unwrap_err();
+    assert!(err.to_string().contains(FP_AFTER_PUBLISH), "{err:#}");
+    eventually(
+        WAIT,
+        "every row applied from the first relay's publish",
+        || async { (scalar(&db, "SELECT count(*) AS n FROM effects").await == 3).then_some(()) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        scalar(
+            &db,
+            "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL"
+        )
+        .await,
+        3,
+        "the failed relay marked nothing"
+    );
+
+    // Second relay: publishes the same rows again and marks them.
+    let relay = OutboxRelay::new(&db, Publisher::new(&amqp.broker)).unwrap();
+    let relay2 = Running::spawn(|s| relay.run(s));
+    eventually(
+        WAIT,
+        "rows marked and every second copy dropped",
+        || async {
+            let unpublished = scalar(
+                &db,
+                "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL",
+            )
+            .await;
+            (unpublished == 0 && duplicates.len() == 3).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    relay2.stop().await;
+    consumer.stop().await;
+
+    let outbox_ids = uuids(&db, "SELECT message_id AS id FROM outbox").await;
+    let effect_ids = uuids(&db, "SELECT message_id AS id FROM effects").await;
+    assert_eq!(outbox_ids.len(), 3);
+    assert_eq!(effect_ids, outbox_ids, "one effect per outbox row");
+    assert_eq!(
+        scalar(&db, "SELECT count(*) AS n FROM effects").await,
+        3,
+        "no effect applied twice"
+    );
+    assert_eq!(scalar(&db, "SELECT count(*) AS n FROM inbox").await, 3);
+    assert_eq!(calls.len(), 6, "each message was delivered exactly twice");
+    let dup_ids: BTreeSet<_> = duplicates.all().into_iter().collect();
+    assert_eq!(
+        dup_ids, outbox_ids,
+        "the inbox dropped the second copy of each"
+    );
+}
+
+#[tokio::test]
+async fn relay_publishes_committed_rows_and_never_rolled_back_ones() {
+    let (_tdb, db) = database().await;
+    let amqp = Amqp::new(config()).await;
+    let t = amqp.topology("committed", &[keys::ORDER_CREATED]).await;
+    let received = Recorder::default();
+    let seen = received.clone();
+    let consumer = Consumer::new(&amqp.broker, t.clone(), move |m: Incoming| {
+        seen.push(m.envelope.correlation_id.clone());
+        async { Ok(()) }
+    });
+    let consumer = Running::spawn(|s| consumer.run(s));
+
+    let committed = order_created("committed");
+    let txn = db.begin().await.unwrap();
+    outbox::enqueue(&txn, &committed).await.unwrap();
+    txn.commit().await.unwrap();
+    let txn = db.begin().await.unwrap();
+    outbox::enqueue(&txn, &order_created("rolled-back"))
+        .await
+        .unwrap();
+    txn.rollback().await.unwrap();
+
+    // A long poll interval: only the first drain and NOTIFY can make the relay publish in time.
+    let options = RelayOptions {
+        poll_interval: Duration::from_secs(600),
+        ..RelayOptions::default()
+    };
+    let relay = OutboxRelay::new(&db, Publisher::new(&amqp.broker))
+        .unwrap()
+        .with_options(options);
+    let relay = Running::spawn(|s| relay.run(s));
+    eventually(WAIT, "the committed row to arrive", || async {
+        (received.len() == 1).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // Inserted while the relay sleeps: NOTIFY (sent at commit) wakes it.
+    let txn = db.begin().await.unwrap();
+    outbox::enqueue(&txn, &order_created("later"))
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    eventually(WAIT, "the later row to arrive", || async {
+        (received.len() == 2).then_some(())
+    })
+    .await
+    .unwrap();
+    relay.stop().await;
+    consumer.stop().await;
+
+    assert_eq!(
+        received.all(),
+        vec!["committed".to_owned(), "later".to_owned()]
+    );
+    assert_eq!(scalar(&db, "SELECT count(*) AS n FROM outbox").await, 2);
+    assert_eq!(
+        scalar(
+            &db,
+            "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL"
+        )
+        .await,
+        0
+    );
+    assert_eq!(outbox::pending(&db).await.unwrap(), 0);
+    assert_eq!(amqp.count(t.queue()).await, 0);
+}
