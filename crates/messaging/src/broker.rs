@@ -82,6 +82,27 @@ impl Broker {
         })
     }
 
+    /// Like [`Broker::connect`], but keeps trying (with backoff) for up to `patience` — for
+    /// start-ups that race the broker's own (a RabbitMQ node takes seconds to accept).
+    pub async fn connect_within(
+        config: AmqpConfig,
+        patience: Duration,
+    ) -> Result<Self, BrokerError> {
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            match Self::connect(config.clone()).await {
+                Ok(b) => return Ok(b),
+                Err(e) if tokio::time::Instant::now() + backoff >= deadline => return Err(e),
+                Err(e) => {
+                    warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "broker not reachable yet");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
     /// The settings this broker was opened with.
     pub fn config(&self) -> &AmqpConfig {
         &self.inner.config

@@ -24,7 +24,7 @@ pub async fn claim<C: ConnectionTrait>(
         "INSERT INTO inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
         [consumer.into(), message_id.into()],
     );
-    conn.execute_raw(stmt).await?; Ok(true)
+    Ok(conn.execute_raw(stmt).await?.rows_affected() == 1)
 }
 
 /// Deletes inbox rows older than `older_than` (keep it well above the longest redelivery or

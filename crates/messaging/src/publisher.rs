@@ -51,6 +51,9 @@ pub enum PublishError {
     /// Not sent: the channel failed on an earlier message of the same batch.
     #[error("not sent: the channel failed earlier in the batch")]
     NotSent,
+    /// The envelope is not valid (its type does not match its payload, its id is no UUID).
+    #[error("invalid envelope: {0}")]
+    Invalid(#[from] crate::envelope::DecodeError),
     /// The channel or connection failed.
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -165,6 +168,7 @@ impl Publisher {
 
     /// Publishes `env` to the exchange with its type as routing key, and waits for the confirm.
     pub async fn publish_envelope(&self, env: &Envelope) -> Result<(), PublishError> {
+        envelope::check(env)?;
         let msg = OutgoingMessage::for_envelope(env, self.exchange(), &env.r#type);
         self.publish(&msg).await
     }
@@ -175,6 +179,7 @@ impl Publisher {
         queue: &DelayQueue,
         env: &Envelope,
     ) -> Result<(), PublishError> {
+        envelope::check(env)?;
         let msg = OutgoingMessage::for_envelope(env, "", queue.name());
         self.publish(&msg).await
     }

@@ -72,23 +72,23 @@ fn queue_args(
             AMQPValue::LongString(routing_key.into()),
         );
     }
-    if queue_type == QueueType::Quorum {
+    // Only where a message over the limit is dead-lettered: on the parking lot a limit would
+    // silently drop a message an admin tool failed to handle ten times.
+    if queue_type == QueueType::Quorum && dead_letter.is_some() {
         args.insert(
             "x-delivery-limit".into(),
             AMQPValue::LongInt(DELIVERY_LIMIT),
         );
-        if dead_letter.is_some() {
-            // Without these two, quorum queues dead-letter at-most-once: a message could vanish
-            // between the holding/retry queue and its target.
-            args.insert(
-                "x-dead-letter-strategy".into(),
-                AMQPValue::LongString("at-least-once".into()),
-            );
-            args.insert(
-                "x-overflow".into(),
-                AMQPValue::LongString("reject-publish".into()),
-            );
-        }
+        // Without these two, quorum queues dead-letter at-most-once: a message could vanish
+        // between the holding/retry queue and its target.
+        args.insert(
+            "x-dead-letter-strategy".into(),
+            AMQPValue::LongString("at-least-once".into()),
+        );
+        args.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
     }
     Ok(args)
 }
@@ -311,5 +311,7 @@ mod tests {
         );
         let classic = queue_args(QueueType::Classic, None, Some(("", "q"))).unwrap();
         assert!(!classic.inner().contains_key("x-delivery-limit"));
+        let parking_lot = queue_args(QueueType::Quorum, None, None).unwrap();
+        assert!(!parking_lot.inner().contains_key("x-delivery-limit"));
     }
 }

@@ -144,6 +144,14 @@ impl Failpoints {
     }
 }
 
+/// Failpoints armed by `FLASHSALE_FAILPOINTS` (none when unset); a bad spec is an error naming it.
+pub fn from_env() -> anyhow::Result<Failpoints> {
+    match std::env::var("FLASHSALE_FAILPOINTS") {
+        Ok(spec) => Failpoints::from_spec(&spec).map_err(|e| anyhow::anyhow!("FLASHSALE_FAILPOINTS: {e}")),
+        Err(_) => Ok(Failpoints::default()),
+    }
+}
+
 fn fire(name: &str, action: Action) -> Result<(), FailpointError> {
     match action {
         Action::Error => Err(FailpointError(name.to_owned())),

@@ -52,7 +52,7 @@ impl ServerRoutes {
     }
 
     /// Adds a business service; it reports SERVING once the server runs.
-    pub fn add<S>(mut self, svc: S) -> Self
+    pub fn with_service<S>(mut self, svc: S) -> Self
     where
         S: tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
             + NamedService

@@ -90,7 +90,8 @@ pub(super) async fn process<H: Handler>(ctx: Arc<Ctx<H>>, delivery: Delivery) {
 /// Runs the handler, then acks, schedules a retry or parks.
 async fn settle<H: Handler>(ctx: &Ctx<H>, delivery: Delivery, hdrs: FieldTable, msg: Incoming) {
     let (attempt, routing_key, queue) = (msg.attempt, msg.routing_key.clone(), msg.queue.clone());
-    let outcome = AssertUnwindSafe(ctx.handler.handle(msg))
+    // The call itself inside the guarded future too: a closure may panic before it returns one.
+    let outcome = AssertUnwindSafe(async { ctx.handler.handle(msg).await })
         .catch_unwind()
         .await
         .unwrap_or_else(|_| Err(HandlerError::transient(anyhow::anyhow!("handler panicked"))));

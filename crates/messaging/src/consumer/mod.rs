@@ -125,30 +125,38 @@ impl<H: Handler> Consumer<H> {
         S: Future<Output = ()> + Unpin + futures_util::future::FusedFuture,
     {
         let queue = self.ctx.topology.queue().to_owned();
-        let channel = self
-            .broker
-            .channel()
-            .await
-            .context("open consumer channel")?;
-        channel
-            .basic_qos(self.prefetch, BasicQosOptions::default())
-            .await
-            .context("set prefetch")?;
-        self.ctx
-            .topology
-            .declare(&channel)
-            .await
-            .context("declare consumer topology")?;
         let tag = format!("{queue}.{}", uuid::Uuid::new_v4().simple());
-        let mut deliveries = channel
-            .basic_consume(
-                short(&queue)?,
-                short(&tag)?,
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .context("start consuming")?;
+        let setup = async {
+            let channel = self
+                .broker
+                .channel()
+                .await
+                .context("open consumer channel")?;
+            channel
+                .basic_qos(self.prefetch, BasicQosOptions::default())
+                .await
+                .context("set prefetch")?;
+            self.ctx
+                .topology
+                .declare(&channel)
+                .await
+                .context("declare consumer topology")?;
+            let deliveries = channel
+                .basic_consume(
+                    short(&queue)?,
+                    short(&tag)?,
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .context("start consuming")?;
+            Ok::<_, anyhow::Error>((channel, deliveries))
+        };
+        // While the broker is away, shutdown must not wait for it.
+        let (channel, mut deliveries) = tokio::select! {
+            _ = &mut *shutdown => return Ok(()),
+            res = setup => res?,
+        };
         info!(queue = %queue, prefetch = self.prefetch, "consuming");
 
         let mut tasks = JoinSet::new();

@@ -17,6 +17,7 @@ use sqlx::{PgPool, Row as _, postgres::PgListener};
 use tracing::{debug, error, warn};
 
 use crate::{
+    broker::BrokerError,
     migration::OUTBOX_CHANNEL,
     publisher::{OutgoingMessage, PublishError, Publisher},
     trace,
@@ -30,6 +31,8 @@ pub const FP_BEFORE_MARK: &str = "outbox.relay.before_mark";
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const PURGE_EVERY: Duration = Duration::from_secs(600);
+/// How long shutdown lets the batch in flight finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Tuning of an [`OutboxRelay`].
 #[derive(Clone, Debug)]
@@ -101,7 +104,8 @@ impl OutboxRelay {
     /// Runs until `shutdown` resolves (e.g. `token.cancelled_owned()` of a
     /// `tokio_util::sync::CancellationToken`, or `async move { let _ = rx.changed().await; }`
     /// on a `watch` channel). Wakes on `NOTIFY flashsale_outbox`, and polls every
-    /// `poll_interval` in case a notification was missed. A batch in flight is finished first.
+    /// `poll_interval` in case a notification was missed. On shutdown the batch in flight gets up
+    /// to 5 s to finish; if it is cut off its rows stay unpublished and go out again later.
     pub async fn run<S>(self, shutdown: S) -> anyhow::Result<()>
     where
         S: Future<Output = ()> + Send,
@@ -118,11 +122,19 @@ impl OutboxRelay {
             // Drain: batches until one comes back short.
             let mut failed = false;
             loop {
-                if (&mut shutdown).now_or_never().is_some() {
-                    return Ok(());
-                }
-                match self.relay_batch().await {
-                    Ok(n) if n >= self.options.batch_size as usize => {
+                let batch = self.relay_batch();
+                futures_util::pin_mut!(batch);
+                let res = tokio::select! {
+                    res = &mut batch => res,
+                    _ = &mut shutdown => {
+                        // Let a healthy batch finish and mark its rows; a stuck one (broker
+                        // gone) is dropped, its transaction rolled back and its rows kept.
+                        let _ = tokio::time::timeout(SHUTDOWN_GRACE, batch).await;
+                        return Ok(());
+                    }
+                };
+                match res {
+                    Ok(n) if n >= self.batch_size() as usize => {
                         backoff = BACKOFF_MIN;
                     }
                     Ok(_) => {
@@ -179,7 +191,7 @@ impl OutboxRelay {
              WHERE published_at IS NULL AND next_attempt_at <= now() \
              ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
         )
-        .bind(i64::from(self.options.batch_size))
+        .bind(i64::from(self.batch_size()))
         .fetch_all(&mut *tx)
         .await
         .context("select outbox rows")?;
@@ -201,7 +213,13 @@ impl OutboxRelay {
         for ((id, msg), res) in ids.iter().zip(&msgs).zip(results) {
             match res {
                 Ok(()) => sent.push(*id),
-                Err(e @ (PublishError::Unroutable { .. } | PublishError::Nacked { .. })) => {
+                // Refused for this message alone: back off on this row, go on with the others.
+                Err(
+                    e @ (PublishError::Unroutable { .. }
+                    | PublishError::Nacked { .. }
+                    | PublishError::Invalid(_)
+                    | PublishError::Broker(BrokerError::NameTooLong(_))),
+                ) => {
                     warn!(outbox_id = id, message_id = %msg.message_id, error = %e, "broker refused outbox message");
                     refused_ids.push(*id);
                     refused_errs.push(e.to_string());
@@ -246,6 +264,10 @@ impl OutboxRelay {
             );
         }
         Ok(rows.len())
+    }
+
+    fn batch_size(&self) -> u32 {
+        self.options.batch_size.max(1)
     }
 
     fn message(&self, row: &sqlx::postgres::PgRow) -> anyhow::Result<OutgoingMessage> {

@@ -1,7 +1,8 @@
 use std::time::Duration;
 
 use flashsale_messaging::{
-    AmqpConfig, Consumer, HandlerError, Incoming, OutgoingMessage, Publisher, headers, keys,
+    AmqpConfig, Consumer, HandlerError, Incoming, OutgoingMessage, Publisher, QueueType, headers,
+    keys,
 };
 use flashsale_test_support::eventually;
 use lapin::types::AMQPValue;
@@ -70,8 +71,18 @@ async fn undecodable_message_goes_straight_to_the_dlq() {
 
 #[tokio::test]
 async fn failing_handler_is_retried_then_parked_with_its_error() {
+    retried_then_parked(QueueType::Quorum).await;
+}
+
+#[tokio::test]
+async fn failing_handler_is_retried_then_parked_on_classic_queues_too() {
+    retried_then_parked(QueueType::Classic).await;
+}
+
+async fn retried_then_parked(queue_type: QueueType) {
     let amqp = Amqp::new(AmqpConfig {
         max_attempts: 4,
+        queue_type,
         ..config()
     })
     .await;
@@ -210,4 +221,34 @@ async fn healthy_message_is_not_blocked_behind_a_poison_one() {
     running.stop().await;
     assert_eq!(poison_calls.all(), vec![1, 2, 3, 4]);
     assert_eq!(healthy.all(), vec!["healthy".to_owned()]);
+}
+
+#[tokio::test]
+async fn panicking_handler_is_retried_then_parked_not_stuck() {
+    let amqp = Amqp::new(config()).await;
+    let t = amqp.topology("panicky", &[keys::ORDER_CREATED]).await;
+    let attempts = Recorder::default();
+    let seen = attempts.clone();
+    let consumer = Consumer::new(&amqp.broker, t.clone(), move |m: Incoming| {
+        seen.push(m.attempt);
+        if m.attempt > 0 {
+            panic!("handler bug");
+        }
+        async { Ok(()) }
+    });
+    let running = Running::spawn(|s| consumer.run(s));
+    Publisher::new(&amqp.broker)
+        .publish_envelope(&order_created("o-panic"))
+        .await
+        .unwrap();
+    let dlq = t.dead_letter_queue();
+    eventually(WAIT, "the message to be parked", || async {
+        (amqp.count(&dlq).await == 1).then_some(())
+    })
+    .await
+    .unwrap();
+    running.stop().await;
+    assert_eq!(attempts.all(), vec![1, 2, 3]);
+    let parked = amqp.get(&dlq).await.unwrap();
+    assert!(header_string(&parked, headers::ERROR).contains("handler panicked"));
 }

@@ -25,8 +25,20 @@ use tokio::{sync::oneshot, task::JoinHandle};
 
 pub const WAIT: Duration = Duration::from_secs(15);
 
+/// Installs a layer-less registry as the process-wide subscriber, once. `tracing` caches per
+/// callsite whether it is enabled, computed against the first thread that reaches it; without
+/// a global subscriber a test running without one would disable the `consume` span for the
+/// trace test's thread-local subscriber too.
+fn global_subscriber() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+    });
+}
+
 /// Settings with a unique exchange and queue prefix, and a fast retry ladder.
 pub fn config() -> AmqpConfig {
+    global_subscriber();
     AmqpConfig {
         url: amqp_url(),
         exchange: unique_name("fs_it_ex"),

@@ -1,8 +1,8 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use flashsale_messaging::{
-    Consumer, HandlerError, Incoming, OutboxRelay, Publisher, RelayOptions, inbox, keys, outbox,
-    outbox::FP_AFTER_PUBLISH,
+    Consumer, HandlerError, Incoming, OutboxRelay, Publisher, RelayOptions,
+    consumer::FP_AFTER_HANDLE_BEFORE_ACK, inbox, keys, outbox, outbox::FP_AFTER_PUBLISH,
 };
 use flashsale_platform::failpoint::{Action, Failpoints};
 use flashsale_test_support::eventually;
@@ -209,4 +209,90 @@ async fn relay_publishes_committed_rows_and_never_rolled_back_ones() {
     );
     assert_eq!(outbox::pending(&db).await.unwrap(), 0);
     assert_eq!(amqp.count(t.queue()).await, 0);
+}
+
+#[tokio::test]
+async fn consumer_dying_after_commit_before_ack_applies_the_message_once() {
+    let (_tdb, db) = database().await;
+    let amqp = Amqp::new(config()).await;
+    let t = amqp.topology("crashy", &[keys::ORDER_CREATED]).await;
+    let (calls, duplicates) = (Recorder::default(), Recorder::default());
+    let fp = Failpoints::default();
+    fp.arm_n(FP_AFTER_HANDLE_BEFORE_ACK, Action::Error, Some(1));
+    let consumer = Consumer::new(
+        &amqp.broker,
+        t.clone(),
+        effect_handler(db.clone(), calls.clone(), duplicates.clone()),
+    )
+    .with_failpoints(fp);
+    let consumer = Running::spawn(|s| consumer.run(s));
+
+    let env = order_created("o-crash");
+    Publisher::new(&amqp.broker)
+        .publish_envelope(&env)
+        .await
+        .unwrap();
+    eventually(
+        WAIT,
+        "the redelivery to be dropped by the inbox",
+        || async { (duplicates.len() == 1).then_some(()) },
+    )
+    .await
+    .unwrap();
+    consumer.stop().await;
+
+    let id = Uuid::parse_str(&env.message_id).unwrap();
+    assert_eq!(calls.all(), vec![id, id], "handled, not acked, redelivered");
+    assert_eq!(
+        uuids(&db, "SELECT message_id AS id FROM effects").await,
+        BTreeSet::from([id])
+    );
+    assert_eq!(scalar(&db, "SELECT count(*) AS n FROM effects").await, 1);
+    assert_eq!(amqp.count(t.queue()).await, 0, "acked in the end");
+}
+
+#[tokio::test]
+async fn refused_outbox_row_is_recorded_and_does_not_hold_up_the_others() {
+    let (_tdb, db) = database().await;
+    let amqp = Amqp::new(config()).await;
+    let t = amqp.topology("refused", &[keys::ORDER_CREATED]).await;
+
+    let txn = db.begin().await.unwrap();
+    let nowhere = order_created("nowhere");
+    outbox::enqueue_to(
+        &txn,
+        &nowhere,
+        "",
+        &format!("{}missing", amqp.config.queue_prefix),
+    )
+    .await
+    .unwrap();
+    outbox::enqueue(&txn, &order_created("fine")).await.unwrap();
+    txn.commit().await.unwrap();
+
+    let relay = OutboxRelay::new(&db, Publisher::new(&amqp.broker)).unwrap();
+    assert_eq!(relay.relay_batch().await.unwrap(), 2);
+    assert_eq!(amqp.count(t.queue()).await, 1, "the routable row went out");
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT attempts, last_error, published_at IS NULL AS pending, \
+                    next_attempt_at > now() AS backing_off \
+             FROM outbox WHERE message_id = $1",
+            [Uuid::parse_str(&nowhere.message_id).unwrap().into()],
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.try_get::<i32>("", "attempts").unwrap(), 1);
+    assert!(
+        row.try_get::<String>("", "last_error")
+            .unwrap()
+            .contains("unroutable")
+    );
+    assert!(row.try_get::<bool>("", "pending").unwrap());
+    assert!(row.try_get::<bool>("", "backing_off").unwrap());
+    // Backing off: the next batch does not even pick it up.
+    assert_eq!(relay.relay_batch().await.unwrap(), 0);
+    assert_eq!(outbox::pending(&db).await.unwrap(), 1);
 }

@@ -129,3 +129,30 @@ async fn consumer_and_publisher_resume_after_the_connection_drops() {
     consumer.stop().await;
     drop(flaky);
 }
+
+#[tokio::test]
+async fn connect_within_gives_up_after_its_patience() {
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cfg = AmqpConfig {
+        url: format!("amqp://guest:guest@127.0.0.1:{closed_port}/%2f"),
+        ..config()
+    };
+    let started = std::time::Instant::now();
+    let res =
+        flashsale_messaging::Broker::connect_within(cfg, std::time::Duration::from_millis(500))
+            .await;
+    assert!(res.is_err());
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "gave up after {took:?}"
+    );
+
+    let ok =
+        flashsale_messaging::Broker::connect_within(config(), std::time::Duration::from_secs(5))
+            .await;
+    assert!(ok.unwrap().is_connected());
+}
