@@ -45,6 +45,10 @@ pub struct AmqpConfig {
     pub retry_base_ms: u64,
     /// `quorum` (default) or `classic`.
     pub queue_type: QueueType,
+    /// 0 (production): queues and the exchange live until deleted. Above 0, every queue this
+    /// service declares is deleted by the broker after this long unused (`x-expires`) and the
+    /// exchange once no queue is bound to it: tests set it so nothing they declare outlives them.
+    pub queue_expires_ms: u64,
 }
 
 impl Default for AmqpConfig {
@@ -57,6 +61,7 @@ impl Default for AmqpConfig {
             max_attempts: 5,
             retry_base_ms: 1000,
             queue_type: QueueType::Quorum,
+            queue_expires_ms: 0,
         }
     }
 }
@@ -71,6 +76,7 @@ impl fmt::Debug for AmqpConfig {
             .field("max_attempts", &self.max_attempts)
             .field("retry_base_ms", &self.retry_base_ms)
             .field("queue_type", &self.queue_type)
+            .field("queue_expires_ms", &self.queue_expires_ms)
             .finish()
     }
 }
@@ -102,6 +108,9 @@ impl AmqpConfig {
         if self.max_attempts == 0 || self.max_attempts > 20 {
             return Err("amqp.max_attempts: must be 1..=20".to_owned());
         }
+        if self.queue_expires_ms > 0 && self.queue_expires_ms < 1_000 {
+            return Err("amqp.queue_expires_ms: must be 0 (never) or at least 1000".to_owned());
+        }
         if self.retry_base_ms == 0 || self.retry_base_ms > 3_600_000 {
             return Err("amqp.retry_base_ms: must be 1..=3600000".to_owned());
         }
@@ -112,6 +121,11 @@ impl AmqpConfig {
     pub fn retry_delay(&self, i: u32) -> Duration {
         let factor = 1u64 << i.saturating_sub(1).min(30);
         Duration::from_millis(self.retry_base_ms.saturating_mul(factor).min(86_400_000))
+    }
+
+    /// `x-expires` of every declared queue, when set.
+    pub fn queue_expiry(&self) -> Option<Duration> {
+        (self.queue_expires_ms > 0).then(|| Duration::from_millis(self.queue_expires_ms))
     }
 
     /// `queue_prefix` + `name`.

@@ -258,7 +258,8 @@ impl Publisher {
         }
         let ch = self.inner.broker.channel().await?;
         ch.confirm_select(ConfirmSelectOptions::default()).await?;
-        declare_exchange(&ch, &self.inner.broker.config().exchange).await?;
+        let config = self.inner.broker.config();
+        declare_exchange(&ch, &config.exchange, config.queue_expiry().is_some()).await?;
         for q in &self.inner.delay_queues {
             q.declare(&ch).await?;
         }

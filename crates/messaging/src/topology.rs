@@ -30,13 +30,15 @@ use crate::{
 pub const DELIVERY_LIMIT: i32 = 10;
 
 /// Declares the durable topic exchange all events go through.
-pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<(), BrokerError> {
+/// With `auto_delete` (test isolation) it goes away once no queue is bound to it.
+pub async fn declare_exchange(channel: &Channel, exchange: &str, auto_delete: bool) -> Result<(), BrokerError> {
     channel
         .exchange_declare(
             short(exchange)?,
             ExchangeKind::Topic,
             ExchangeDeclareOptions {
                 durable: true,
+                auto_delete,
                 ..ExchangeDeclareOptions::default()
             },
             FieldTable::default(),
@@ -93,7 +95,16 @@ fn queue_args(
     Ok(args)
 }
 
-async fn declare_queue(channel: &Channel, name: &str, args: FieldTable) -> Result<(), BrokerError> {
+async fn declare_queue(
+    channel: &Channel,
+    name: &str,
+    mut args: FieldTable,
+    expires: Option<Duration>,
+) -> Result<(), BrokerError> {
+    if let Some(e) = expires {
+        let ms = i64::try_from(e.as_millis()).unwrap_or(i64::MAX);
+        args.insert("x-expires".into(), AMQPValue::LongLongInt(ms));
+    }
     channel
         .queue_declare(
             short(name)?,
@@ -123,6 +134,7 @@ pub struct QueueTopology {
     routing_keys: Vec<String>,
     queue_type: QueueType,
     retry_delays: Vec<Duration>,
+    expires: Option<Duration>,
 }
 
 // === impl QueueTopology ===
@@ -140,6 +152,7 @@ impl QueueTopology {
             retry_delays: (1..config.max_attempts.max(1))
                 .map(|i| config.retry_delay(i))
                 .collect(),
+            expires: config.queue_expiry(),
         }
     }
 
@@ -177,14 +190,14 @@ impl QueueTopology {
     /// Declares the exchange, the parking lot, the work queue with its bindings and every retry
     /// queue.
     pub async fn declare(&self, channel: &Channel) -> Result<(), BrokerError> {
-        declare_exchange(channel, &self.exchange).await?;
+        declare_exchange(channel, &self.exchange, self.expires.is_some()).await?;
         let dlq = self.dead_letter_queue();
-        declare_queue(channel, &dlq, queue_args(self.queue_type, None, None)?).await?;
+        declare_queue(channel, &dlq, queue_args(self.queue_type, None, None)?, self.expires).await?;
         let work_args = queue_args(self.queue_type, None, Some(("", &dlq)))?;
-        declare_queue(channel, &self.queue, work_args).await?;
+        declare_queue(channel, &self.queue, work_args, self.expires).await?;
         for (i, ttl) in (1..).zip(&self.retry_delays) {
             let args = queue_args(self.queue_type, Some(*ttl), Some(("", &self.queue)))?;
-            declare_queue(channel, &self.retry_queue(i), args).await?;
+            declare_queue(channel, &self.retry_queue(i), args, self.expires).await?;
         }
         for key in &self.routing_keys {
             channel
@@ -222,6 +235,7 @@ pub struct DelayQueue {
     routing_key: String,
     delay: Duration,
     queue_type: QueueType,
+    expires: Option<Duration>,
 }
 
 // === impl DelayQueue ===
@@ -237,6 +251,7 @@ impl DelayQueue {
             routing_key: routing_key.to_owned(),
             delay,
             queue_type: config.queue_type,
+            expires: config.queue_expiry(),
         }
     }
 
@@ -257,13 +272,13 @@ impl DelayQueue {
 
     /// Declares the exchange and the holding queue.
     pub async fn declare(&self, channel: &Channel) -> Result<(), BrokerError> {
-        declare_exchange(channel, &self.exchange).await?;
+        declare_exchange(channel, &self.exchange, self.expires.is_some()).await?;
         let args = queue_args(
             self.queue_type,
             Some(self.delay),
             Some((&self.exchange, &self.routing_key)),
         )?;
-        declare_queue(channel, &self.name, args).await
+        declare_queue(channel, &self.name, args, self.expires).await
     }
 
     /// Deletes the holding queue (and the messages it holds).

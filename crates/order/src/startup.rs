@@ -24,13 +24,13 @@ pub async fn build(settings: Settings) -> anyhow::Result<Application> {
     ).await?;
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
-        .add(InterceptedService::new(
+        .with_service(InterceptedService::new(
             OrderServiceServer::new(OrderApi)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             f.auth.clone(),
         ))
-        .add(InterceptedService::new(
+        .with_service(InterceptedService::new(
             DeadLetterServiceServer::new(PendingDeadLetters)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),

@@ -1,5 +1,6 @@
-//! The outbound service: ships paid orders, committing the stock at shipment, and reports failed shipments so the saga refunds and returns the unit (ARCHITECTURE §3). This crate is the library; `main.rs` only loads settings and runs what
-//! [`startup::build`] returns.
+//! The outbound service: ships paid orders, committing the stock at shipment, and reports failed
+//! shipments so the saga refunds and returns the unit (ARCHITECTURE §3). This crate is the library;
+//! `main.rs` only loads settings and runs what [`startup::build`] returns.
 
 pub mod adapters;
 pub mod config;

@@ -3,7 +3,7 @@
 
 use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
-    config::{ConfigError, Validate},
+    config::{ConfigError, Validate, check_range},
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings, TelemetrySettings,
         validate_common, RedisSettings},
@@ -22,6 +22,53 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
     pub redis: RedisSettings,
     pub amqp: AmqpConfig,
+    pub stock: StockSettings,
+}
+
+/// `stock.*`: limits and timings of the gate.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StockSettings {
+    /// Most units one ReserveStock may take.
+    pub max_quantity: i64,
+    /// A hold not persisted by `order.created` within this time is released (its order is
+    /// refused later with a tombstone).
+    pub hold_ttl_ms: u64,
+    /// How long the gate remembers an order's answer (replays within it get the first answer).
+    pub order_record_ttl_secs: u64,
+    /// How often the sweeper looks for expired holds.
+    pub sweep_interval_ms: u64,
+}
+
+impl Default for StockSettings {
+    fn default() -> Self {
+        Self {
+            max_quantity: 100,
+            hold_ttl_ms: 300_000,
+            order_record_ttl_secs: 7 * 24 * 3600,
+            sweep_interval_ms: 10_000,
+        }
+    }
+}
+
+impl Validate for StockSettings {
+    fn validate(&self, p: &str) -> Result<(), ConfigError> {
+        check_range(&format!("{p}.max_quantity"), self.max_quantity, 1, 1_000_000)?;
+        check_range(&format!("{p}.hold_ttl_ms"), self.hold_ttl_ms, 100, 86_400_000)?;
+        check_range(
+            &format!("{p}.order_record_ttl_secs"),
+            self.order_record_ttl_secs,
+            60,
+            90 * 86_400,
+        )?;
+        check_range(&format!("{p}.sweep_interval_ms"), self.sweep_interval_ms, 10, 3_600_000)?;
+        if self.hold_ttl_ms / 1000 >= self.order_record_ttl_secs {
+            return Err(ConfigError::invalid(
+                format!("{p}.order_record_ttl_secs"),
+                "must be longer than stock.hold_ttl_ms",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for Settings {
@@ -35,6 +82,7 @@ impl Default for Settings {
             telemetry: c.telemetry,
             redis: RedisSettings::default(),
             amqp: AmqpConfig::default(),
+            stock: StockSettings::default(),
         }
     }
 }
@@ -45,7 +93,8 @@ impl Validate for Settings {
         self.redis.validate(&format!("{p}.redis"))?;
         self.amqp
             .validate()
-            .map_err(|e| flashsale_platform::config::prefixed(p, &e))
+            .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;
+        self.stock.validate(&format!("{p}.stock"))
     }
 }
 

@@ -1,8 +1,14 @@
-//! Builds the product-stock service from its settings.
+//! Builds the product-stock service from its settings: database, Redis gate, broker, the
+//! outbox relay, the saga consumers, the hold sweeper and the gRPC services.
 
+use std::time::Duration;
+
+use anyhow::Context as _;
+use flashsale_messaging::{Broker, Consumer, OutboxRelay, Publisher};
 use flashsale_platform::{
     app::{Application, Foundation},
     dead_letter::PendingDeadLetters,
+    failpoint::Failpoints,
     grpc::ServerRoutes,
 };
 use flashsale_proto::{
@@ -11,26 +17,68 @@ use flashsale_proto::{
 };
 use tonic::service::interceptor::InterceptedService;
 
-use crate::{adapters::grpc::ProductStockApi, config::Settings, migration::Migrator};
+use crate::{
+    adapters::{amqp, grpc::ProductStockApi, redis::gate::RedisGate},
+    app::StockService,
+    config::Settings,
+    migration::Migrator,
+};
 
-/// Connects and migrates the database, binds the listeners and wires the gRPC services.
+/// [`build_with`] with failpoints from `FLASHSALE_FAILPOINTS`.
 pub async fn build(settings: Settings) -> anyhow::Result<Application> {
-    let f = Foundation::build::<Migrator>(
+    build_with(settings, flashsale_platform::failpoint::from_env()?).await
+}
+
+/// Connects and migrates the database, connects Redis and RabbitMQ, and wires everything.
+pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::Result<Application> {
+    let mut f = Foundation::build::<Migrator>(
         "product-stock",
         &settings.grpc,
         &settings.metrics,
         &settings.database,
         &settings.auth,
-    ).await?;
+    )
+    .await?;
+    let pool = flashsale_platform::redis::pool(&settings.redis)?;
+    let gate = RedisGate::new(
+        pool,
+        settings.redis.key_prefix.clone(),
+        Duration::from_secs(settings.stock.order_record_ttl_secs),
+    );
+    let service = StockService::new(f.db.clone(), gate, settings.stock.clone(), failpoints.clone());
+
+    let broker = Broker::connect(settings.amqp.clone()).await.context("connect to RabbitMQ")?;
+    let shutdown = f.runner.shutdown();
+    let relay = OutboxRelay::new(&f.db, Publisher::new(&broker))?.with_failpoints(failpoints.clone());
+    let s = shutdown.clone();
+    f.runner.spawn(async move { relay.run(async move { s.wait().await }).await });
+    for topology in [
+        amqp::order_events_topology(&settings.amqp),
+        amqp::stock_events_topology(&settings.amqp),
+    ] {
+        let svc = service.clone();
+        let consumer = Consumer::new(&broker, topology, move |msg| amqp::handle(svc.clone(), msg))
+            .with_failpoints(failpoints.clone());
+        let s = shutdown.clone();
+        f.runner.spawn(async move { consumer.run(async move { s.wait().await }).await });
+    }
+    f.runner.spawn(service.clone().run_sweeper(shutdown.clone()));
+    let b = broker.clone();
+    f.runner.spawn(async move {
+        shutdown.wait().await;
+        b.close().await;
+        Ok(())
+    });
+
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
-        .add(InterceptedService::new(
-            ProductStockServiceServer::new(ProductStockApi)
+        .with_service(InterceptedService::new(
+            ProductStockServiceServer::new(ProductStockApi::new(service))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             f.auth.clone(),
         ))
-        .add(InterceptedService::new(
+        .with_service(InterceptedService::new(
             DeadLetterServiceServer::new(PendingDeadLetters)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),

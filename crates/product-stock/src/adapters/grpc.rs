@@ -1,72 +1,229 @@
-//! `flashsale.product.v1.ProductStockService` over tonic. The business RPCs arrive with the
-//! stock gate (issue #3); until then each one checks the caller's role and answers
-//! `UNIMPLEMENTED`.
+//! `flashsale.product.v1.ProductStockService` over tonic: check the caller's role, turn the
+//! request into domain values (junk becomes `INVALID_ARGUMENT` with field violations), call the
+//! use case, turn the answer back.
 
-use flashsale_platform::{auth::Role, grpc::not_yet};
+use flashsale_platform::{
+    ApiError,
+    auth::{Caller, Role},
+};
 use flashsale_proto::product::v1::{
-    AdjustStockRequest, AdjustStockResponse, CommitReservationRequest, CommitReservationResponse,
-    CreateProductRequest, CreateProductResponse, GetProductRequest, GetProductResponse,
-    ListProductsRequest, ListProductsResponse, ReconcileStockRequest, ReconcileStockResponse,
-    ReserveStockRequest, ReserveStockResponse, product_stock_service_server::ProductStockService,
+    self as pb, AdjustStockRequest, AdjustStockResponse, CommitReservationRequest, CommitReservationResponse,
+    CreateProductRequest, CreateProductResponse, GetProductRequest, GetProductResponse, ListProductsRequest,
+    ListProductsResponse, ReconcileStockRequest, ReconcileStockResponse, ReserveStockRequest, ReserveStockResponse,
+    product_stock_service_server::ProductStockService,
 };
 use tonic::{Request, Response, Status};
 
+use crate::{
+    app::{DriftReport, StockService},
+    domain::{
+        Adjustment, DeductionPolicy, Product, ProductDraft, ReservationState, ReserveRequest, Sku, StockError,
+        parse_order_id,
+    },
+};
+
 /// The gRPC face of the product-stock service.
-#[derive(Clone, Debug, Default)]
-pub struct ProductStockApi;
+#[derive(Clone)]
+pub struct ProductStockApi {
+    service: StockService,
+}
+
+impl ProductStockApi {
+    pub fn new(service: StockService) -> Self {
+        Self { service }
+    }
+}
 
 const ADMIN: &[Role] = &[Role::Admin];
-const SERVICE: &[Role] = &[Role::Service];
+const SERVICE: &[Role] = &[Role::Service, Role::Admin];
 const ANYONE: &[Role] = &[Role::User, Role::Admin, Role::Service];
+
+fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
+    let caller = Caller::of(req)?;
+    caller.require(roles)?;
+    Ok(caller)
+}
+
+fn timestamp(t: chrono::DateTime<chrono::Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: i32::try_from(t.timestamp_subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn policy_to_proto(p: DeductionPolicy) -> i32 {
+    match p {
+        DeductionPolicy::ReserveThenCommit => pb::DeductionPolicy::ReserveThenCommit as i32,
+        DeductionPolicy::CommitAtOrder => pb::DeductionPolicy::CommitAtOrder as i32,
+    }
+}
+
+fn policy_from_proto(raw: i32) -> Option<DeductionPolicy> {
+    match pb::DeductionPolicy::try_from(raw).ok()? {
+        pb::DeductionPolicy::ReserveThenCommit => Some(DeductionPolicy::ReserveThenCommit),
+        pb::DeductionPolicy::CommitAtOrder => Some(DeductionPolicy::CommitAtOrder),
+        pb::DeductionPolicy::Unspecified => None,
+    }
+}
+
+/// A product as the API shows it; `gate` is `None` while the gate has not loaded it (-1).
+fn product_to_proto((p, gate): (Product, Option<i64>)) -> pb::Product {
+    pb::Product {
+        available: p.available(),
+        sku: p.sku.to_string(),
+        name: p.name,
+        price_cents: p.price_cents,
+        per_user_limit: p.per_user_limit,
+        deduction_policy: policy_to_proto(p.policy),
+        on_hand: p.on_hand,
+        reserved: p.reserved,
+        gate_available: gate.unwrap_or(-1),
+        create_time: Some(timestamp(p.created_at)),
+        update_time: Some(timestamp(p.updated_at)),
+    }
+}
+
+fn drift_to_proto(d: DriftReport) -> pb::StockDrift {
+    pb::StockDrift {
+        sku: d.sku.to_string(),
+        gate_available: d.gate_available,
+        unpersisted_holds: d.unpersisted_holds,
+        expected_gate_available: d.expected_gate_available,
+        drift: d.drift,
+        repaired: d.repaired,
+    }
+}
+
+fn status(e: StockError) -> Status {
+    ApiError::from(e).into()
+}
+
+/// The one mapping from product-stock errors to the API (AIP-193 reasons).
+impl From<StockError> for ApiError {
+    fn from(e: StockError) -> Self {
+        let message = e.to_string();
+        match e {
+            StockError::Invalid(v) => ApiError::InvalidArgument(v),
+            StockError::UnknownProduct(_) | StockError::UnknownReservation(_) => ApiError::NotFound(message),
+            StockError::DuplicateSku(_) => ApiError::AlreadyExists {
+                reason: "SKU_EXISTS",
+                message,
+            },
+            StockError::Refused(r, _) => ApiError::failed_precondition(r.reason(), message),
+            StockError::WriteOffBelowReserved => ApiError::failed_precondition("INSUFFICIENT_STOCK", message),
+            StockError::IdempotencyKeyReused(_) => {
+                ApiError::failed_precondition("IDEMPOTENCY_KEY_REUSED", message)
+            }
+            StockError::ReservationReleased(_) => ApiError::failed_precondition("RESERVATION_RELEASED", message),
+            StockError::GateUnavailable(_) => ApiError::Unavailable {
+                reason: "STOCK_GATE_UNAVAILABLE",
+                message,
+            },
+            StockError::Internal(e) => ApiError::Internal(e),
+        }
+    }
+}
 
 #[tonic::async_trait]
 impl ProductStockService for ProductStockApi {
-    async fn create_product(
-        &self,
-        req: Request<CreateProductRequest>,
-    ) -> Result<Response<CreateProductResponse>, Status> {
-        Err(not_yet(&req, ADMIN, "CreateProduct"))
+    async fn create_product(&self, req: Request<CreateProductRequest>) -> Result<Response<CreateProductResponse>, Status> {
+        authorize(&req, ADMIN)?;
+        let r = req.into_inner();
+        let draft = ProductDraft::new(
+            &r.sku,
+            &r.name,
+            r.price_cents,
+            r.initial_stock,
+            r.per_user_limit,
+            policy_from_proto(r.deduction_policy),
+        )
+        .map_err(status)?;
+        let view = self.service.create_product(draft).await.map_err(status)?;
+        Ok(Response::new(CreateProductResponse {
+            product: Some(product_to_proto(view)),
+        }))
     }
 
-    async fn get_product(
-        &self,
-        req: Request<GetProductRequest>,
-    ) -> Result<Response<GetProductResponse>, Status> {
-        Err(not_yet(&req, ANYONE, "GetProduct"))
+    async fn get_product(&self, req: Request<GetProductRequest>) -> Result<Response<GetProductResponse>, Status> {
+        authorize(&req, ANYONE)?;
+        let sku = Sku::parse(&req.get_ref().sku).map_err(status)?;
+        let view = self.service.get_product(&sku).await.map_err(status)?;
+        Ok(Response::new(GetProductResponse {
+            product: Some(product_to_proto(view)),
+        }))
     }
 
-    async fn list_products(
-        &self,
-        req: Request<ListProductsRequest>,
-    ) -> Result<Response<ListProductsResponse>, Status> {
-        Err(not_yet(&req, ANYONE, "ListProducts"))
+    async fn list_products(&self, req: Request<ListProductsRequest>) -> Result<Response<ListProductsResponse>, Status> {
+        authorize(&req, ANYONE)?;
+        let r = req.into_inner();
+        let (views, next) = self
+            .service
+            .list_products(r.page_size, &r.page_token)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(ListProductsResponse {
+            products: views.into_iter().map(product_to_proto).collect(),
+            next_page_token: next,
+        }))
     }
 
-    async fn adjust_stock(
-        &self,
-        req: Request<AdjustStockRequest>,
-    ) -> Result<Response<AdjustStockResponse>, Status> {
-        Err(not_yet(&req, ADMIN, "AdjustStock"))
+    async fn adjust_stock(&self, req: Request<AdjustStockRequest>) -> Result<Response<AdjustStockResponse>, Status> {
+        authorize(&req, ADMIN)?;
+        let r = req.into_inner();
+        let adj = Adjustment::new(&r.request_id, &r.sku, r.delta, &r.reason).map_err(status)?;
+        let (view, replayed) = self.service.adjust_stock(adj).await.map_err(status)?;
+        Ok(Response::new(AdjustStockResponse {
+            product: Some(product_to_proto(view)),
+            replayed,
+        }))
     }
 
-    async fn reserve_stock(
-        &self,
-        req: Request<ReserveStockRequest>,
-    ) -> Result<Response<ReserveStockResponse>, Status> {
-        Err(not_yet(&req, SERVICE, "ReserveStock"))
+    async fn reserve_stock(&self, req: Request<ReserveStockRequest>) -> Result<Response<ReserveStockResponse>, Status> {
+        authorize(&req, SERVICE)?;
+        let r = req.into_inner();
+        let max = self.service.settings().max_quantity;
+        let reserve = ReserveRequest::new(&r.order_id, &r.user_id, &r.sku, r.quantity, max).map_err(status)?;
+        let ok = self.service.reserve(reserve).await.map_err(status)?;
+        Ok(Response::new(ReserveStockResponse {
+            status: pb::ReservationStatus::Reserved as i32,
+            unit_price_cents: ok.unit_price_cents,
+            deduction_policy: policy_to_proto(ok.policy),
+            gate_available: ok.gate_available,
+            replayed: ok.replayed,
+        }))
     }
 
     async fn commit_reservation(
         &self,
         req: Request<CommitReservationRequest>,
     ) -> Result<Response<CommitReservationResponse>, Status> {
-        Err(not_yet(&req, SERVICE, "CommitReservation"))
+        authorize(&req, SERVICE)?;
+        let order_id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
+        let (r, replayed) = self.service.commit_reservation(order_id).await.map_err(status)?;
+        let state = match r.state {
+            ReservationState::Reserved => pb::ReservationState::Reserved,
+            ReservationState::Committed => pb::ReservationState::Committed,
+            ReservationState::Released => pb::ReservationState::Released,
+        };
+        Ok(Response::new(CommitReservationResponse {
+            order_id: r.order_id.to_string(),
+            sku: r.sku.to_string(),
+            quantity: r.quantity,
+            state: state as i32,
+            replayed,
+        }))
     }
 
-    async fn reconcile_stock(
-        &self,
-        req: Request<ReconcileStockRequest>,
-    ) -> Result<Response<ReconcileStockResponse>, Status> {
-        Err(not_yet(&req, ADMIN, "ReconcileStock"))
+    async fn reconcile_stock(&self, req: Request<ReconcileStockRequest>) -> Result<Response<ReconcileStockResponse>, Status> {
+        authorize(&req, ADMIN)?;
+        let r = req.into_inner();
+        let mut skus = Vec::with_capacity(r.skus.len());
+        for raw in &r.skus {
+            skus.push(Sku::parse(raw).map_err(status)?);
+        }
+        let reports = self.service.reconcile(skus, r.repair).await.map_err(status)?;
+        Ok(Response::new(ReconcileStockResponse {
+            reports: reports.into_iter().map(drift_to_proto).collect(),
+        }))
     }
 }

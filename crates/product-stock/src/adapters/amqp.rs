@@ -1,0 +1,46 @@
+//! The events product-stock consumes: `order.created` and `order.cancelled` (the saga) on one
+//! queue, `stock.adjusted` (its own restocks, to update the gate) on another.
+
+use flashsale_messaging::{
+    consumer::{HandlerError, Incoming},
+    topology::QueueTopology,
+    AmqpConfig,
+};
+use flashsale_proto::events::v1::envelope::Payload;
+
+use crate::{app::StockService, domain::StockError};
+
+/// Queue of the saga events (competing consumers across replicas).
+pub const ORDER_EVENTS_QUEUE: &str = "product-stock.order-events";
+/// Queue of `stock.adjusted`.
+pub const STOCK_EVENTS_QUEUE: &str = "product-stock.stock-adjusted";
+
+pub fn order_events_topology(config: &AmqpConfig) -> QueueTopology {
+    QueueTopology::new(config, ORDER_EVENTS_QUEUE, &["order.created", "order.cancelled"])
+}
+
+pub fn stock_events_topology(config: &AmqpConfig) -> QueueTopology {
+    QueueTopology::new(config, STOCK_EVENTS_QUEUE, &["stock.adjusted"])
+}
+
+fn classify(e: StockError) -> HandlerError {
+    match e {
+        StockError::Invalid(v) => HandlerError::permanent(anyhow::anyhow!("invalid event: {v:?}")),
+        other => HandlerError::transient(other),
+    }
+}
+
+/// Handles one delivery of either queue.
+pub async fn handle(service: StockService, msg: Incoming) -> Result<(), HandlerError> {
+    let consumer = msg.queue.as_str();
+    match &msg.envelope.payload {
+        Some(Payload::OrderCreated(ev)) => service.on_order_created(consumer, &msg.envelope, ev).await,
+        Some(Payload::OrderCancelled(ev)) => service.on_order_cancelled(consumer, &msg.envelope, ev).await,
+        Some(Payload::StockAdjusted(ev)) => service.on_stock_adjusted(ev).await,
+        other => {
+            let kind = other.as_ref().map_or("none", flashsale_messaging::envelope::routing_key);
+            return Err(HandlerError::permanent(anyhow::anyhow!("product-stock does not handle `{kind}`")));
+        }
+    }
+    .map_err(classify)
+}

@@ -1,0 +1,339 @@
+//! The Redis stock gate (ARCHITECTURE §4, §6): atomic Lua scripts that admit or refuse buyers
+//! in one round trip, so the database only ever sees orders that already hold their units.
+//!
+//! # Key layout
+//!
+//! All keys of one product share the Redis Cluster hash tag `{p:SKU}`, so every script touches
+//! one slot. With `P` the gate's key prefix:
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `Pstock:{p:SKU}:avail` | string | units the gate may still hand out |
+//! | `Pstock:{p:SKU}:held` | string | Σ qty of holds the database does not have yet |
+//! | `Pstock:{p:SKU}:pending` | sorted set | order id → reserve time (ms) of those holds |
+//! | `Pstock:{p:SKU}:users` | hash | user id → units bought through the gate, not released |
+//! | `Pstock:{p:SKU}:epoch` | string | bumped by every change that follows a database change |
+//! | `Pstock:{p:SKU}:o:<order id>` | hash, TTL | the order's record: `s` state, `q` qty, `u` user, `n` first answer |
+//! | `Pstock:{p:SKU}:adj:<request id>` | string, TTL | an applied restock / write-off |
+//!
+//! Order states: `H` held (not in the database yet), `P` persisted, `X` released, `L` / `I`
+//! refused (user limit / insufficient stock). One key per order rather than one hash of all
+//! orders keeps every hash small (see the listpack trap in DEPENDENCIES). Sold-out refusals are
+//! not recorded: a flood on a sold-out product costs no writes.
+//!
+//! # Invariant
+//!
+//! `avail + held == on_hand − reserved` in the database (`== on_hand` under `COMMIT_AT_ORDER`).
+//! Each script keeps it: reserve moves q from `avail` to `held`; mark-persisted takes q out of
+//! `held` as the database's `reserved` grew by q; releasing a hold moves q from `held` back to
+//! `avail`; releasing a persisted order adds q to `avail` as `reserved` shrank by q. A missing
+//! `avail` means the gate was lost: scripts then change nothing and answer `NotLoaded`, and the
+//! service rebuilds the product from the database with [`RedisGate::load`].
+
+mod keys;
+mod maintenance;
+mod outcome;
+mod script;
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+pub use keys::{MAX_QTY, MAX_SAFE_INTEGER, ProductKeys, SKU_MAX_LEN, product_tag, validate_sku};
+pub use outcome::{
+    AdjustOutcome, GateError, GateSnapshot, PendingHold, ReleaseOutcome, RepairOutcome,
+    ReserveOutcome,
+};
+
+use keys::{REQUEST_ID_MAX_LEN, validate_amount, validate_prefix, validate_qty, validate_user};
+use script::{LuaScript, Reply, int};
+
+static RESERVE: LuaScript = LuaScript::new("reserve", include_str!("gate/lua/reserve.lua"));
+static MARK_PERSISTED: LuaScript = LuaScript::new(
+    "mark_persisted",
+    include_str!("gate/lua/mark_persisted.lua"),
+);
+static RELEASE: LuaScript = LuaScript::new("release", include_str!("gate/lua/release.lua"));
+static ADJUST: LuaScript = LuaScript::new("adjust", include_str!("gate/lua/adjust.lua"));
+static LOAD: LuaScript = LuaScript::new("load", include_str!("gate/lua/load.lua"));
+static REPAIR: LuaScript = LuaScript::new("repair", include_str!("gate/lua/repair.lua"));
+static PENDING: LuaScript = LuaScript::new("pending", include_str!("gate/lua/pending.lua"));
+
+/// Shortest TTL of order records and adjustment markers: below it a replay would find nothing.
+const MIN_RECORD_TTL: Duration = Duration::from_secs(1);
+
+/// The stock gate of every product, over a Redis connection pool. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisGate {
+    pool: deadpool_redis::Pool,
+    prefix: String,
+    record_ttl_ms: String,
+}
+
+impl std::fmt::Debug for RedisGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisGate")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisGate {
+    /// `key_prefix` goes in front of every key (e.g. `"fs:"`; no braces). `order_ttl` is how
+    /// long order records and adjustment markers live (at least one second), i.e. how long a
+    /// replay is recognised.
+    pub fn new(
+        pool: deadpool_redis::Pool,
+        key_prefix: impl Into<String>,
+        order_ttl: Duration,
+    ) -> Self {
+        let ttl_ms = order_ttl.max(MIN_RECORD_TTL).as_millis();
+        Self {
+            pool,
+            prefix: key_prefix.into(),
+            record_ttl_ms: ttl_ms.min(MAX_SAFE_INTEGER as u128).to_string(),
+        }
+    }
+
+    /// The keys of `sku`, after checking it and the prefix.
+    pub fn keys(&self, sku: &str) -> Result<ProductKeys, GateError> {
+        validate_prefix(&self.prefix)?;
+        validate_sku(sku)?;
+        Ok(ProductKeys::new(&self.prefix, sku))
+    }
+
+    /// Loads every script into the server's cache; optional (scripts load on first use), but
+    /// lets start-up fail early when Redis refuses scripts.
+    pub async fn load_scripts(&self) -> Result<(), GateError> {
+        let mut conn = self.conn().await?;
+        for script in [
+            &RESERVE,
+            &MARK_PERSISTED,
+            &RELEASE,
+            &ADJUST,
+            &LOAD,
+            &REPAIR,
+            &PENDING,
+        ] {
+            script.load(&mut conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes `qty` units for `order_id`, atomically and once: checks the order's record
+    /// (replay), the counter (`NotLoaded`, `SoldOut`), the per-user limit (0 = none) and the
+    /// stock, then moves the units from `avail` to `held` and records the hold.
+    pub async fn reserve(
+        &self,
+        sku: &str,
+        order_id: Uuid,
+        user_id: &str,
+        qty: i64,
+        per_user_limit: u32,
+        now_ms: i64,
+    ) -> Result<ReserveOutcome, GateError> {
+        let k = self.keys(sku)?;
+        validate_user(user_id)?;
+        validate_qty(qty)?;
+        validate_amount(now_ms, "now_ms must be 0..=2^53-1")?;
+        let keys = [
+            k.avail(),
+            k.held(),
+            k.pending(),
+            k.users(),
+            k.order(order_id),
+        ];
+        let args = [
+            order_id.hyphenated().to_string(),
+            user_id.to_owned(),
+            qty.to_string(),
+            per_user_limit.to_string(),
+            now_ms.to_string(),
+            self.record_ttl_ms.clone(),
+        ];
+        let r = Reply::new(RESERVE.run(&mut self.conn().await?, &keys, &args).await?)?;
+        Ok(match r.code()? {
+            "H" => ReserveOutcome::Reserved {
+                remaining: r.int(1)?,
+                replayed: false,
+            },
+            "S" => ReserveOutcome::SoldOut,
+            "L" => ReserveOutcome::UserLimitExceeded { bought: r.int(1)? },
+            "I" => ReserveOutcome::InsufficientStock {
+                available: r.int(1)?,
+            },
+            "N" => ReserveOutcome::NotLoaded,
+            "C" => ReserveOutcome::Mismatch,
+            "R" => match r.text(1)? {
+                "H" | "P" => ReserveOutcome::Reserved {
+                    remaining: r.int(2)?,
+                    replayed: true,
+                },
+                "L" => ReserveOutcome::UserLimitExceeded { bought: r.int(2)? },
+                "I" => ReserveOutcome::InsufficientStock {
+                    available: r.int(2)?,
+                },
+                "X" => ReserveOutcome::Released,
+                other => {
+                    return Err(GateError::Script(format!(
+                        "order record in unknown state {other:?}"
+                    )));
+                }
+            },
+            other => return Err(unknown_code("reserve", other)),
+        })
+    }
+
+    /// The database now holds this reservation: the hold moves from H to P and its units leave
+    /// `held`. `false` when there was nothing to do (not a hold, or done before).
+    pub async fn mark_persisted(&self, sku: &str, order_id: Uuid) -> Result<bool, GateError> {
+        let k = self.keys(sku)?;
+        let keys = [
+            k.avail(),
+            k.held(),
+            k.pending(),
+            k.order(order_id),
+            k.epoch(),
+        ];
+        let args = [order_id.hyphenated().to_string()];
+        let value = MARK_PERSISTED
+            .run(&mut self.conn().await?, &keys, &args)
+            .await?;
+        Ok(int(&value)? == 1)
+    }
+
+    /// Gives the order's units back, once. A hold (H) returns from `held`; a persisted order (P)
+    /// or one the gate has no record of is added to `avail` (the database released it first),
+    /// using the record's user and qty when there is one, `user_id` and `qty` otherwise.
+    pub async fn release(
+        &self,
+        sku: &str,
+        order_id: Uuid,
+        user_id: &str,
+        qty: i64,
+    ) -> Result<ReleaseOutcome, GateError> {
+        validate_user(user_id)?;
+        validate_qty(qty)?;
+        self.run_release(sku, order_id, user_id, qty, "any").await
+    }
+
+    /// Gives back the units of a hold the database never got (H only): for an order cancelled
+    /// or expired before its reservation was persisted. Anything else is `NothingHeld`.
+    pub async fn release_unpersisted(
+        &self,
+        sku: &str,
+        order_id: Uuid,
+    ) -> Result<ReleaseOutcome, GateError> {
+        self.run_release(sku, order_id, "-", 1, "hold").await
+    }
+
+    /// Forgets a hold (H only) without giving its units back: the database refused the
+    /// reservation for lack of stock, so the gate had admitted units that do not exist.
+    pub async fn drop_hold(&self, sku: &str, order_id: Uuid) -> Result<ReleaseOutcome, GateError> {
+        self.run_release(sku, order_id, "-", 1, "drop").await
+    }
+
+    async fn run_release(
+        &self,
+        sku: &str,
+        order_id: Uuid,
+        user_id: &str,
+        qty: i64,
+        mode: &str,
+    ) -> Result<ReleaseOutcome, GateError> {
+        let k = self.keys(sku)?;
+        let keys = [
+            k.avail(),
+            k.held(),
+            k.pending(),
+            k.users(),
+            k.order(order_id),
+            k.epoch(),
+        ];
+        let args = [
+            order_id.hyphenated().to_string(),
+            user_id.to_owned(),
+            qty.to_string(),
+            self.record_ttl_ms.clone(),
+            mode.to_owned(),
+        ];
+        let r = Reply::new(RELEASE.run(&mut self.conn().await?, &keys, &args).await?)?;
+        let code = r.code()?;
+        let released = |make: fn(i64, i64) -> ReleaseOutcome| Ok(make(r.int(1)?, r.int(2)?));
+        match code {
+            "H" => released(|qty, available| ReleaseOutcome::ReleasedHold { qty, available }),
+            "P" => released(|qty, available| ReleaseOutcome::ReleasedPersisted { qty, available }),
+            "M" => released(|qty, available| ReleaseOutcome::ReleasedUnrecorded { qty, available }),
+            "D" => released(|qty, available| ReleaseOutcome::DroppedHold { qty, available }),
+            "X" => Ok(ReleaseOutcome::AlreadyReleased),
+            "F" => Ok(ReleaseOutcome::NothingHeld),
+            "N" => Ok(ReleaseOutcome::NotLoaded),
+            other => Err(unknown_code("release", other)),
+        }
+    }
+
+    /// Rebuilds a product's gate after Redis lost it: sets `avail` (computed by the caller from
+    /// the database), `held` = 0 and the users hash — only if `avail` is missing, atomically, so
+    /// replicas rebuilding at once count the stock once. Returns whether it loaded.
+    pub async fn load(
+        &self,
+        sku: &str,
+        available: i64,
+        users: &[(String, i64)],
+    ) -> Result<bool, GateError> {
+        let k = self.keys(sku)?;
+        validate_amount(available, "available must be 0..=2^53-1")?;
+        let mut args = Vec::with_capacity(1 + 2 * users.len());
+        args.push(available.to_string());
+        for (user, units) in users {
+            validate_user(user)?;
+            validate_amount(*units, "units per user must be 0..=2^53-1")?;
+            if *units > 0 {
+                args.push(user.clone());
+                args.push(units.to_string());
+            }
+        }
+        let keys = [k.avail(), k.held(), k.pending(), k.users(), k.epoch()];
+        let value = LOAD.run(&mut self.conn().await?, &keys, &args).await?;
+        Ok(int(&value)? == 1)
+    }
+
+    /// Applies a restock (+) or write-off (−) once per `request_id`. A write-off never drives
+    /// the counter below zero: it is clamped and reported.
+    pub async fn adjust(
+        &self,
+        sku: &str,
+        request_id: &str,
+        delta: i64,
+    ) -> Result<AdjustOutcome, GateError> {
+        let k = self.keys(sku)?;
+        if request_id.is_empty() || request_id.len() > REQUEST_ID_MAX_LEN {
+            return Err(GateError::InvalidInput("request_id must be 1..=128 bytes"));
+        }
+        validate_amount(delta.saturating_abs(), "delta must be within ±(2^53-1)")?;
+        let keys = [k.avail(), k.adjustment(request_id), k.epoch()];
+        let args = [delta.to_string(), self.record_ttl_ms.clone()];
+        let r = Reply::new(ADJUST.run(&mut self.conn().await?, &keys, &args).await?)?;
+        match r.code()? {
+            "A" => Ok(AdjustOutcome::Applied {
+                applied: r.int(1)?,
+                available: r.int(2)?,
+                clamped: r.int(3)? == 1,
+            }),
+            "D" => Ok(AdjustOutcome::Duplicate),
+            "N" => Ok(AdjustOutcome::NotLoaded),
+            other => Err(unknown_code("adjust", other)),
+        }
+    }
+
+    async fn conn(&self) -> Result<deadpool_redis::Connection, GateError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| GateError::Unavailable(format!("redis pool: {e}")))
+    }
+}
+
+fn unknown_code(script: &str, code: &str) -> GateError {
+    GateError::Script(format!("{script} script answered unknown code {code:?}"))
+}

@@ -1,0 +1,194 @@
+//! Key names and input checks of the gate. Every key of one product carries the same Redis
+//! Cluster hash tag, `{p:SKU}`, so each script touches a single slot.
+
+use uuid::Uuid;
+
+use super::GateError;
+
+/// Longest sku the gate accepts.
+pub const SKU_MAX_LEN: usize = 64;
+/// Longest user id the gate accepts (bytes).
+pub const USER_ID_MAX_LEN: usize = 128;
+/// Longest adjustment request id the gate accepts (bytes).
+pub const REQUEST_ID_MAX_LEN: usize = 128;
+/// Largest quantity of one order.
+pub const MAX_QTY: i64 = 1_000_000;
+/// Largest integer a Lua number (a double) holds exactly: 2^53 - 1.
+pub const MAX_SAFE_INTEGER: i64 = 9_007_199_254_740_991;
+
+/// The hash tag shared by every key of `sku`, braces included: `{p:SKU}`.
+pub fn product_tag(sku: &str) -> String {
+    format!("{{p:{sku}}}")
+}
+
+/// Checks that `sku` is 1..=64 characters of `[A-Za-z0-9._-]`: never a brace (which would move
+/// the hash tag), a colon (which would blur key boundaries) or a glob character.
+pub fn validate_sku(sku: &str) -> Result<(), GateError> {
+    let ok = !sku.is_empty()
+        && sku.len() <= SKU_MAX_LEN
+        && sku
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(GateError::InvalidInput(
+            "sku must be 1..=64 characters of [A-Za-z0-9._-]",
+        ))
+    }
+}
+
+pub(super) fn validate_user(user_id: &str) -> Result<(), GateError> {
+    if user_id.is_empty() || user_id.len() > USER_ID_MAX_LEN {
+        return Err(GateError::InvalidInput("user_id must be 1..=128 bytes"));
+    }
+    Ok(())
+}
+
+pub(super) fn validate_qty(qty: i64) -> Result<(), GateError> {
+    if !(1..=MAX_QTY).contains(&qty) {
+        return Err(GateError::InvalidInput("qty must be 1..=1000000"));
+    }
+    Ok(())
+}
+
+pub(super) fn validate_amount(value: i64, what: &'static str) -> Result<(), GateError> {
+    if !(0..=MAX_SAFE_INTEGER).contains(&value) {
+        return Err(GateError::InvalidInput(what));
+    }
+    Ok(())
+}
+
+/// The prefix goes in front of the hash tag, so a brace in it would become the tag.
+pub(super) fn validate_prefix(prefix: &str) -> Result<(), GateError> {
+    if prefix.contains(['{', '}']) {
+        return Err(GateError::InvalidInput(
+            "the gate's key prefix must not contain braces",
+        ));
+    }
+    Ok(())
+}
+
+/// The keys of one product: `<prefix>stock:{p:SKU}:<part>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProductKeys {
+    base: String,
+}
+
+impl ProductKeys {
+    /// Keys of `sku` under `prefix`; both must have been validated.
+    pub fn new(prefix: &str, sku: &str) -> Self {
+        Self {
+            base: format!("{prefix}stock:{}", product_tag(sku)),
+        }
+    }
+
+    /// String: units the gate may still hand out.
+    pub fn avail(&self) -> String {
+        self.part("avail")
+    }
+
+    /// String: Σ qty of holds the database does not have yet.
+    pub fn held(&self) -> String {
+        self.part("held")
+    }
+
+    /// Sorted set: order id → reserve time (ms) of holds the database does not have yet.
+    pub fn pending(&self) -> String {
+        self.part("pending")
+    }
+
+    /// Hash: user id → units bought through the gate and not released.
+    pub fn users(&self) -> String {
+        self.part("users")
+    }
+
+    /// String: bumped by every change that follows a database change (see `repair_if_unchanged`).
+    pub fn epoch(&self) -> String {
+        self.part("epoch")
+    }
+
+    /// Hash with a TTL: one order's record (`s` state, `q` qty, `u` user, `n` first answer).
+    pub fn order(&self, order_id: Uuid) -> String {
+        format!("{}:o:{}", self.base, order_id.hyphenated())
+    }
+
+    /// String with a TTL: marks an adjustment request as applied.
+    pub fn adjustment(&self, request_id: &str) -> String {
+        format!("{}:adj:{request_id}", self.base)
+    }
+
+    /// A SCAN pattern matching every key of the product (glob characters of the prefix escaped).
+    pub fn pattern(&self) -> String {
+        let mut out = String::with_capacity(self.base.len() + 4);
+        for c in self.base.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push_str(":*");
+        out
+    }
+
+    fn part(&self, name: &str) -> String {
+        format!("{}:{name}", self.base)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The part of `key` Redis Cluster hashes: the first `{…}` with something inside.
+    fn cluster_hash_part(key: &str) -> &str {
+        if let Some(open) = key.find('{')
+            && let Some(len) = key[open + 1..].find('}')
+            && len > 0
+        {
+            return &key[open + 1..open + 1 + len];
+        }
+        key
+    }
+
+    #[test]
+    fn keys_of_one_product_share_one_hash_tag() {
+        let keys = ProductKeys::new("fs:test:", "SKU-1.a_b");
+        let all = [
+            keys.avail(),
+            keys.held(),
+            keys.pending(),
+            keys.users(),
+            keys.epoch(),
+            keys.order(Uuid::new_v4()),
+            keys.adjustment("req-1"),
+        ];
+        for key in &all {
+            assert_eq!(cluster_hash_part(key), "p:SKU-1.a_b", "{key}");
+            assert!(key.starts_with("fs:test:stock:{p:SKU-1.a_b}:"), "{key}");
+        }
+        let other = ProductKeys::new("fs:test:", "SKU-2");
+        assert_ne!(
+            cluster_hash_part(&other.avail()),
+            cluster_hash_part(&keys.avail())
+        );
+    }
+
+    #[test]
+    fn skus_outside_the_alphabet_are_refused() {
+        for bad in ["", "a b", "a{b", "a}b", "a:b", "a*", &"x".repeat(65)] {
+            assert!(validate_sku(bad).is_err(), "{bad:?}");
+        }
+        for good in ["a", "A-1.b_2", &"x".repeat(64)] {
+            assert!(validate_sku(good).is_ok(), "{good:?}");
+        }
+        assert!(validate_prefix("fs{x}:").is_err());
+        assert!(validate_prefix("fs:").is_ok());
+    }
+
+    #[test]
+    fn the_scan_pattern_escapes_glob_characters_of_the_prefix() {
+        let keys = ProductKeys::new("a*b?[c]:", "S");
+        assert_eq!(keys.pattern(), "a\\*b\\?\\[c\\]:stock:{p:S}:*");
+    }
+}

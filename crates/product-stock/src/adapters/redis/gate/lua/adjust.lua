@@ -1,0 +1,33 @@
+-- Restock (+) or write-off (-) from a `stock.adjusted` event, once per request id.
+-- KEYS: 1 avail, 2 the request's marker, 3 epoch
+-- ARGV: 1 delta, 2 marker ttl ms
+-- Reply: {'D'} seen before | {'N'} not loaded | {'A', applied, available, clamped}
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return {'D'}
+end
+local avail = redis.call('GET', KEYS[1])
+if not avail then
+  -- The rebuild reads the database, which already has this adjustment; the marker keeps a
+  -- redelivery after the rebuild from counting it twice.
+  redis.call('SET', KEYS[2], 'N', 'PX', ARGV[2])
+  return {'N'}
+end
+avail = tonumber(avail)
+local delta = tonumber(ARGV[1])
+local after = avail + delta
+local clamped = 0
+if delta < 0 and after < 0 then
+  -- A write-off never drives the counter below zero (nor lower than it already is).
+  clamped = 1
+  if avail > 0 then
+    redis.call('SET', KEYS[1], '0')
+    after = 0
+  else
+    after = avail
+  end
+else
+  after = redis.call('INCRBY', KEYS[1], ARGV[1])
+end
+redis.call('SET', KEYS[2], 'A', 'PX', ARGV[2])
+redis.call('INCR', KEYS[3])
+return {'A', after - avail, after, clamped}

@@ -1,0 +1,45 @@
+-- Takes qty units of one product for one order, once (ARCHITECTURE §4).
+-- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 the order's record
+-- ARGV: 1 order id, 2 user id, 3 qty, 4 per-user limit (0 = none), 5 now ms, 6 record ttl ms
+-- Reply: {'H', remaining} reserved | {'S'} sold out | {'L', bought} user limit
+--      | {'I', available} insufficient | {'N'} not loaded | {'C'} order id reused
+--      | {'R', state, n} replay of the order's first answer (n as first answered)
+local rec = redis.call('HMGET', KEYS[5], 's', 'q', 'u', 'n')
+if rec[1] then
+  if rec[2] ~= ARGV[3] or rec[3] ~= ARGV[2] then
+    return {'C'}
+  end
+  return {'R', rec[1], tonumber(rec[4]) or 0}
+end
+local avail = redis.call('GET', KEYS[1])
+if not avail then
+  -- Never DECRBY a missing counter: it would start below zero.
+  return {'N'}
+end
+avail = tonumber(avail)
+if avail <= 0 then
+  -- Checked before the user limit and not recorded: a sold-out flood costs no writes.
+  return {'S'}
+end
+local qty = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+if limit > 0 then
+  local bought = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
+  if bought + qty > limit then
+    redis.call('HSET', KEYS[5], 's', 'L', 'q', ARGV[3], 'u', ARGV[2], 'n', bought)
+    redis.call('PEXPIRE', KEYS[5], ARGV[6])
+    return {'L', bought}
+  end
+end
+if avail < qty then
+  redis.call('HSET', KEYS[5], 's', 'I', 'q', ARGV[3], 'u', ARGV[2], 'n', avail)
+  redis.call('PEXPIRE', KEYS[5], ARGV[6])
+  return {'I', avail}
+end
+local remaining = redis.call('DECRBY', KEYS[1], ARGV[3])
+redis.call('HINCRBY', KEYS[4], ARGV[2], ARGV[3])
+redis.call('INCRBY', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+redis.call('HSET', KEYS[5], 's', 'H', 'q', ARGV[3], 'u', ARGV[2], 'n', remaining, 't', ARGV[5])
+redis.call('PEXPIRE', KEYS[5], ARGV[6])
+return {'H', remaining}

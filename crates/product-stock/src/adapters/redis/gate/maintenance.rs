@@ -1,0 +1,190 @@
+//! The gate's maintenance side: reading its counters, the expiry sweep's view of unpersisted
+//! holds, repairing drift from the database, and deleting a product.
+
+use deadpool_redis::redis::{self, Value};
+use uuid::Uuid;
+
+use super::script::{Reply, int, redis_error, text};
+use super::{GateError, GateSnapshot, PENDING, PendingHold, REPAIR, RedisGate, RepairOutcome};
+use super::{keys::validate_amount, unknown_code};
+
+/// Most holds one `pending_older_than` call returns.
+const MAX_PENDING_BATCH: usize = 10_000;
+
+impl RedisGate {
+    /// The product's counters, or `None` when the gate has not loaded it.
+    pub async fn snapshot(&self, sku: &str) -> Result<Option<GateSnapshot>, GateError> {
+        let k = self.keys(sku)?;
+        let values: Vec<Value> = redis::cmd("MGET")
+            .arg(k.avail())
+            .arg(k.held())
+            .arg(k.epoch())
+            .query_async(&mut self.conn().await?)
+            .await
+            .map_err(redis_error)?;
+        let optional = |i: usize| match values.get(i) {
+            None | Some(Value::Nil) => Ok(None),
+            Some(v) => int(v).map(Some),
+        };
+        let Some(available) = optional(0)? else {
+            return Ok(None);
+        };
+        Ok(Some(GateSnapshot {
+            available,
+            held: optional(1)?.unwrap_or(0),
+            epoch: optional(2)?.unwrap_or(0),
+        }))
+    }
+
+    /// Holds reserved strictly before `cutoff_ms` that the database never confirmed, oldest
+    /// first, at most `limit` (≤ 10,000). Entries whose record moved on or expired are pruned.
+    pub async fn pending_older_than(
+        &self,
+        sku: &str,
+        cutoff_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<PendingHold>, GateError> {
+        let k = self.keys(sku)?;
+        if limit > MAX_PENDING_BATCH {
+            return Err(GateError::InvalidInput("limit must be at most 10000"));
+        }
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(k.pending())
+            .arg("-inf")
+            .arg(format!("({cutoff_ms}"))
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let mut keys = vec![k.pending()];
+        let mut args = Vec::with_capacity(ids.len());
+        for id in ids {
+            match Uuid::parse_str(&id) {
+                Ok(order_id) => {
+                    keys.push(k.order(order_id));
+                    args.push(id);
+                }
+                Err(_) => {
+                    tracing::warn!(sku, member = %id, "ignoring a pending hold that is not an order id")
+                }
+            }
+        }
+        if args.is_empty() {
+            return Ok(Vec::new());
+        }
+        let r = Reply::new(PENDING.run(&mut conn, &keys, &args).await?)?;
+        let pruned = r.int(0)?;
+        if pruned > 0 {
+            tracing::warn!(
+                sku,
+                pruned,
+                "pruned pending holds whose order record had moved on or expired"
+            );
+        }
+        let rows = Reply::new(r.get(1)?.clone())?;
+        let mut holds = Vec::with_capacity(rows.len() / 4);
+        for i in (0..rows.len() / 4).map(|i| i * 4) {
+            let id = rows.text(i)?;
+            let order_id = Uuid::parse_str(id)
+                .map_err(|_| GateError::Script(format!("pending id {id:?} is not a uuid")))?;
+            let reserved_at = text(rows.get(i + 3)?)?;
+            let reserved_at_ms = reserved_at.parse::<f64>().map_err(|_| {
+                GateError::Script(format!("pending score {reserved_at:?} is not a number"))
+            })?;
+            holds.push(PendingHold {
+                order_id,
+                user_id: rows.text(i + 1)?.to_owned(),
+                qty: rows.int(i + 2)?,
+                reserved_at_ms: reserved_at_ms as i64,
+            });
+        }
+        Ok(holds)
+    }
+
+    /// Sets `avail = db_available − held`, reading `held` inside the script so reservations
+    /// may flow meanwhile; a negative result sets 0 and is reported as clamped.
+    ///
+    /// Unconditional: a release or adjustment the database committed before `db_available`
+    /// was read but whose gate follow-up lands after this repair is counted twice. Prefer
+    /// [`Self::repair_if_unchanged`] with the epoch of a snapshot taken before the database read.
+    pub async fn repair(&self, sku: &str, db_available: i64) -> Result<RepairOutcome, GateError> {
+        self.run_repair(sku, db_available, None).await
+    }
+
+    /// [`Self::repair`], but only if the product's epoch is still `epoch` (from a
+    /// [`GateSnapshot`] taken before the database was read): otherwise a change that follows
+    /// the database landed in between, and this answers `Stale` without changing anything.
+    pub async fn repair_if_unchanged(
+        &self,
+        sku: &str,
+        db_available: i64,
+        epoch: i64,
+    ) -> Result<RepairOutcome, GateError> {
+        self.run_repair(sku, db_available, Some(epoch)).await
+    }
+
+    async fn run_repair(
+        &self,
+        sku: &str,
+        db_available: i64,
+        epoch: Option<i64>,
+    ) -> Result<RepairOutcome, GateError> {
+        let k = self.keys(sku)?;
+        validate_amount(db_available, "db_available must be 0..=2^53-1")?;
+        let keys = [k.avail(), k.held(), k.epoch()];
+        let args = [
+            db_available.to_string(),
+            epoch.map(|e| e.to_string()).unwrap_or_default(),
+        ];
+        let r = Reply::new(REPAIR.run(&mut self.conn().await?, &keys, &args).await?)?;
+        match r.code()? {
+            "R" => Ok(RepairOutcome::Repaired {
+                before: r.int(1)?,
+                after: r.int(2)?,
+                held: r.int(3)?,
+                clamped: r.int(4)? == 1,
+            }),
+            "S" => Ok(RepairOutcome::Stale { epoch: r.int(1)? }),
+            "N" => Ok(RepairOutcome::NotLoaded),
+            other => Err(unknown_code("repair", other)),
+        }
+    }
+
+    /// Deletes every key of the product, order records and markers included (tests, admin).
+    /// Returns how many keys were deleted. Not atomic: stop traffic to the product first.
+    pub async fn forget(&self, sku: &str) -> Result<u64, GateError> {
+        let k = self.keys(sku)?;
+        let mut conn = self.conn().await?;
+        let mut cursor: u64 = 0;
+        let mut deleted = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(k.pattern())
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error)?;
+            if !batch.is_empty() {
+                let n: u64 = redis::cmd("DEL")
+                    .arg(&batch)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(redis_error)?;
+                deleted += n;
+            }
+            if next == 0 {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
+    }
+}

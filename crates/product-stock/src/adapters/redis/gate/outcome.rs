@@ -1,0 +1,113 @@
+//! What the gate's operations answer.
+
+use uuid::Uuid;
+
+/// Why a gate call failed. Refusals (sold out, limits) are not errors: they are outcomes.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    /// No connection to Redis (pool exhausted or closed, I/O error, server loading or failing
+    /// over); the caller answers `UNAVAILABLE` and never falls back to the database.
+    #[error("redis unavailable: {0}")]
+    Unavailable(String),
+    /// Redis answered with an error or a reply the gate does not understand.
+    #[error("gate script failed: {0}")]
+    Script(String),
+    /// An argument the gate refuses before calling Redis.
+    #[error("invalid gate input: {0}")]
+    InvalidInput(&'static str),
+}
+
+/// The answer to a reservation. A replay (same order id) returns the order's first answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReserveOutcome {
+    /// The units are held for the order; `remaining` is the counter after the first answer.
+    Reserved { remaining: i64, replayed: bool },
+    /// The counter is at zero. Not recorded, so a replay may answer differently.
+    SoldOut,
+    /// Fewer units than asked are left.
+    InsufficientStock { available: i64 },
+    /// The user already holds `bought` units; `bought + qty` exceeds the per-user limit.
+    UserLimitExceeded { bought: i64 },
+    /// This order id was used before with another user or quantity.
+    Mismatch,
+    /// This order's units were already given back (or it was cancelled before it was
+    /// reserved); a replay must not take them again.
+    Released,
+    /// The gate has no counter for the product: rebuild it from the database and retry.
+    NotLoaded,
+}
+
+/// The answer to [`RedisGate::release`](super::RedisGate::release) and its variants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// An unpersisted hold went back to the counter (held → avail).
+    ReleasedHold { qty: i64, available: i64 },
+    /// A persisted reservation went back to the counter (the database released it first).
+    ReleasedPersisted { qty: i64, available: i64 },
+    /// The gate had no record of the order (expired, or the gate was rebuilt): treated as
+    /// persisted with the caller's user and qty, and recorded as released.
+    ReleasedUnrecorded { qty: i64, available: i64 },
+    /// [`RedisGate::drop_hold`](super::RedisGate::drop_hold): the hold was forgotten and its
+    /// units not returned; `available` is the unchanged counter.
+    DroppedHold { qty: i64, available: i64 },
+    /// Released before: nothing changed.
+    AlreadyReleased,
+    /// Nothing to release here: the order was refused, or (for the hold-only calls) it is
+    /// persisted or unknown to the gate.
+    NothingHeld,
+    /// The gate has no counter for the product; nothing changed (the rebuild counts it).
+    NotLoaded,
+}
+
+/// The answer to [`RedisGate::adjust`](super::RedisGate::adjust).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdjustOutcome {
+    /// `applied` units were added (negative: removed); `clamped` when a write-off asked for
+    /// more than the counter had.
+    Applied {
+        applied: i64,
+        available: i64,
+        clamped: bool,
+    },
+    /// This request id was seen before: nothing changed.
+    Duplicate,
+    /// The gate has no counter for the product; nothing changed (the rebuild counts it).
+    NotLoaded,
+}
+
+/// The answer to [`RedisGate::repair`](super::RedisGate::repair).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RepairOutcome {
+    /// The counter went from `before` to `after` = database available − `held`; `clamped`
+    /// when that was negative and the counter was set to 0 instead.
+    Repaired {
+        before: i64,
+        after: i64,
+        held: i64,
+        clamped: bool,
+    },
+    /// [`RedisGate::repair_if_unchanged`](super::RedisGate::repair_if_unchanged) only: a
+    /// change that follows the database landed since the snapshot; nothing changed.
+    Stale { epoch: i64 },
+    /// The gate has no counter for the product; nothing changed.
+    NotLoaded,
+}
+
+/// A product's counters, read in one command.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GateSnapshot {
+    pub available: i64,
+    pub held: i64,
+    /// Bumped by every change that follows a database change (mark persisted, release of a
+    /// persisted order, adjust, repair) and reset from the clock by a rebuild.
+    pub epoch: i64,
+}
+
+/// A hold the database never confirmed, for the expiry sweeper.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingHold {
+    pub order_id: Uuid,
+    pub user_id: String,
+    pub qty: i64,
+    pub reserved_at_ms: i64,
+}

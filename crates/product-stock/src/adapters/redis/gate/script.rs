@@ -1,0 +1,163 @@
+//! Running the gate's Lua scripts by digest, and reading their replies defensively.
+//!
+//! `redis::Script` would do the EVALSHA/NOSCRIPT dance, but deadpool-redis builds redis without
+//! its `script` feature; a script here learns its digest from `SCRIPT LOAD` once, then runs with
+//! `EVALSHA`. Redis's script cache is volatile (restart, failover, `SCRIPT FLUSH`): on
+//! `NOSCRIPT` the call is retried with `EVAL`, which runs the source and caches it again in one
+//! round trip, so a flush racing the retry cannot fail it.
+
+use std::sync::OnceLock;
+
+use deadpool_redis::redis::{self, ErrorKind, RedisError, ServerErrorKind, Value};
+
+use super::GateError;
+
+/// One Lua script of the gate.
+pub(super) struct LuaScript {
+    name: &'static str,
+    source: &'static str,
+    sha: OnceLock<String>,
+}
+
+impl LuaScript {
+    pub(super) const fn new(name: &'static str, source: &'static str) -> Self {
+        Self {
+            name,
+            source,
+            sha: OnceLock::new(),
+        }
+    }
+
+    /// Loads the script into the server's cache and remembers its digest.
+    pub(super) async fn load(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+    ) -> Result<String, GateError> {
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(self.source)
+            .query_async(conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(self.sha.get_or_init(|| sha).clone())
+    }
+
+    /// Runs the script, reloading it if the server forgot it.
+    pub(super) async fn run(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Value, GateError> {
+        if self.sha.get().is_none() {
+            self.load(conn).await?;
+        }
+        // Set by `load`; were it somehow empty, EVALSHA answers NOSCRIPT and EVAL runs instead.
+        let sha = self.sha.get().map_or("", String::as_str);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(sha).arg(keys.len()).arg(keys).arg(args);
+        match evalsha.query_async::<Value>(conn).await {
+            Ok(value) => Ok(value),
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                metrics::counter!("flashsale_gate_script_reloads_total", "script" => self.name)
+                    .increment(1);
+                tracing::debug!(
+                    script = self.name,
+                    "redis forgot a gate script; reloading it"
+                );
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(self.source).arg(keys.len()).arg(keys).arg(args);
+                eval.query_async::<Value>(conn).await.map_err(redis_error)
+            }
+            Err(e) => Err(redis_error(e)),
+        }
+    }
+}
+
+/// Connection trouble and a server that cannot serve right now are `Unavailable`; anything
+/// else (a script error, a wrong key type) is `Script`.
+pub(super) fn redis_error(e: RedisError) -> GateError {
+    let unavailable = e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        );
+    if unavailable {
+        GateError::Unavailable(e.to_string())
+    } else {
+        GateError::Script(e.to_string())
+    }
+}
+
+/// A script's array reply.
+pub(super) struct Reply(Vec<Value>);
+
+impl Reply {
+    pub(super) fn new(value: Value) -> Result<Self, GateError> {
+        match value {
+            Value::Array(items) | Value::Set(items) => Ok(Self(items)),
+            other => Err(unexpected("an array", &other)),
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The reply's first element, a short code.
+    pub(super) fn code(&self) -> Result<&str, GateError> {
+        self.text(0)
+    }
+
+    pub(super) fn text(&self, i: usize) -> Result<&str, GateError> {
+        text(self.get(i)?)
+    }
+
+    pub(super) fn int(&self, i: usize) -> Result<i64, GateError> {
+        int(self.get(i)?)
+    }
+
+    pub(super) fn get(&self, i: usize) -> Result<&Value, GateError> {
+        self.0.get(i).ok_or_else(|| {
+            GateError::Script(format!(
+                "reply has {} elements, wanted index {i}",
+                self.0.len()
+            ))
+        })
+    }
+}
+
+pub(super) fn text(value: &Value) -> Result<&str, GateError> {
+    match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes)
+            .map_err(|_| GateError::Script("reply string is not utf-8".into())),
+        Value::SimpleString(s) => Ok(s),
+        other => Err(unexpected("a string", other)),
+    }
+}
+
+/// An integer reply, or a string holding one (Redis stores counters as strings).
+pub(super) fn int(value: &Value) -> Result<i64, GateError> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        Value::BulkString(_) | Value::SimpleString(_) => {
+            let s = text(value)?;
+            s.parse()
+                .map_err(|_| GateError::Script(format!("reply {s:?} is not an integer")))
+        }
+        other => Err(unexpected("an integer", other)),
+    }
+}
+
+fn unexpected(wanted: &str, got: &Value) -> GateError {
+    GateError::Script(format!("wanted {wanted} in the reply, got {got:?}"))
+}

@@ -1,0 +1,3 @@
+//! The Redis stock gate (ARCHITECTURE §4).
+
+pub mod gate;

@@ -1,0 +1,166 @@
+//! Creating, reading, listing and restocking products.
+
+use flashsale_messaging::{envelope, outbox};
+use flashsale_proto::events::v1::{StockAdjusted, envelope::Payload};
+use sea_orm::TransactionTrait as _;
+
+use super::{PRODUCER, StockService, gate_err};
+use crate::{
+    adapters::db,
+    domain::{Adjustment, Product, ProductDraft, Sku, StockError},
+};
+
+/// Largest and default page of ListProducts.
+pub const MAX_PAGE_SIZE: u32 = 500;
+pub const DEFAULT_PAGE_SIZE: u32 = 50;
+const TOKEN_PREFIX: &str = "p1.";
+
+/// A product and the gate's counter for it (`None` while the gate has not loaded it).
+pub type ProductView = (Product, Option<i64>);
+
+impl StockService {
+    /// Creates a product and seeds the gate with its initial stock.
+    #[tracing::instrument(skip_all, fields(sku = %draft.sku))]
+    pub async fn create_product(&self, draft: ProductDraft) -> Result<ProductView, StockError> {
+        let txn = self.db.begin().await?;
+        db::insert_product(&txn, &draft).await?;
+        let product = db::product(&txn, &draft.sku, false)
+            .await?
+            .ok_or_else(|| StockError::Internal(anyhow::anyhow!("product vanished in its own transaction")))?;
+        txn.commit().await?;
+        // A gate that cannot be seeded now is seeded by the first reservation instead.
+        if let Err(e) = self.gate.load(draft.sku.as_str(), product.gate_target(), &[]).await {
+            tracing::warn!(error = %e, "could not seed the gate; the first reservation will");
+        }
+        self.view(product).await
+    }
+
+    /// One product with its figures.
+    pub async fn get_product(&self, sku: &Sku) -> Result<ProductView, StockError> {
+        let product = db::product(&self.db, sku, false)
+            .await?
+            .ok_or_else(|| StockError::UnknownProduct(sku.to_string()))?;
+        self.view(product).await
+    }
+
+    async fn view(&self, product: Product) -> Result<ProductView, StockError> {
+        let gate = self.gate.snapshot(product.sku.as_str()).await.map_err(gate_err)?;
+        Ok((product, gate.map(|g| g.available)))
+    }
+
+    /// A page of products by sku and the token of the next page ("" at the end).
+    pub async fn list_products(&self, page_size: i32, page_token: &str) -> Result<(Vec<ProductView>, String), StockError> {
+        let size = match page_size {
+            n if n < 0 => return Err(StockError::invalid("page_size", "must not be negative")),
+            0 => DEFAULT_PAGE_SIZE,
+            n => u32::try_from(n).unwrap_or(MAX_PAGE_SIZE).min(MAX_PAGE_SIZE),
+        };
+        let after = decode_token(page_token)?;
+        let mut products = db::list_products(&self.db, &after, u64::from(size) + 1).await?;
+        let next = if products.len() > size as usize {
+            products.truncate(size as usize);
+            products.last().map(|p| encode_token(p.sku.as_str())).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let mut views = Vec::with_capacity(products.len());
+        for p in products {
+            views.push(self.view(p).await?);
+        }
+        Ok((views, next))
+    }
+
+    /// Restock or write-off: the database first, with a `stock.adjusted` event in the same
+    /// transaction; the gate follows (now, and again from the event, idempotently).
+    #[tracing::instrument(skip_all, fields(sku = %adj.sku, request_id = %adj.request_id))]
+    pub async fn adjust_stock(&self, adj: Adjustment) -> Result<(ProductView, bool), StockError> {
+        let txn = self.db.begin().await?;
+        if let Some(first) = db::adjustment(&txn, &adj.request_id).await? {
+            txn.commit().await?;
+            return self.replayed_adjustment(&adj, first).await;
+        }
+        let product = db::product(&txn, &adj.sku, true)
+            .await?
+            .ok_or_else(|| StockError::UnknownProduct(adj.sku.to_string()))?;
+        if !db::insert_adjustment(&txn, &adj).await? {
+            // A concurrent twin with the same request id committed first.
+            drop(txn);
+            let first = db::adjustment(&self.db, &adj.request_id)
+                .await?
+                .ok_or_else(|| StockError::Internal(anyhow::anyhow!("adjustment twin vanished")))?;
+            return self.replayed_adjustment(&adj, first).await;
+        }
+        if !db::move_stock(&txn, &adj.sku, adj.delta, 0).await? {
+            return Err(StockError::WriteOffBelowReserved);
+        }
+        let kind = if adj.delta > 0 { "RESTOCK" } else { "WRITE_OFF" };
+        db::ledger(&txn, &adj.sku, kind, adj.delta, 0, &adj.request_id).await?;
+        let event = StockAdjusted {
+            request_id: adj.request_id.clone(),
+            sku: adj.sku.to_string(),
+            delta: adj.delta,
+            on_hand: product.on_hand + adj.delta,
+            reserved: product.reserved,
+            reason: adj.reason.clone(),
+        };
+        let env = envelope::new(Payload::StockAdjusted(event), adj.sku.as_str(), "", PRODUCER);
+        outbox::enqueue(&txn, &env).await?;
+        // The gate follows under the stock row lock (see `release_persisted`); when Redis is
+        // down the `stock.adjusted` event applies it later, once.
+        if let Err(e) = self.gate.adjust(adj.sku.as_str(), &adj.request_id, adj.delta).await {
+            tracing::warn!(error = %e, "gate not adjusted now; the stock.adjusted event will");
+        }
+        self.failpoint("stock.adjust.before_commit").await?;
+        txn.commit().await?;
+        Ok((self.get_product(&adj.sku).await?, false))
+    }
+
+    async fn replayed_adjustment(
+        &self,
+        adj: &Adjustment,
+        (sku, delta, reason): (String, i64, String),
+    ) -> Result<(ProductView, bool), StockError> {
+        if sku != adj.sku.as_str() || delta != adj.delta || reason != adj.reason {
+            return Err(StockError::IdempotencyKeyReused("request_id"));
+        }
+        Ok((self.get_product(&adj.sku).await?, true))
+    }
+}
+
+fn encode_token(last_sku: &str) -> String {
+    let hex: String = last_sku.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{TOKEN_PREFIX}{hex}")
+}
+
+fn decode_token(token: &str) -> Result<String, StockError> {
+    if token.is_empty() {
+        return Ok(String::new());
+    }
+    let bad = || StockError::invalid("page_token", "not a token this server issued");
+    let hex = token.strip_prefix(TOKEN_PREFIX).ok_or_else(bad)?;
+    if hex.len() % 2 != 0 || hex.len() > 128 {
+        return Err(bad());
+    }
+    let bytes: Result<Vec<u8>, _> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+        .collect();
+    let sku = String::from_utf8(bytes.map_err(|_| bad())?).map_err(|_| bad())?;
+    Sku::parse(&sku).map_err(|_| bad())?;
+    Ok(sku)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_junk_is_refused() {
+        assert_eq!(decode_token(&encode_token("WINE-1.x")).unwrap(), "WINE-1.x");
+        assert_eq!(decode_token("").unwrap(), "");
+        for junk in ["abc", "p1.zz", "p1.6", "p1.7b7d"] {
+            assert!(decode_token(junk).is_err(), "{junk} accepted");
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! product-stock's part of the order saga (ARCHITECTURE §3): persist reservations from
+//! `order.created`, release them on `order.cancelled` (leaving a tombstone when the cancel comes
+//! first), commit them at shipment, and follow `stock.adjusted` in the gate. Each handler runs in
+//! one database transaction with its inbox row, so a redelivered message has no second effect;
+//! the gate is told afterwards, with idempotent scripts, and the sweeper mends a lost update.
+
+use flashsale_messaging::{envelope, inbox, outbox};
+use flashsale_proto::{
+    events::v1::{
+        Envelope, OrderCancelled, OrderCreated, ReservationFailureReason, StockAdjusted, StockCommitted,
+        StockReleased, StockReservationFailed, StockReserved, envelope::Payload,
+    },
+    product::v1::DeductionPolicy as ProtoPolicy,
+};
+use sea_orm::{DatabaseTransaction, TransactionTrait as _};
+use uuid::Uuid;
+
+use super::{PRODUCER, StockService};
+use crate::{
+    adapters::db,
+    domain::{DeductionPolicy, Reservation, ReservationState, Sku, StockError, parse_order_id},
+};
+
+/// Tombstone causes: a later `order.created` for the order is refused.
+pub const CANCELLED_BEFORE_CREATED: &str = "CANCELLED_BEFORE_CREATED";
+pub const HOLD_EXPIRED: &str = "HOLD_EXPIRED";
+
+fn proto_policy(p: DeductionPolicy) -> i32 {
+    match p {
+        DeductionPolicy::ReserveThenCommit => ProtoPolicy::ReserveThenCommit as i32,
+        DeductionPolicy::CommitAtOrder => ProtoPolicy::CommitAtOrder as i32,
+    }
+}
+
+fn parse_event_fields(order_id: &str, sku: &str, quantity: i64) -> Result<(Uuid, Sku), StockError> {
+    let id = parse_order_id(order_id)?;
+    let sku = Sku::parse(sku)?;
+    if quantity < 1 {
+        return Err(StockError::invalid("quantity", "must be >= 1"));
+    }
+    Ok((id, sku))
+}
+
+impl StockService {
+    /// Opens the handler's transaction and claims the message; `None` when it was seen before.
+    async fn claim(&self, consumer: &str, env: &Envelope) -> Result<Option<DatabaseTransaction>, StockError> {
+        let message_id = envelope::message_id(env).map_err(|e| StockError::invalid("message_id", e.to_string()))?;
+        let txn = self.db.begin().await?;
+        if inbox::claim(&txn, consumer, message_id).await? {
+            Ok(Some(txn))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// `order.created`: `reserved += q WHERE on_hand - reserved >= q` (COMMIT_AT_ORDER:
+    /// `on_hand -= q`), reservation row, ledger, then `stock.reserved` or
+    /// `stock.reservation_failed`.
+    #[tracing::instrument(skip_all, fields(order_id = %ev.order_id, sku = %ev.sku))]
+    pub async fn on_order_created(&self, consumer: &str, env: &Envelope, ev: &OrderCreated) -> Result<(), StockError> {
+        let (order_id, sku) = parse_event_fields(&ev.order_id, &ev.sku, ev.quantity)?;
+        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+        let q = ev.quantity;
+        let fail = |reason: ReservationFailureReason, detail: &str| {
+            envelope::caused_by(
+                env,
+                Payload::StockReservationFailed(StockReservationFailed {
+                    order_id: ev.order_id.clone(),
+                    sku: ev.sku.clone(),
+                    quantity: q,
+                    reason: reason as i32,
+                    detail: detail.to_owned(),
+                }),
+                PRODUCER,
+            )
+        };
+        match db::reservation(&txn, order_id, true).await? {
+            Some(r) if r.state == ReservationState::Released => {
+                outbox::enqueue(&txn, &fail(ReservationFailureReason::OrderCancelled, "the order was cancelled")).await?;
+                txn.commit().await?;
+                self.gate_release_unpersisted(&sku, order_id).await;
+                return Ok(());
+            }
+            Some(_) => {
+                // Persisted before under another message id: nothing more to do.
+                txn.commit().await?;
+                self.gate_mark_persisted(&sku, order_id).await;
+                return Ok(());
+            }
+            None => {}
+        }
+        let terms = match self.terms(&sku).await {
+            Ok(t) => t,
+            Err(StockError::UnknownProduct(_)) => {
+                outbox::enqueue(&txn, &fail(ReservationFailureReason::UnknownProduct, "no such product")).await?;
+                txn.commit().await?;
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let (on_hand_delta, reserved_delta, state, kind) = match terms.policy {
+            DeductionPolicy::ReserveThenCommit => (0, q, ReservationState::Reserved, "RESERVE"),
+            DeductionPolicy::CommitAtOrder => (-q, 0, ReservationState::Committed, "COMMIT"),
+        };
+        let row = Reservation {
+            order_id,
+            sku: sku.clone(),
+            user_id: ev.user_id.clone(),
+            quantity: q,
+            state,
+            policy: terms.policy,
+        };
+        // The row first: a tombstone written at the same moment (sweeper, early cancel) makes
+        // this insert wait and then find the conflict, so units are never moved for it.
+        if !db::insert_reservation(&txn, &row, "order.created").await? {
+            drop(txn);
+            return Err(StockError::Internal(anyhow::anyhow!(
+                "reservation of order {order_id} written concurrently; retrying"
+            )));
+        }
+        if db::move_stock(&txn, &sku, on_hand_delta, reserved_delta).await? {
+            db::ledger(&txn, &sku, kind, on_hand_delta, reserved_delta, &ev.order_id).await?;
+            let ok = StockReserved {
+                order_id: ev.order_id.clone(),
+                sku: ev.sku.clone(),
+                quantity: q,
+                deduction_policy: proto_policy(terms.policy),
+            };
+            outbox::enqueue(&txn, &envelope::caused_by(env, Payload::StockReserved(ok), PRODUCER)).await?;
+            txn.commit().await?;
+            self.failpoint("stock.order_created.after_commit").await?;
+            self.gate_mark_persisted(&sku, order_id).await;
+        } else {
+            db::set_reservation_state(&txn, order_id, row.state, ReservationState::Released, "INSUFFICIENT_STOCK").await?;
+            let detail = "the database has fewer units than the gate admitted";
+            outbox::enqueue(&txn, &fail(ReservationFailureReason::InsufficientStock, detail)).await?;
+            txn.commit().await?;
+            metrics::counter!("flashsale_reservation_failed_in_db_total").increment(1);
+            // The gate admitted what the database does not have: drop the hold without giving
+            // the units back, which moves the gate towards the database.
+            self.gate_drop_hold(&sku, order_id).await;
+        }
+        Ok(())
+    }
+
+    /// `order.cancelled`: release the reservation once and give the units back to the gate; a
+    /// cancel that arrives before its `order.created` leaves a tombstone.
+    #[tracing::instrument(skip_all, fields(order_id = %ev.order_id, sku = %ev.sku))]
+    pub async fn on_order_cancelled(&self, consumer: &str, env: &Envelope, ev: &OrderCancelled) -> Result<(), StockError> {
+        let (order_id, sku) = parse_event_fields(&ev.order_id, &ev.sku, ev.quantity.max(1))?;
+        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+        let Some(r) = db::reservation(&txn, order_id, true).await? else {
+            let policy = self.terms(&sku).await.map(|t| t.policy).unwrap_or(DeductionPolicy::ReserveThenCommit);
+            let tombstone = Reservation {
+                order_id,
+                sku: sku.clone(),
+                user_id: ev.user_id.clone(),
+                quantity: 0,
+                state: ReservationState::Released,
+                policy,
+            };
+            db::insert_reservation(&txn, &tombstone, CANCELLED_BEFORE_CREATED).await?;
+            txn.commit().await?;
+            // Units held in the gate for an order the database never saw go straight back.
+            self.gate_release_unpersisted(&sku, order_id).await;
+            return Ok(());
+        };
+        self.release_persisted(txn, env, &r, "order.cancelled").await
+    }
+
+    /// Releases a RESERVED (or COMMIT_AT_ORDER COMMITTED) reservation in `txn` and the gate.
+    async fn release_persisted(&self, txn: DatabaseTransaction, env: &Envelope, r: &Reservation, cause: &str) -> Result<(), StockError> {
+        let (on_hand_delta, reserved_delta) = match (r.state, r.policy) {
+            (ReservationState::Reserved, _) => (0, -r.quantity),
+            (ReservationState::Committed, DeductionPolicy::CommitAtOrder) => (r.quantity, 0),
+            (ReservationState::Committed, DeductionPolicy::ReserveThenCommit) => {
+                tracing::warn!(order_id = %r.order_id, "cancel of a shipped reservation ignored");
+                txn.commit().await?;
+                return Ok(());
+            }
+            (ReservationState::Released, _) => {
+                txn.commit().await?;
+                return Ok(());
+            }
+        };
+        if !db::move_stock(&txn, &r.sku, on_hand_delta, reserved_delta).await? {
+            return Err(StockError::Internal(anyhow::anyhow!("release of order {} broke the stock bounds", r.order_id)));
+        }
+        db::set_reservation_state(&txn, r.order_id, r.state, ReservationState::Released, cause).await?;
+        db::ledger(&txn, &r.sku, "RELEASE", on_hand_delta, reserved_delta, &r.order_id.to_string()).await?;
+        let released = StockReleased {
+            order_id: r.order_id.to_string(),
+            sku: r.sku.to_string(),
+            quantity: r.quantity,
+            cause: cause.to_owned(),
+        };
+        outbox::enqueue(&txn, &envelope::caused_by(env, Payload::StockReleased(released), PRODUCER)).await?;
+        // The gate follows inside the transaction, while the stock row is locked, so the
+        // reconciler (which takes that lock) never sees the database released and the gate not.
+        // If the commit then fails, the retry finds the gate record released already.
+        self.gate
+            .release(r.sku.as_str(), r.order_id, &r.user_id, r.quantity)
+            .await
+            .map_err(super::gate_err)?;
+        self.failpoint("stock.order_cancelled.before_commit").await?;
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// `CommitReservation`: at shipment, `on_hand -= q, reserved -= q`. Idempotent.
+    #[tracing::instrument(skip_all, fields(order_id = %order_id))]
+    pub async fn commit_reservation(&self, order_id: Uuid) -> Result<(Reservation, bool), StockError> {
+        let txn = self.db.begin().await?;
+        let r = db::reservation(&txn, order_id, true)
+            .await?
+            .ok_or(StockError::UnknownReservation(order_id))?;
+        match r.state {
+            ReservationState::Committed => return Ok((r, true)),
+            ReservationState::Released => return Err(StockError::ReservationReleased(order_id)),
+            ReservationState::Reserved => {}
+        }
+        if !db::move_stock(&txn, &r.sku, -r.quantity, -r.quantity).await? {
+            return Err(StockError::Internal(anyhow::anyhow!("commit of order {order_id} broke the stock bounds")));
+        }
+        db::set_reservation_state(&txn, order_id, ReservationState::Reserved, ReservationState::Committed, "CommitReservation").await?;
+        db::ledger(&txn, &r.sku, "COMMIT", -r.quantity, -r.quantity, &order_id.to_string()).await?;
+        let ev = StockCommitted {
+            order_id: order_id.to_string(),
+            sku: r.sku.to_string(),
+            quantity: r.quantity,
+        };
+        let env = envelope::new(Payload::StockCommitted(ev), order_id.to_string(), "", PRODUCER);
+        outbox::enqueue(&txn, &env).await?;
+        txn.commit().await?;
+        Ok((Reservation { state: ReservationState::Committed, ..r }, false))
+    }
+
+    /// `stock.adjusted`: apply the adjustment to the gate, once per request id (the RPC usually
+    /// did already; then the gate answers duplicate). Under the stock row lock, like every gate
+    /// change that follows the database.
+    pub async fn on_stock_adjusted(&self, ev: &StockAdjusted) -> Result<(), StockError> {
+        let sku = Sku::parse(&ev.sku)?;
+        if ev.request_id.is_empty() || ev.delta == 0 {
+            return Err(StockError::invalid("request_id", "stock.adjusted needs a request id and a delta"));
+        }
+        let txn = self.db.begin().await?;
+        db::product(&txn, &sku, true)
+            .await?
+            .ok_or_else(|| StockError::invalid("sku", "stock.adjusted for an unknown product"))?;
+        self.gate
+            .adjust(sku.as_str(), &ev.request_id, ev.delta)
+            .await
+            .map_err(super::gate_err)?;
+        txn.commit().await?;
+        Ok(())
+    }
+
+    async fn gate_mark_persisted(&self, sku: &Sku, order_id: Uuid) {
+        if let Err(e) = self.gate.mark_persisted(sku.as_str(), order_id).await {
+            tracing::warn!(error = %e, %order_id, "gate hold not marked persisted; the sweeper will");
+        }
+    }
+
+    async fn gate_drop_hold(&self, sku: &Sku, order_id: Uuid) {
+        if let Err(e) = self.gate.drop_hold(sku.as_str(), order_id).await {
+            tracing::warn!(error = %e, %order_id, "gate hold not dropped; the sweeper will");
+        }
+    }
+
+    async fn gate_release_unpersisted(&self, sku: &Sku, order_id: Uuid) {
+        if let Err(e) = self.gate.release_unpersisted(sku.as_str(), order_id).await {
+            tracing::warn!(error = %e, %order_id, "gate hold not released; the sweeper will");
+        }
+    }
+}

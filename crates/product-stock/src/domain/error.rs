@@ -1,0 +1,66 @@
+//! The product-stock error enum (mapped to the API in `adapters::grpc`, from the database in
+//! `adapters::db`).
+
+/// Why the gate refused a reservation (an `ErrorInfo` reason).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    SoldOut,
+    InsufficientStock,
+    UserLimitExceeded,
+}
+
+impl Refusal {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::SoldOut => "SOLD_OUT",
+            Self::InsufficientStock => "INSUFFICIENT_STOCK",
+            Self::UserLimitExceeded => "USER_LIMIT_EXCEEDED",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StockError {
+    #[error("invalid argument")]
+    Invalid(Vec<(String, String)>),
+    #[error("no product with sku `{0}`")]
+    UnknownProduct(String),
+    #[error("a product with sku `{0}` already exists")]
+    DuplicateSku(String),
+    #[error("no reservation for order {0}")]
+    UnknownReservation(uuid::Uuid),
+    #[error("{}", refusal_message(.0, *.1))]
+    Refused(Refusal, i64),
+    #[error("the write-off would leave on_hand below what is reserved")]
+    WriteOffBelowReserved,
+    #[error("{0} was used before with a different payload")]
+    IdempotencyKeyReused(&'static str),
+    #[error("the reservation of order {0} was released")]
+    ReservationReleased(uuid::Uuid),
+    #[error("the stock gate is unavailable: {0}")]
+    GateUnavailable(String),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+fn refusal_message(r: &Refusal, available: i64) -> String {
+    match r {
+        Refusal::SoldOut => "sold out".to_owned(),
+        Refusal::InsufficientStock => format!("only {available} units left"),
+        Refusal::UserLimitExceeded => "the per-user limit of this product would be exceeded".to_owned(),
+    }
+}
+
+impl StockError {
+    pub fn invalid(field: &str, description: impl Into<String>) -> Self {
+        Self::Invalid(vec![(field.to_owned(), description.into())])
+    }
+
+    /// The field violations of an `Invalid` error (empty otherwise).
+    pub fn violations(self) -> Vec<(String, String)> {
+        match self {
+            Self::Invalid(v) => v,
+            _ => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Pure product-stock types and rules: no tonic, sea-orm, lapin or redis here. Values that exist
+//! are valid (a [`Sku`] is always well-formed, a [`ProductDraft`] always acceptable), so the
+//! layers below never re-check them.
+
+use std::fmt;
+
+mod error;
+
+pub use error::{Refusal, StockError};
+
+/// Longest sku.
+pub const SKU_MAX_LEN: usize = 64;
+/// Longest product name.
+pub const NAME_MAX_LEN: usize = 200;
+/// Longest idempotency key or reason of an adjustment.
+pub const REQUEST_ID_MAX_LEN: usize = 64;
+pub const REASON_MAX_LEN: usize = 200;
+/// Largest stock figure accepted anywhere (well inside Lua's exact-integer range).
+pub const MAX_UNITS: i64 = 1_000_000_000;
+/// Longest user id.
+pub const USER_ID_MAX_LEN: usize = 128;
+
+/// A product identifier: 1..=64 ASCII letters, digits, `-`, `_` or `.`. No braces, spaces or
+/// colons, so it can sit inside a Redis hash tag and a key without escaping.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Sku(String);
+
+impl Sku {
+    pub fn parse(raw: &str) -> Result<Self, StockError> {
+        if raw.is_empty() {
+            return Err(StockError::invalid("sku", "must not be empty"));
+        }
+        if raw.len() > SKU_MAX_LEN {
+            return Err(StockError::invalid("sku", format!("must be at most {SKU_MAX_LEN} characters")));
+        }
+        if !raw.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) {
+            return Err(StockError::invalid(
+                "sku",
+                "may contain only ASCII letters, digits, '-', '_' and '.'",
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Sku {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// When on_hand is deducted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeductionPolicy {
+    /// Retail: reserve at order, deduct at shipment.
+    ReserveThenCommit,
+    /// Ticketing: deduct when the order is persisted.
+    CommitAtOrder,
+}
+
+impl DeductionPolicy {
+    pub fn as_db(self) -> &'static str {
+        match self {
+            Self::ReserveThenCommit => "RESERVE_THEN_COMMIT",
+            Self::CommitAtOrder => "COMMIT_AT_ORDER",
+        }
+    }
+
+    pub fn from_db(s: &str) -> Option<Self> {
+        match s {
+            "RESERVE_THEN_COMMIT" => Some(Self::ReserveThenCommit),
+            "COMMIT_AT_ORDER" => Some(Self::CommitAtOrder),
+            _ => None,
+        }
+    }
+}
+
+/// A product to create.
+#[derive(Clone, Debug)]
+pub struct ProductDraft {
+    pub sku: Sku,
+    pub name: String,
+    pub price_cents: i64,
+    pub initial_stock: i64,
+    pub per_user_limit: u32,
+    pub policy: DeductionPolicy,
+}
+
+impl ProductDraft {
+    /// Checks every field and reports every bad one at once.
+    pub fn new(
+        sku: &str,
+        name: &str,
+        price_cents: i64,
+        initial_stock: i64,
+        per_user_limit: u32,
+        policy: Option<DeductionPolicy>,
+    ) -> Result<Self, StockError> {
+        let mut bad = Vec::new();
+        let sku = Sku::parse(sku).map_err(|e| bad.extend(e.violations())).ok();
+        let name = name.trim();
+        if name.is_empty() || name.chars().count() > NAME_MAX_LEN {
+            bad.push(("name".into(), format!("must be 1..={NAME_MAX_LEN} characters")));
+        }
+        if !(0..=MAX_UNITS * 100).contains(&price_cents) {
+            bad.push(("price_cents".into(), "must be >= 0 (and sane)".into()));
+        }
+        if !(0..=MAX_UNITS).contains(&initial_stock) {
+            bad.push(("initial_stock".into(), format!("must be 0..={MAX_UNITS}")));
+        }
+        if i64::from(per_user_limit) > MAX_UNITS {
+            bad.push(("per_user_limit".into(), format!("must be 0..={MAX_UNITS}")));
+        }
+        if policy.is_none() {
+            bad.push((
+                "deduction_policy".into(),
+                "must be RESERVE_THEN_COMMIT or COMMIT_AT_ORDER".into(),
+            ));
+        }
+        match (sku, policy) {
+            (Some(sku), Some(policy)) if bad.is_empty() => Ok(Self {
+                sku,
+                name: name.to_owned(),
+                price_cents,
+                initial_stock,
+                per_user_limit,
+                policy,
+            }),
+            _ => Err(StockError::Invalid(bad)),
+        }
+    }
+}
+
+/// A product with its database stock figures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Product {
+    pub sku: Sku,
+    pub name: String,
+    pub price_cents: i64,
+    pub per_user_limit: u32,
+    pub policy: DeductionPolicy,
+    pub on_hand: i64,
+    pub reserved: i64,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl Product {
+    /// Units the database still sells.
+    pub fn available(&self) -> i64 {
+        self.on_hand - self.reserved
+    }
+
+    /// What the gate's counter plus its unpersisted holds must equal (ARCHITECTURE §4).
+    pub fn gate_target(&self) -> i64 {
+        match self.policy {
+            DeductionPolicy::ReserveThenCommit => self.on_hand - self.reserved,
+            DeductionPolicy::CommitAtOrder => self.on_hand,
+        }
+    }
+}
+
+/// The fields of a product the hot path needs; they never change after creation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProductTerms {
+    pub sku: Sku,
+    pub price_cents: i64,
+    pub per_user_limit: u32,
+    pub policy: DeductionPolicy,
+}
+
+/// A stock adjustment to apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adjustment {
+    pub request_id: String,
+    pub sku: Sku,
+    pub delta: i64,
+    pub reason: String,
+}
+
+impl Adjustment {
+    pub fn new(request_id: &str, sku: &str, delta: i64, reason: &str) -> Result<Self, StockError> {
+        let mut bad = Vec::new();
+        let id_ok = !request_id.is_empty() && request_id.len() <= REQUEST_ID_MAX_LEN;
+        if !id_ok {
+            bad.push(("request_id".into(), format!("must be 1..={REQUEST_ID_MAX_LEN} characters")));
+        }
+        let sku = Sku::parse(sku).map_err(|e| bad.extend(e.violations())).ok();
+        if delta == 0 || delta.abs() > MAX_UNITS {
+            bad.push(("delta".into(), format!("must be non-zero and within ±{MAX_UNITS}")));
+        }
+        let reason = reason.trim();
+        if reason.is_empty() || reason.chars().count() > REASON_MAX_LEN {
+            bad.push(("reason".into(), format!("must be 1..={REASON_MAX_LEN} characters")));
+        }
+        match sku {
+            Some(sku) if bad.is_empty() => Ok(Self {
+                request_id: request_id.to_owned(),
+                sku,
+                delta,
+                reason: reason.to_owned(),
+            }),
+            _ => Err(StockError::Invalid(bad)),
+        }
+    }
+}
+
+/// One order's request for units through the gate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReserveRequest {
+    pub order_id: uuid::Uuid,
+    pub user_id: String,
+    pub sku: Sku,
+    pub quantity: i64,
+}
+
+impl ReserveRequest {
+    pub fn new(order_id: &str, user_id: &str, sku: &str, quantity: i64, max_quantity: i64) -> Result<Self, StockError> {
+        let mut bad = Vec::new();
+        let order_id = parse_order_id(order_id).map_err(|e| bad.extend(e.violations())).ok();
+        if user_id.is_empty() || user_id.len() > USER_ID_MAX_LEN {
+            bad.push(("user_id".into(), format!("must be 1..={USER_ID_MAX_LEN} bytes")));
+        }
+        let sku = Sku::parse(sku).map_err(|e| bad.extend(e.violations())).ok();
+        if quantity < 1 || quantity > max_quantity {
+            bad.push(("quantity".into(), format!("must be 1..={max_quantity}")));
+        }
+        match (order_id, sku) {
+            (Some(order_id), Some(sku)) if bad.is_empty() => Ok(Self {
+                order_id,
+                user_id: user_id.to_owned(),
+                sku,
+                quantity,
+            }),
+            _ => Err(StockError::Invalid(bad)),
+        }
+    }
+}
+
+/// A canonical hyphenated UUID.
+pub fn parse_order_id(raw: &str) -> Result<uuid::Uuid, StockError> {
+    let id = uuid::Uuid::try_parse(raw).map_err(|_| StockError::invalid("order_id", "must be a UUID"))?;
+    if id.hyphenated().to_string() != raw.to_ascii_lowercase() {
+        return Err(StockError::invalid("order_id", "must be a UUID in canonical hyphenated form"));
+    }
+    Ok(id)
+}
+
+/// Where one order's reservation is in the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReservationState {
+    Reserved,
+    Committed,
+    Released,
+}
+
+impl ReservationState {
+    pub fn as_db(self) -> &'static str {
+        match self {
+            Self::Reserved => "RESERVED",
+            Self::Committed => "COMMITTED",
+            Self::Released => "RELEASED",
+        }
+    }
+
+    pub fn from_db(s: &str) -> Option<Self> {
+        match s {
+            "RESERVED" => Some(Self::Reserved),
+            "COMMITTED" => Some(Self::Committed),
+            "RELEASED" => Some(Self::Released),
+            _ => None,
+        }
+    }
+}
+
+/// One order's reservation row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub order_id: uuid::Uuid,
+    pub sku: Sku,
+    pub user_id: String,
+    pub quantity: i64,
+    pub state: ReservationState,
+    pub policy: DeductionPolicy,
+}
+
+#[cfg(test)]
+mod tests;

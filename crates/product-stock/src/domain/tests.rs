@@ -1,0 +1,59 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+#[test]
+fn sku_accepts_the_documented_alphabet_only() {
+    assert!(Sku::parse("WINE-2024_magnum.75").is_ok());
+    assert!(Sku::parse(&"a".repeat(64)).is_ok());
+    for bad in ["", "a b", "x{y}", "a:b", "é", &"a".repeat(65)] {
+        assert!(Sku::parse(bad).is_err(), "{bad:?} accepted");
+    }
+}
+
+#[test]
+fn draft_reports_every_bad_field() {
+    let e = ProductDraft::new("", " ", -1, -5, 0, None).unwrap_err().violations();
+    let fields: Vec<_> = e.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(fields, ["sku", "name", "price_cents", "initial_stock", "deduction_policy"]);
+    assert!(ProductDraft::new("S1", "Wine", 0, 0, 0, Some(DeductionPolicy::CommitAtOrder)).is_ok());
+}
+
+#[test]
+fn adjustment_rejects_zero_delta_and_bad_keys() {
+    assert!(Adjustment::new("r1", "S1", 5, "restock").is_ok());
+    let e = Adjustment::new("", "S1", 0, "").unwrap_err().violations();
+    let fields: Vec<_> = e.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(fields, ["request_id", "delta", "reason"]);
+    assert!(Adjustment::new(&"r".repeat(65), "S1", 1, "x").is_err());
+}
+
+#[test]
+fn reserve_request_bounds_quantity_and_checks_ids() {
+    let id = uuid::Uuid::new_v4().to_string();
+    assert!(ReserveRequest::new(&id, "u1", "S1", 1, 10).is_ok());
+    assert!(ReserveRequest::new(&id, "u1", "S1", 0, 10).is_err());
+    assert!(ReserveRequest::new(&id, "u1", "S1", 11, 10).is_err());
+    assert!(ReserveRequest::new("not-a-uuid", "u1", "S1", 1, 10).is_err());
+    assert!(ReserveRequest::new(&id.replace('-', ""), "u1", "S1", 1, 10).is_err());
+    assert!(ReserveRequest::new(&id, "", "S1", 1, 10).is_err());
+}
+
+#[test]
+fn gate_target_follows_the_policy() {
+    let now = chrono::Utc::now();
+    let mut p = Product {
+        sku: Sku::parse("S").unwrap(),
+        name: "n".into(),
+        price_cents: 1,
+        per_user_limit: 0,
+        policy: DeductionPolicy::ReserveThenCommit,
+        on_hand: 10,
+        reserved: 3,
+        created_at: now,
+        updated_at: now,
+    };
+    assert_eq!((p.available(), p.gate_target()), (7, 7));
+    p.policy = DeductionPolicy::CommitAtOrder;
+    assert_eq!(p.gate_target(), 10);
+}

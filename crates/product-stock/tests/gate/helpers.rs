@@ -1,0 +1,112 @@
+//! A gate under a fresh key prefix, and raw Redis access to look behind it.
+
+use std::time::Duration;
+
+use deadpool_redis::{Config, Pool, PoolConfig, Runtime, redis};
+use flashsale_product_stock::adapters::redis::gate::{GateSnapshot, ProductKeys, RedisGate};
+use uuid::Uuid;
+
+pub const SKU: &str = "SKU-1";
+pub const NOW: i64 = 1_700_000_000_000;
+
+pub struct TestGate {
+    pub gate: RedisGate,
+    pub pool: Pool,
+    pub prefix: String,
+}
+
+impl TestGate {
+    pub fn new() -> Self {
+        Self::with_pool_size(4)
+    }
+
+    pub fn with_pool_size(size: usize) -> Self {
+        let mut cfg = Config::from_url(flashsale_test_support::redis_url());
+        cfg.pool = Some(PoolConfig::new(size));
+        let pool = cfg.create_pool(Some(Runtime::Tokio1)).unwrap();
+        let prefix = format!("{}:", flashsale_test_support::unique_name("gate_test"));
+        let gate = RedisGate::new(pool.clone(), prefix.clone(), Duration::from_secs(3600));
+        Self { gate, pool, prefix }
+    }
+
+    pub fn keys(&self, sku: &str) -> ProductKeys {
+        self.gate.keys(sku).unwrap()
+    }
+
+    /// Loads `sku` with `available` units and no buyers.
+    pub async fn loaded(&self, sku: &str, available: i64) {
+        assert!(self.gate.load(sku, available, &[]).await.unwrap());
+    }
+
+    pub async fn snapshot(&self, sku: &str) -> GateSnapshot {
+        self.gate
+            .snapshot(sku)
+            .await
+            .unwrap()
+            .expect("the gate is loaded")
+    }
+
+    /// Reserves one order of `qty` units for `user` and returns its id.
+    pub async fn reserve(&self, sku: &str, user: &str, qty: i64) -> Uuid {
+        let order = Uuid::new_v4();
+        let outcome = self
+            .gate
+            .reserve(sku, order, user, qty, 0, NOW)
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                outcome,
+                flashsale_product_stock::adapters::redis::gate::ReserveOutcome::Reserved { .. }
+            ),
+            "{outcome:?}"
+        );
+        order
+    }
+
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let mut conn = self.pool.get().await.unwrap();
+        cmd.query_async(&mut conn).await.unwrap()
+    }
+
+    pub async fn users(&self, sku: &str) -> Vec<(String, i64)> {
+        let mut users: Vec<(String, i64)> = self
+            .query(redis::cmd("HGETALL").arg(self.keys(sku).users()))
+            .await;
+        users.sort();
+        users
+    }
+
+    pub async fn pending(&self, sku: &str) -> Vec<String> {
+        self.query(
+            redis::cmd("ZRANGE")
+                .arg(self.keys(sku).pending())
+                .arg(0)
+                .arg(-1),
+        )
+        .await
+    }
+
+    pub async fn order_state(&self, sku: &str, order: Uuid) -> Option<String> {
+        self.query(redis::cmd("HGET").arg(self.keys(sku).order(order)).arg("s"))
+            .await
+    }
+
+    /// Every key under this test's prefix.
+    pub async fn all_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .query(redis::cmd("KEYS").arg(format!("{}*", self.prefix)))
+            .await;
+        keys.sort();
+        keys
+    }
+
+    /// Deletes every key under this test's prefix and checks none is left.
+    pub async fn cleanup(self) {
+        let keys = self.all_keys().await;
+        if !keys.is_empty() {
+            let _: u64 = self.query(redis::cmd("DEL").arg(&keys)).await;
+        }
+        assert!(self.all_keys().await.is_empty());
+    }
+}

@@ -1,0 +1,10 @@
+//! Integration tests of the Redis stock gate against a real Redis. Each test works under its own
+//! key prefix and deletes its keys at the end.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod concurrency;
+mod helpers;
+mod lifecycle;
+mod operations;
+mod reserve;

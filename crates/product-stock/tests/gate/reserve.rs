@@ -1,0 +1,309 @@
+//! Reservations: decrement and record, replays, limits, refusals, a missing counter.
+
+use deadpool_redis::redis;
+use flashsale_product_stock::adapters::redis::gate::{GateError, ReserveOutcome};
+use uuid::Uuid;
+
+use crate::helpers::{NOW, SKU, TestGate};
+
+#[tokio::test]
+async fn reserve_moves_units_from_avail_to_held_and_records_the_hold() {
+    let t = TestGate::new();
+    t.loaded(SKU, 10).await;
+    let order = Uuid::new_v4();
+
+    let outcome = t
+        .gate
+        .reserve(SKU, order, "alice", 3, 0, NOW)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        outcome,
+        ReserveOutcome::Reserved {
+            remaining: 7,
+            replayed: false
+        }
+    );
+    let snap = t.snapshot(SKU).await;
+    assert_eq!((snap.available, snap.held), (7, 3));
+    assert_eq!(t.users(SKU).await, vec![("alice".to_owned(), 3)]);
+    let score: i64 = t
+        .query(
+            redis::cmd("ZSCORE")
+                .arg(t.keys(SKU).pending())
+                .arg(order.to_string()),
+        )
+        .await;
+    assert_eq!(score, NOW);
+    assert_eq!(t.order_state(SKU, order).await.as_deref(), Some("H"));
+    let ttl: i64 = t
+        .query(redis::cmd("PTTL").arg(t.keys(SKU).order(order)))
+        .await;
+    assert!(
+        ttl > 3_500_000 && ttl <= 3_600_000,
+        "order record ttl {ttl}"
+    );
+    t.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_replayed_reserve_returns_the_first_answer_without_a_second_decrement() {
+    let t = TestGate::new();
+    t.loaded(SKU, 10).await;
+    let order = Uuid::new_v4();
+    t.gate
+        .reserve(SKU, order, "alice", 3, 0, NOW)
+        .await
+        .unwrap();
+    t.reserve(SKU, "bob", 2).await;
+
+    let replay = t
+        .gate
+        .reserve(SKU, order, "alice", 3, 0, NOW + 5)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        replay,
+        ReserveOutcome::Reserved {
+            remaining: 7,
+            replayed: true
+        }
+    );
+    let snap = t.snapshot(SKU).await;
+    assert_eq!((snap.available, snap.held), (5, 5));
+    assert_eq!(
+        t.users(SKU).await,
+        vec![("alice".to_owned(), 3), ("bob".to_owned(), 2)]
+    );
+    assert_eq!(t.pending(SKU).await.len(), 2);
+    t.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_replayed_refusal_returns_the_first_refusal_even_after_stock_changed() {
+    let t = TestGate::new();
+    t.loaded(SKU, 10).await;
+    let first = t
+        .gate
+        .reserve(SKU, Uuid::new_v4(), "alice", 2, 2, NOW)
+        .await
+        .unwrap();
+    assert!(matches!(first, ReserveOutcome::Reserved { .. }));
+    let over = Uuid::new_v4();
+    assert_eq!(
+        t.gate.reserve(SKU, over, "alice", 1, 2, NOW).await.unwrap(),
+        ReserveOutcome::UserLimitExceeded { bought: 2 }
+    );
+    let big = Uuid::new_v4();
+    assert_eq!(
+        t.gate.reserve(SKU, big, "bob", 9, 0, NOW).await.unwrap(),
+        ReserveOutcome::InsufficientStock { available: 8 }
+    );
+    assert_eq!(t.order_state(SKU, over).await.as_deref(), Some("L"));
+    assert_eq!(t.order_state(SKU, big).await.as_deref(), Some("I"));
+    // The world changes: the limit is raised and stock arrives; the replays still answer as
+    // the first time and take nothing.
+    t.gate.adjust(SKU, "restock-1", 100).await.unwrap();
+    let before = t.snapshot(SKU).await;
+
+    assert_eq!(
+        t.gate.reserve(SKU, over, "alice", 1, 5, NOW).await.unwrap(),
+        ReserveOutcome::UserLimitExceeded { bought: 2 }
+    );
+    assert_eq!(
+        t.gate.reserve(SKU, big, "bob", 9, 0, NOW).await.unwrap(),
+        ReserveOutcome::InsufficientStock { available: 8 }
+    );
+    assert_eq!(t.snapshot(SKU).await, before);
+    assert_eq!(t.users(SKU).await, vec![("alice".to_owned(), 2)]);
+    t.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_per_user_limit_counts_every_order_of_the_user() {
+    let t = TestGate::new();
+    t.loaded(SKU, 100).await;
+    let reserve = |user: &'static str, qty: i64, limit: u32| {
+        let gate = t.gate.clone();
+        async move {
+            gate.reserve(SKU, Uuid::new_v4(), user, qty, limit, NOW)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(matches!(
+        reserve("alice", 1, 3).await,
+        ReserveOutcome::Reserved { .. }
+    ));
+    assert!(matches!(
+        reserve("alice", 1, 3).await,
+        ReserveOutcome::Reserved { .. }
+    ));
+    assert_eq!(
+        reserve("alice", 2, 3).await,
+        ReserveOutcome::UserLimitExceeded { bought: 2 }
+    );
+    assert!(matches!(
+        reserve("alice", 1, 3).await,
+        ReserveOutcome::Reserved { .. }
+    ));
+    assert_eq!(
+        reserve("alice", 1, 3).await,
+        ReserveOutcome::UserLimitExceeded { bought: 3 }
+    );
+    // Another user has a quota of their own; limit 0 means none.
+    assert!(matches!(
+        reserve("bob", 3, 3).await,
+        ReserveOutcome::Reserved { .. }
+    ));
+    assert!(matches!(
+        reserve("carol", 50, 0).await,
+        ReserveOutcome::Reserved { .. }
+    ));
+
+    assert_eq!(
+        t.users(SKU).await,
+        vec![
+            ("alice".to_owned(), 3),
+            ("bob".to_owned(), 3),
+            ("carol".to_owned(), 50)
+        ]
+    );
+    let snap = t.snapshot(SKU).await;
+    assert_eq!((snap.available, snap.held), (44, 56));
+    t.cleanup().await;
+}
+
+#[tokio::test]
+async fn sold_out_and_insufficient_stock_are_told_apart_and_the_counter_never_goes_below_zero() {
+    let t = TestGate::new();
+    t.loaded(SKU, 3).await;
+    t.reserve(SKU, "alice", 2).await;
+    assert_eq!(
+        t.gate
+            .reserve(SKU, Uuid::new_v4(), "bob", 2, 0, NOW)
+            .await
+            .unwrap(),
+        ReserveOutcome::InsufficientStock { available: 1 }
+    );
+    t.reserve(SKU, "bob", 1).await;
+    let mut sold_out = Vec::new();
+    for _ in 0..5 {
+        let order = Uuid::new_v4();
+        assert_eq!(
+            t.gate
+                .reserve(SKU, order, "carol", 1, 0, NOW)
+                .await
+                .unwrap(),
+            ReserveOutcome::SoldOut
+        );
+        sold_out.push(order);
+    }
+
+    let snap = t.snapshot(SKU).await;
+    assert_eq!((snap.available, snap.held), (0, 3));
+    // Sold-out refusals write nothing: no order record, no user entry.
+    for order in sold_out {
+        assert_eq!(t.order_state(SKU, order).await, None);
+    }
+    assert_eq!(
+        t.users(SKU).await,
+        vec![("alice".to_owned(), 2), ("bob".to_owned(), 1)]
+    );
+    t.cleanup().await;
+}
+
+#[tokio::test]
+async fn reserve_on_a_missing_counter_answers_not_loaded_and_creates_no_key() {
+    let t = TestGate::new();
+
+    let outcome = t
+        .gate
+        .reserve(SKU, Uuid::new_v4(), "alice", 1, 2, NOW)
+        .await
+        .unwrap();
+
+    assert_eq!(outcome, ReserveOutcome::NotLoaded);
+    assert_eq!(t.gate.snapshot(SKU).await.unwrap(), None);
+    assert_eq!(t.all_keys().await, Vec::<String>::new());
+    t.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_order_id_reused_with_another_user_or_quantity_is_a_mismatch() {
+    let t = TestGate::new();
+    t.loaded(SKU, 10).await;
+    let order = Uuid::new_v4();
+    t.gate
+        .reserve(SKU, order, "alice", 2, 0, NOW)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        t.gate
+            .reserve(SKU, order, "mallory", 2, 0, NOW)
+            .await
+            .unwrap(),
+        ReserveOutcome::Mismatch
+    );
+    assert_eq!(
+        t.gate
+            .reserve(SKU, order, "alice", 3, 0, NOW)
+            .await
+            .unwrap(),
+        ReserveOutcome::Mismatch
+    );
+    let snap = t.snapshot(SKU).await;
+    assert_eq!((snap.available, snap.held), (8, 2));
+    t.cleanup().await;
+}
+
+#[tokio::test]
+async fn input_a_lua_number_cannot_hold_is_refused_before_redis() {
+    let t = TestGate::new();
+    t.loaded(SKU, 10).await;
+    let order = Uuid::new_v4();
+    let bad = [
+        t.gate.reserve(SKU, order, "alice", 0, 0, NOW).await,
+        t.gate.reserve(SKU, order, "alice", -1, 0, NOW).await,
+        t.gate.reserve(SKU, order, "alice", 1_000_001, 0, NOW).await,
+        t.gate.reserve(SKU, order, "alice", 1, 0, -1).await,
+        t.gate.reserve(SKU, order, "alice", 1, 0, 1 << 53).await,
+        t.gate.reserve(SKU, order, "", 1, 0, NOW).await,
+        t.gate.reserve("bad sku", order, "alice", 1, 0, NOW).await,
+        t.gate.reserve("a{b}", order, "alice", 1, 0, NOW).await,
+    ];
+    for result in bad {
+        assert!(
+            matches!(result, Err(GateError::InvalidInput(_))),
+            "{result:?}"
+        );
+    }
+    assert!(matches!(
+        t.gate.load("S2", 1 << 53, &[]).await,
+        Err(GateError::InvalidInput(_))
+    ));
+    assert!(matches!(
+        t.gate.adjust(SKU, "r", i64::MIN).await,
+        Err(GateError::InvalidInput(_))
+    ));
+    assert!(matches!(
+        t.gate.repair(SKU, -1).await,
+        Err(GateError::InvalidInput(_))
+    ));
+
+    assert_eq!(t.order_state(SKU, order).await, None);
+    assert_eq!(t.snapshot(SKU).await.available, 10);
+    // The largest accepted values go through exactly.
+    let max = (1_i64 << 53) - 1;
+    assert_eq!(
+        t.gate
+            .reserve(SKU, order, "alice", 1_000_000, u32::MAX, max)
+            .await
+            .unwrap(),
+        ReserveOutcome::InsufficientStock { available: 10 }
+    );
+    t.cleanup().await;
+}
