@@ -6,10 +6,16 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use flashsale_platform::auth::{DEV_SECRET, JwtKeys, Role};
-use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
 
 #[derive(Parser)]
-#[command(name = "flashsale", version, about = "Flash-sale platform command line")]
+#[command(
+    name = "flashsale",
+    version,
+    about = "Flash-sale platform command line"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,11 +40,23 @@ enum Command {
     },
     /// Check grpc.health.v1 of the three services; exit 0 only if all are SERVING.
     Health {
-        #[arg(long, env = "FLASHSALE_PRODUCT_STOCK_URL", default_value = "http://127.0.0.1:50051")]
+        #[arg(
+            long,
+            env = "FLASHSALE_PRODUCT_STOCK_URL",
+            default_value = "http://127.0.0.1:50051"
+        )]
         product_stock_url: String,
-        #[arg(long, env = "FLASHSALE_ORDER_URL", default_value = "http://127.0.0.1:50052")]
+        #[arg(
+            long,
+            env = "FLASHSALE_ORDER_URL",
+            default_value = "http://127.0.0.1:50052"
+        )]
         order_url: String,
-        #[arg(long, env = "FLASHSALE_OUTBOUND_URL", default_value = "http://127.0.0.1:50053")]
+        #[arg(
+            long,
+            env = "FLASHSALE_OUTBOUND_URL",
+            default_value = "http://127.0.0.1:50053"
+        )]
         outbound_url: String,
         /// Per-service timeout in milliseconds.
         #[arg(long, default_value_t = 2000)]
@@ -70,8 +88,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "--sub must be 1..={} bytes",
                 flashsale_platform::auth::MAX_SUBJECT_LEN
             );
-            anyhow::ensure!((1..=31_536_000).contains(&ttl_secs), "--ttl-secs must be 1..=31536000");
-            let secret = secret.filter(|s| !s.is_empty()).unwrap_or_else(|| DEV_SECRET.to_owned());
+            anyhow::ensure!(
+                (1..=31_536_000).contains(&ttl_secs),
+                "--ttl-secs must be 1..=31536000"
+            );
+            let secret = secret
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| DEV_SECRET.to_owned());
             let token = JwtKeys::new(secret.as_bytes())?
                 .mint(&sub, role, Duration::from_secs(ttl_secs))
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -87,9 +110,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let timeout = Duration::from_millis(timeout_ms);
             let mut all = true;
             for (name, url, service) in [
-                ("product-stock", product_stock_url, "flashsale.product.v1.ProductStockService"),
+                (
+                    "product-stock",
+                    product_stock_url,
+                    "flashsale.product.v1.ProductStockService",
+                ),
                 ("order", order_url, "flashsale.order.v1.OrderService"),
-                ("outbound", outbound_url, "flashsale.outbound.v1.OutboundService"),
+                (
+                    "outbound",
+                    outbound_url,
+                    "flashsale.outbound.v1.OutboundService",
+                ),
             ] {
                 let status = match check(&url, service, timeout).await {
                     Ok(s) => s,
@@ -98,7 +129,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 all &= status == "SERVING";
                 println!("{name:<14} {url:<28} {status}");
             }
-            Ok(if all { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if all {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }
@@ -117,6 +152,7 @@ async fn check(url: &str, service: &str, timeout: Duration) -> anyhow::Result<St
         })
         .await
         .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?;
-    let status = ServingStatus::try_from(resp.into_inner().status).unwrap_or(ServingStatus::Unknown);
+    let status =
+        ServingStatus::try_from(resp.into_inner().status).unwrap_or(ServingStatus::Unknown);
     Ok(status.as_str_name().to_owned())
 }

@@ -169,6 +169,7 @@ mod tests {
         assert!(bad(|c| c.url = "not a url".into()).starts_with("amqp.url:"));
         assert!(bad(|c| c.url = "amqp://".into()).starts_with("amqp.url:"));
         assert!(bad(|c| c.exchange = " ".into()).starts_with("amqp.exchange:"));
+        assert!(bad(|c| c.queue_expires_ms = 500).starts_with("amqp.queue_expires_ms:"));
         assert!(bad(|c| c.prefetch = 0).starts_with("amqp.prefetch:"));
         assert!(bad(|c| c.max_attempts = 0).starts_with("amqp.max_attempts:"));
         assert!(bad(|c| c.retry_base_ms = 0).starts_with("amqp.retry_base_ms:"));

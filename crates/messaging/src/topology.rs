@@ -31,7 +31,11 @@ pub const DELIVERY_LIMIT: i32 = 10;
 
 /// Declares the durable topic exchange all events go through.
 /// With `auto_delete` (test isolation) it goes away once no queue is bound to it.
-pub async fn declare_exchange(channel: &Channel, exchange: &str, auto_delete: bool) -> Result<(), BrokerError> {
+pub async fn declare_exchange(
+    channel: &Channel,
+    exchange: &str,
+    auto_delete: bool,
+) -> Result<(), BrokerError> {
     channel
         .exchange_declare(
             short(exchange)?,
@@ -192,7 +196,13 @@ impl QueueTopology {
     pub async fn declare(&self, channel: &Channel) -> Result<(), BrokerError> {
         declare_exchange(channel, &self.exchange, self.expires.is_some()).await?;
         let dlq = self.dead_letter_queue();
-        declare_queue(channel, &dlq, queue_args(self.queue_type, None, None)?, self.expires).await?;
+        declare_queue(
+            channel,
+            &dlq,
+            queue_args(self.queue_type, None, None)?,
+            self.expires,
+        )
+        .await?;
         let work_args = queue_args(self.queue_type, None, Some(("", &dlq)))?;
         declare_queue(channel, &self.queue, work_args, self.expires).await?;
         for (i, ttl) in (1..).zip(&self.retry_delays) {

@@ -5,8 +5,9 @@ use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
     config::{ConfigError, Validate},
     settings::{
-        AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings, TelemetrySettings,
-        validate_common, RedisSettings, UpstreamSettings},
+        AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
+        RedisSettings, TelemetrySettings, UpstreamSettings, validate_common,
+    },
 };
 use serde::{Deserialize, Serialize};
 
@@ -43,7 +44,14 @@ impl Default for Settings {
 
 impl Validate for Settings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        validate_common(p, &self.grpc, &self.metrics, &self.database, &self.auth, &self.telemetry)?;
+        validate_common(
+            p,
+            &self.grpc,
+            &self.metrics,
+            &self.database,
+            &self.auth,
+            &self.telemetry,
+        )?;
         self.redis.validate(&format!("{p}.redis"))?;
         self.amqp
             .validate()

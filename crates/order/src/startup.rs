@@ -21,7 +21,8 @@ pub async fn build(settings: Settings) -> anyhow::Result<Application> {
         &settings.metrics,
         &settings.database,
         &settings.auth,
-    ).await?;
+    )
+    .await?;
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(

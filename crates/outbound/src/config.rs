@@ -5,8 +5,9 @@ use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
     config::{ConfigError, Validate},
     settings::{
-        AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings, TelemetrySettings,
-        validate_common, UpstreamSettings},
+        AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
+        TelemetrySettings, UpstreamSettings, validate_common,
+    },
 };
 use serde::{Deserialize, Serialize};
 
@@ -41,7 +42,14 @@ impl Default for Settings {
 
 impl Validate for Settings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        validate_common(p, &self.grpc, &self.metrics, &self.database, &self.auth, &self.telemetry)?;
+        validate_common(
+            p,
+            &self.grpc,
+            &self.metrics,
+            &self.database,
+            &self.auth,
+            &self.telemetry,
+        )?;
         self.amqp
             .validate()
             .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;

@@ -23,7 +23,10 @@ pub struct Runner {
 
 impl Runner {
     /// Binds both listeners (port 0 picks free ports).
-    pub async fn bind(grpc: &GrpcSettings, metrics_settings: &MetricsSettings) -> anyhow::Result<Self> {
+    pub async fn bind(
+        grpc: &GrpcSettings,
+        metrics_settings: &MetricsSettings,
+    ) -> anyhow::Result<Self> {
         metrics::handle()?;
         Ok(Self {
             grpc: grpc::bind(grpc).await?,

@@ -83,7 +83,11 @@ impl Caller {
             Err(ApiError::PermissionDenied(format!(
                 "role `{}` may not call this; needs one of {}",
                 self.role,
-                roles.iter().map(Role::to_string).collect::<Vec<_>>().join(", ")
+                roles
+                    .iter()
+                    .map(Role::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )))
         }
     }
@@ -110,8 +114,10 @@ impl JwtKeys {
         validation.set_required_spec_claims(&["exp", "sub"]);
         validation.leeway = 5;
         Ok(Self {
-            encoding: EncodingKey::from_secret(secret).map_err(|e| anyhow::anyhow!("jwt encoding key: {e}"))?,
-            decoding: DecodingKey::from_secret(secret).map_err(|e| anyhow::anyhow!("jwt decoding key: {e}"))?,
+            encoding: EncodingKey::from_secret(secret)
+                .map_err(|e| anyhow::anyhow!("jwt encoding key: {e}"))?,
+            decoding: DecodingKey::from_secret(secret)
+                .map_err(|e| anyhow::anyhow!("jwt decoding key: {e}"))?,
             validation,
         })
     }
@@ -131,7 +137,12 @@ impl JwtKeys {
     }
 
     /// Mints a token for `subject` with `role`, valid for `ttl`.
-    pub fn mint(&self, subject: &str, role: Role, ttl: std::time::Duration) -> Result<String, ApiError> {
+    pub fn mint(
+        &self,
+        subject: &str,
+        role: Role,
+        ttl: std::time::Duration,
+    ) -> Result<String, ApiError> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_err(|e| ApiError::internal(anyhow::anyhow!("clock before epoch: {e}")))?;
@@ -175,15 +186,19 @@ impl AuthInterceptor {
 
 impl Interceptor for AuthInterceptor {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let header = request
-            .metadata()
-            .get("authorization")
-            .ok_or_else(|| ApiError::Unauthenticated("missing authorization bearer token".into()))?;
+        let header = request.metadata().get("authorization").ok_or_else(|| {
+            ApiError::Unauthenticated("missing authorization bearer token".into())
+        })?;
         let token = header
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .ok_or_else(|| ApiError::Unauthenticated("authorization must be `Bearer <token>`".into()))?;
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .ok_or_else(|| {
+                ApiError::Unauthenticated("authorization must be `Bearer <token>`".into())
+            })?;
         let caller = self.keys.verify(token.trim())?;
         request.extensions_mut().insert(caller);
         Ok(request)
@@ -199,14 +214,17 @@ mod tests {
 
     fn req_with(value: &str) -> Request<()> {
         let mut r = Request::new(());
-        r.metadata_mut().insert("authorization", value.parse().unwrap());
+        r.metadata_mut()
+            .insert("authorization", value.parse().unwrap());
         r
     }
 
     #[test]
     fn valid_token_yields_its_caller() {
         let keys = JwtKeys::new(b"0123456789abcdef0123456789abcdef").unwrap();
-        let token = keys.mint("alice", Role::User, Duration::from_secs(60)).unwrap();
+        let token = keys
+            .mint("alice", Role::User, Duration::from_secs(60))
+            .unwrap();
         let mut i = AuthInterceptor::new(keys);
         let r = i.call(req_with(&format!("Bearer {token}"))).unwrap();
         let caller = Caller::of(&r).unwrap();
@@ -219,12 +237,22 @@ mod tests {
         let keys = JwtKeys::new(b"0123456789abcdef0123456789abcdef").unwrap();
         let other = JwtKeys::new(b"another-secret-another-secret-xx").unwrap();
         let mut i = AuthInterceptor::new(keys.clone());
-        assert_eq!(i.call(Request::new(())).unwrap_err().code(), tonic::Code::Unauthenticated);
-        let forged = other.mint("mallory", Role::Admin, Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            i.call(Request::new(())).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        let forged = other
+            .mint("mallory", Role::Admin, Duration::from_secs(60))
+            .unwrap();
         let err = i.call(req_with(&format!("Bearer {forged}"))).unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unauthenticated);
-        let expired = Claims { sub: "bob".into(), role: Role::User, exp: 1_000 };
-        let expired = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &expired, &keys.encoding).unwrap();
+        let expired = Claims {
+            sub: "bob".into(),
+            role: Role::User,
+            exp: 1_000,
+        };
+        let expired =
+            jsonwebtoken::encode(&Header::new(Algorithm::HS256), &expired, &keys.encoding).unwrap();
         let err = i.call(req_with(&format!("Bearer {expired}"))).unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unauthenticated);
         let err = i.call(req_with("Basic abc")).unwrap_err();
@@ -233,7 +261,10 @@ mod tests {
 
     #[test]
     fn wrong_role_is_permission_denied() {
-        let caller = Caller { subject: "alice".into(), role: Role::User };
+        let caller = Caller {
+            subject: "alice".into(),
+            role: Role::User,
+        };
         assert!(caller.require(&[Role::User, Role::Admin]).is_ok());
         let status: Status = caller.require(&[Role::Admin]).unwrap_err().into();
         assert_eq!(status.code(), tonic::Code::PermissionDenied);

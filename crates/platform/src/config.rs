@@ -74,13 +74,11 @@ where
     T: Serialize + DeserializeOwned + Validate,
 {
     let defaults = Config::try_from(&std::collections::BTreeMap::from([(service, defaults)]))?;
-    let mut builder = Config::builder()
-        .add_source(defaults)
-        .add_source(
-            File::from(dir.join("default.toml"))
-                .format(FileFormat::Toml)
-                .required(false),
-        );
+    let mut builder = Config::builder().add_source(defaults).add_source(
+        File::from(dir.join("default.toml"))
+            .format(FileFormat::Toml)
+            .required(false),
+    );
     if let Some(name) = env_name.filter(|n| !n.is_empty()) {
         builder = builder.add_source(
             File::from(dir.join(format!("{name}.toml")))
@@ -99,7 +97,8 @@ where
             config::Value::new(None, config::ValueKind::Table(table)),
         )])),
     );
-    let mut by_service: std::collections::BTreeMap<String, T> = serde::Deserialize::deserialize(root)?;
+    let mut by_service: std::collections::BTreeMap<String, T> =
+        serde::Deserialize::deserialize(root)?;
     let settings = by_service
         .remove(service)
         .ok_or_else(|| ConfigError::invalid(service, "missing table"))?;
@@ -109,7 +108,8 @@ where
 
 /// Checks that `value` parses as a URL whose scheme is one of `schemes`.
 pub fn check_url(key: &str, value: &str, schemes: &[&str]) -> Result<url::Url, ConfigError> {
-    let url = url::Url::parse(value).map_err(|e| ConfigError::invalid(key, format!("not a URL: {e}")))?;
+    let url =
+        url::Url::parse(value).map_err(|e| ConfigError::invalid(key, format!("not a URL: {e}")))?;
     if !schemes.contains(&url.scheme()) {
         return Err(ConfigError::invalid(
             key,
@@ -135,7 +135,10 @@ where
     N: PartialOrd + std::fmt::Display,
 {
     if value < lo || value > hi {
-        return Err(ConfigError::invalid(key, format!("must be in {lo}..={hi}, got {value}")));
+        return Err(ConfigError::invalid(
+            key,
+            format!("must be in {lo}..={hi}, got {value}"),
+        ));
     }
     Ok(())
 }
@@ -171,7 +174,14 @@ mod tests {
 
     impl Validate for Demo {
         fn validate(&self, p: &str) -> Result<(), ConfigError> {
-            validate_common(p, &self.grpc, &self.metrics, &self.database, &self.auth, &self.telemetry)?;
+            validate_common(
+                p,
+                &self.grpc,
+                &self.metrics,
+                &self.database,
+                &self.auth,
+                &self.telemetry,
+            )?;
             check_range(&format!("{p}.extra"), self.extra, 1, 10)
         }
     }
@@ -189,7 +199,10 @@ mod tests {
     }
 
     fn env(vars: &[(&str, &str)]) -> Environment {
-        let map: HashMap<String, String> = vars.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
         Environment::with_prefix("FLASHSALE")
             .prefix_separator("_")
             .separator("__")
@@ -209,17 +222,29 @@ mod tests {
     #[test]
     fn layers_apply_in_order_defaults_file_env_file_then_environment() {
         let dir = dir_with(&[
-            ("default.toml", "[order]\nextra = 4\n[order.grpc]\naddr = \"127.0.0.1:7000\"\n"),
-            ("staging.toml", "[order.grpc]\naddr = \"127.0.0.1:7001\"\nrequest_timeout_ms = 9\n"),
+            (
+                "default.toml",
+                "[order]\nextra = 4\n[order.grpc]\naddr = \"127.0.0.1:7000\"\n",
+            ),
+            (
+                "staging.toml",
+                "[order.grpc]\naddr = \"127.0.0.1:7001\"\nrequest_timeout_ms = 9\n",
+            ),
         ]);
         let s: Demo = load_from("order", &demo(), &dir, None, env(&[])).unwrap();
         assert_eq!((s.extra, s.grpc.addr.as_str()), (4, "127.0.0.1:7000"));
         assert_eq!(s.metrics.addr, "0.0.0.0:9102", "untouched defaults stay");
 
         let s: Demo = load_from("order", &demo(), &dir, Some("staging"), env(&[])).unwrap();
-        assert_eq!((s.grpc.addr.as_str(), s.grpc.request_timeout_ms), ("127.0.0.1:7001", 9));
+        assert_eq!(
+            (s.grpc.addr.as_str(), s.grpc.request_timeout_ms),
+            ("127.0.0.1:7001", 9)
+        );
 
-        let vars = [("FLASHSALE_ORDER__GRPC__ADDR", "127.0.0.1:7002"), ("FLASHSALE_ORDER__EXTRA", "7")];
+        let vars = [
+            ("FLASHSALE_ORDER__GRPC__ADDR", "127.0.0.1:7002"),
+            ("FLASHSALE_ORDER__EXTRA", "7"),
+        ];
         let s: Demo = load_from("order", &demo(), &dir, Some("staging"), env(&vars)).unwrap();
         assert_eq!((s.grpc.addr.as_str(), s.extra), ("127.0.0.1:7002", 7));
         std::fs::remove_dir_all(dir).ok();
@@ -229,20 +254,55 @@ mod tests {
     fn bad_values_are_refused_naming_the_key() {
         let dir = dir_with(&[]);
         let cases = [
-            ("FLASHSALE_ORDER__DATABASE__URL", "not a url", "order.database.url"),
-            ("FLASHSALE_ORDER__DATABASE__URL", "mysql://h/db", "order.database.url"),
-            ("FLASHSALE_ORDER__DATABASE__URL", "postgres://h/", "order.database.url"),
-            ("FLASHSALE_ORDER__GRPC__ADDR", "localhost", "order.grpc.addr"),
-            ("FLASHSALE_ORDER__GRPC__MAX_MESSAGE_BYTES", "1", "order.grpc.max_message_bytes"),
-            ("FLASHSALE_ORDER__AUTH__JWT_SECRET", "short", "order.auth.jwt_secret"),
-            ("FLASHSALE_ORDER__TELEMETRY__LOG_FORMAT", "xml", "order.telemetry.log_format"),
+            (
+                "FLASHSALE_ORDER__DATABASE__URL",
+                "not a url",
+                "order.database.url",
+            ),
+            (
+                "FLASHSALE_ORDER__DATABASE__URL",
+                "mysql://h/db",
+                "order.database.url",
+            ),
+            (
+                "FLASHSALE_ORDER__DATABASE__URL",
+                "postgres://h/",
+                "order.database.url",
+            ),
+            (
+                "FLASHSALE_ORDER__GRPC__ADDR",
+                "localhost",
+                "order.grpc.addr",
+            ),
+            (
+                "FLASHSALE_ORDER__GRPC__MAX_MESSAGE_BYTES",
+                "1",
+                "order.grpc.max_message_bytes",
+            ),
+            (
+                "FLASHSALE_ORDER__AUTH__JWT_SECRET",
+                "short",
+                "order.auth.jwt_secret",
+            ),
+            (
+                "FLASHSALE_ORDER__TELEMETRY__LOG_FORMAT",
+                "xml",
+                "order.telemetry.log_format",
+            ),
             ("FLASHSALE_ORDER__EXTRA", "99", "order.extra"),
             ("FLASHSALE_ORDER__EXTRA", "many", "order.extra"),
-            ("FLASHSALE_ORDER__GRPC__REQUEST_TIMEOUT_MS", "soon", "order.grpc.request_timeout_ms"),
+            (
+                "FLASHSALE_ORDER__GRPC__REQUEST_TIMEOUT_MS",
+                "soon",
+                "order.grpc.request_timeout_ms",
+            ),
         ];
         for (var, value, key) in cases {
             let err = load_from("order", &demo(), &dir, None, env(&[(var, value)])).unwrap_err();
-            assert!(err.to_string().contains(key), "{var}={value}: `{err}` does not name {key}");
+            assert!(
+                err.to_string().contains(key),
+                "{var}={value}: `{err}` does not name {key}"
+            );
         }
         std::fs::remove_dir_all(dir).ok();
     }
@@ -257,6 +317,9 @@ mod tests {
     #[test]
     fn section_messages_get_the_service_prefix() {
         let e = prefixed("order", "amqp.url: not a valid URL");
-        assert_eq!(e.to_string(), "invalid configuration `order.amqp.url`: not a valid URL");
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration `order.amqp.url`: not a valid URL"
+        );
     }
 }

@@ -46,7 +46,10 @@ async fn ensure_database(url: &str) -> anyhow::Result<()> {
         .is_some();
     if !exists {
         let quoted = name.replace('"', "\"\"");
-        match admin.execute_unprepared(&format!("CREATE DATABASE \"{quoted}\"")).await {
+        match admin
+            .execute_unprepared(&format!("CREATE DATABASE \"{quoted}\""))
+            .await
+        {
             Ok(_) => tracing::info!(database = %name, "created database"),
             // Another replica may have created it at the same moment.
             Err(e) if e.to_string().contains("already exists") => {}

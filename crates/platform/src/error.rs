@@ -20,11 +20,17 @@ pub enum ApiError {
     #[error("{0}")]
     NotFound(String),
     #[error("{message}")]
-    AlreadyExists { reason: &'static str, message: String },
+    AlreadyExists {
+        reason: &'static str,
+        message: String,
+    },
     /// The request is valid but the system is not in a state to apply it (`reason` is the
     /// `ErrorInfo.reason`, e.g. `SOLD_OUT`).
     #[error("{message}")]
-    FailedPrecondition { reason: &'static str, message: String },
+    FailedPrecondition {
+        reason: &'static str,
+        message: String,
+    },
     #[error("{0}")]
     ResourceExhausted(String),
     #[error("{0}")]
@@ -33,7 +39,10 @@ pub enum ApiError {
     PermissionDenied(String),
     /// A dependency is down; the caller may retry.
     #[error("{message}")]
-    Unavailable { reason: &'static str, message: String },
+    Unavailable {
+        reason: &'static str,
+        message: String,
+    },
     /// Anything else: logged in full, reported as `INTERNAL` without detail.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -65,7 +74,8 @@ impl ApiError {
 }
 
 fn with_info(code: Code, message: String, reason: &str) -> Status {
-    let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
+    let details =
+        ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
     Status::with_error_details(code, message, details)
 }
 
@@ -79,16 +89,26 @@ impl From<ApiError> for Status {
                     .map(|(f, d)| FieldViolation::new(f, d))
                     .collect();
                 let mut details = ErrorDetails::with_bad_request(fv);
-                details.set_error_info("INVALID_ARGUMENT", ERROR_DOMAIN, HashMap::<String, String>::new());
+                details.set_error_info(
+                    "INVALID_ARGUMENT",
+                    ERROR_DOMAIN,
+                    HashMap::<String, String>::new(),
+                );
                 Status::with_error_details(Code::InvalidArgument, message, details)
             }
             ApiError::NotFound(_) => with_info(Code::NotFound, message, "NOT_FOUND"),
-            ApiError::AlreadyExists { reason, .. } => with_info(Code::AlreadyExists, message, reason),
+            ApiError::AlreadyExists { reason, .. } => {
+                with_info(Code::AlreadyExists, message, reason)
+            }
             ApiError::FailedPrecondition { reason, .. } => {
                 with_info(Code::FailedPrecondition, message, reason)
             }
-            ApiError::ResourceExhausted(_) => with_info(Code::ResourceExhausted, message, "RATE_LIMITED"),
-            ApiError::Unauthenticated(_) => with_info(Code::Unauthenticated, message, "UNAUTHENTICATED"),
+            ApiError::ResourceExhausted(_) => {
+                with_info(Code::ResourceExhausted, message, "RATE_LIMITED")
+            }
+            ApiError::Unauthenticated(_) => {
+                with_info(Code::Unauthenticated, message, "UNAUTHENTICATED")
+            }
             ApiError::PermissionDenied(_) => {
                 with_info(Code::PermissionDenied, message, "PERMISSION_DENIED")
             }

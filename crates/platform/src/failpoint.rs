@@ -82,7 +82,9 @@ impl Failpoints {
                 None => (None, action.trim()),
             };
             let action = parse_action(action).ok_or_else(|| {
-                format!("failpoint `{name}`: unknown action `{action}` (error, panic, exit, sleep(ms))")
+                format!(
+                    "failpoint `{name}`: unknown action `{action}` (error, panic, exit, sleep(ms))"
+                )
             })?;
             fp.arm_n(name, action, count);
         }
@@ -147,7 +149,9 @@ impl Failpoints {
 /// Failpoints armed by `FLASHSALE_FAILPOINTS` (none when unset); a bad spec is an error naming it.
 pub fn from_env() -> anyhow::Result<Failpoints> {
     match std::env::var("FLASHSALE_FAILPOINTS") {
-        Ok(spec) => Failpoints::from_spec(&spec).map_err(|e| anyhow::anyhow!("FLASHSALE_FAILPOINTS: {e}")),
+        Ok(spec) => {
+            Failpoints::from_spec(&spec).map_err(|e| anyhow::anyhow!("FLASHSALE_FAILPOINTS: {e}"))
+        }
         Err(_) => Ok(Failpoints::default()),
     }
 }
@@ -174,7 +178,9 @@ fn parse_action(s: &str) -> Option<Action> {
         "exit" => Some(Action::Exit),
         _ => {
             let ms = s.strip_prefix("sleep(")?.strip_suffix(')')?;
-            Some(Action::Sleep(Duration::from_millis(ms.trim().parse().ok()?)))
+            Some(Action::Sleep(Duration::from_millis(
+                ms.trim().parse().ok()?,
+            )))
         }
     }
 }
@@ -210,8 +216,16 @@ mod tests {
     #[test]
     fn bad_specs_are_rejected_with_the_name() {
         assert!(Failpoints::from_spec("a").unwrap_err().contains("`a`"));
-        assert!(Failpoints::from_spec("a=boom").unwrap_err().contains("boom"));
-        assert!(Failpoints::from_spec("a=x*error").unwrap_err().contains("count"));
+        assert!(
+            Failpoints::from_spec("a=boom")
+                .unwrap_err()
+                .contains("boom")
+        );
+        assert!(
+            Failpoints::from_spec("a=x*error")
+                .unwrap_err()
+                .contains("count")
+        );
         assert!(Failpoints::from_spec("=error").is_err());
         assert!(Failpoints::from_spec("a=sleep(5);b=1*panic").is_ok());
     }

@@ -99,7 +99,9 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let (routes, health, names) = routes.finish()?;
     for name in &names {
-        health.set_service_status(*name, ServingStatus::Serving).await;
+        health
+            .set_service_status(*name, ServingStatus::Serving)
+            .await;
     }
     health.set_service_status("", ServingStatus::Serving).await;
     let addr = listener.local_addr().context("gRPC listener address")?;
@@ -108,9 +110,13 @@ pub async fn serve(
     let shutdown = async move {
         shutdown.await;
         for name in &names {
-            health.set_service_status(*name, ServingStatus::NotServing).await;
+            health
+                .set_service_status(*name, ServingStatus::NotServing)
+                .await;
         }
-        health.set_service_status("", ServingStatus::NotServing).await;
+        health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
     };
     Server::builder()
         .timeout(Duration::from_millis(settings.request_timeout_ms))
@@ -123,7 +129,11 @@ pub async fn serve(
 
 /// The answer of an RPC whose use case is not built yet: the caller's role is checked first
 /// (so auth errors are already right), then `UNIMPLEMENTED` naming the RPC.
-pub fn not_yet<T>(req: &tonic::Request<T>, roles: &[crate::auth::Role], rpc: &str) -> tonic::Status {
+pub fn not_yet<T>(
+    req: &tonic::Request<T>,
+    roles: &[crate::auth::Role],
+    rpc: &str,
+) -> tonic::Status {
     match crate::auth::Caller::of(req).and_then(|c| c.require(roles)) {
         Err(e) => e.into(),
         Ok(()) => tonic::Status::unimplemented(format!("{rpc} is not implemented yet")),

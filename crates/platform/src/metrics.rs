@@ -10,35 +10,36 @@ use tokio::{
     net::TcpListener,
 };
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
-/// The global Prometheus recorder, installed on first use.
+/// The global Prometheus recorder, installed on first use (once, even when several services
+/// start at the same moment in one test process).
 pub fn handle() -> anyhow::Result<PrometheusHandle> {
-    if let Some(h) = HANDLE.get() {
-        return Ok(h.clone());
-    }
-    let recorder = PrometheusBuilder::new().build_recorder();
-    let h = recorder.handle();
-    // Another thread may have won the race: then keep theirs and drop ours.
-    if metrics::set_global_recorder(recorder).is_ok() {
-        let _ = HANDLE.set(h);
-    }
     HANDLE
-        .get()
-        .cloned()
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let h = recorder.handle();
+            metrics::set_global_recorder(recorder).ok().map(|()| h)
+        })
+        .clone()
         .context("a metrics recorder from elsewhere is already installed")
 }
 
 /// Binds the metrics listener.
 pub async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
-    let addr: SocketAddr = addr.parse().with_context(|| format!("parse metrics.addr `{addr}`"))?;
+    let addr: SocketAddr = addr
+        .parse()
+        .with_context(|| format!("parse metrics.addr `{addr}`"))?;
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("bind metrics listener on {addr}"))
 }
 
 /// Answers `GET /metrics` (and `/`) with the Prometheus text until `shutdown` resolves.
-pub async fn serve(listener: TcpListener, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let handle = handle()?;
     tokio::pin!(shutdown);
     loop {
@@ -55,7 +56,12 @@ pub async fn serve(listener: TcpListener, shutdown: impl std::future::Future<Out
         let handle = handle.clone();
         tokio::spawn(async move {
             let mut buf = [0u8; 1024];
-            let n = match tokio::time::timeout(std::time::Duration::from_secs(5), socket.read(&mut buf)).await {
+            let n = match tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                socket.read(&mut buf),
+            )
+            .await
+            {
                 Ok(Ok(n)) => n,
                 _ => return,
             };

@@ -29,8 +29,18 @@ impl GrpcSettings {
 impl Validate for GrpcSettings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
         check_socket_addr(&format!("{p}.addr"), &self.addr)?;
-        check_range(&format!("{p}.max_message_bytes"), self.max_message_bytes, 1024, 64 << 20)?;
-        check_range(&format!("{p}.request_timeout_ms"), self.request_timeout_ms, 1, 600_000)
+        check_range(
+            &format!("{p}.max_message_bytes"),
+            self.max_message_bytes,
+            1024,
+            64 << 20,
+        )?;
+        check_range(
+            &format!("{p}.request_timeout_ms"),
+            self.request_timeout_ms,
+            1,
+            600_000,
+        )
     }
 }
 
@@ -71,9 +81,17 @@ impl Validate for DatabaseSettings {
         let url = check_url(&key, &self.url, &["postgres", "postgresql"])?;
         let db = url.path().trim_start_matches('/');
         if db.is_empty() || db.contains('/') {
-            return Err(ConfigError::invalid(key, "URL must name one database, e.g. /flashsale_orders"));
+            return Err(ConfigError::invalid(
+                key,
+                "URL must name one database, e.g. /flashsale_orders",
+            ));
         }
-        check_range(&format!("{p}.max_connections"), self.max_connections, 1, 1_000)
+        check_range(
+            &format!("{p}.max_connections"),
+            self.max_connections,
+            1,
+            1_000,
+        )
     }
 }
 
@@ -131,8 +149,14 @@ pub struct AuthSettings {
 
 impl std::fmt::Debug for AuthSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = if self.jwt_secret.is_empty() { "<dev default>" } else { "<redacted>" };
-        f.debug_struct("AuthSettings").field("jwt_secret", &shown).finish()
+        let shown = if self.jwt_secret.is_empty() {
+            "<dev default>"
+        } else {
+            "<redacted>"
+        };
+        f.debug_struct("AuthSettings")
+            .field("jwt_secret", &shown)
+            .finish()
     }
 }
 
@@ -175,7 +199,11 @@ impl Validate for TelemetrySettings {
             ));
         }
         if !self.otlp_endpoint.is_empty() {
-            check_url(&format!("{p}.otlp_endpoint"), &self.otlp_endpoint, &["http", "https"])?;
+            check_url(
+                &format!("{p}.otlp_endpoint"),
+                &self.otlp_endpoint,
+                &["http", "https"],
+            )?;
         }
         Ok(())
     }
@@ -198,8 +226,12 @@ impl Default for UpstreamSettings {
 
 impl Validate for UpstreamSettings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        check_url(&format!("{p}.product_stock_url"), &self.product_stock_url, &["http", "https"])
-            .map(drop)
+        check_url(
+            &format!("{p}.product_stock_url"),
+            &self.product_stock_url,
+            &["http", "https"],
+        )
+        .map(drop)
     }
 }
 

@@ -29,7 +29,8 @@ impl Drop for TelemetryGuard {
 /// Installs the global subscriber and propagator. Call once, from `main`, inside the runtime.
 pub fn init(settings: &TelemetrySettings, service: &'static str) -> anyhow::Result<TelemetryGuard> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
 
     let provider = if settings.otlp_endpoint.is_empty() {
         // Spans still get ids, so trace context is propagated even without export.
@@ -53,7 +54,11 @@ pub fn init(settings: &TelemetrySettings, service: &'static str) -> anyhow::Resu
     let registry = tracing_subscriber::registry().with(filter).with(otel);
     let result = if settings.log_format == "json" {
         registry
-            .with(tracing_subscriber::fmt::layer().json().with_current_span(true))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_current_span(true),
+            )
             .try_init()
     } else {
         registry.with(tracing_subscriber::fmt::layer()).try_init()

@@ -5,8 +5,9 @@ use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
     config::{ConfigError, Validate, check_range},
     settings::{
-        AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings, TelemetrySettings,
-        validate_common, RedisSettings},
+        AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
+        RedisSettings, TelemetrySettings, validate_common,
+    },
 };
 use serde::{Deserialize, Serialize};
 
@@ -52,15 +53,30 @@ impl Default for StockSettings {
 
 impl Validate for StockSettings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        check_range(&format!("{p}.max_quantity"), self.max_quantity, 1, 1_000_000)?;
-        check_range(&format!("{p}.hold_ttl_ms"), self.hold_ttl_ms, 100, 86_400_000)?;
+        check_range(
+            &format!("{p}.max_quantity"),
+            self.max_quantity,
+            1,
+            1_000_000,
+        )?;
+        check_range(
+            &format!("{p}.hold_ttl_ms"),
+            self.hold_ttl_ms,
+            100,
+            86_400_000,
+        )?;
         check_range(
             &format!("{p}.order_record_ttl_secs"),
             self.order_record_ttl_secs,
             60,
             90 * 86_400,
         )?;
-        check_range(&format!("{p}.sweep_interval_ms"), self.sweep_interval_ms, 10, 3_600_000)?;
+        check_range(
+            &format!("{p}.sweep_interval_ms"),
+            self.sweep_interval_ms,
+            10,
+            3_600_000,
+        )?;
         if self.hold_ttl_ms / 1000 >= self.order_record_ttl_secs {
             return Err(ConfigError::invalid(
                 format!("{p}.order_record_ttl_secs"),
@@ -89,7 +105,14 @@ impl Default for Settings {
 
 impl Validate for Settings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        validate_common(p, &self.grpc, &self.metrics, &self.database, &self.auth, &self.telemetry)?;
+        validate_common(
+            p,
+            &self.grpc,
+            &self.metrics,
+            &self.database,
+            &self.auth,
+            &self.telemetry,
+        )?;
         self.redis.validate(&format!("{p}.redis"))?;
         self.amqp
             .validate()

@@ -45,24 +45,39 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         settings.redis.key_prefix.clone(),
         Duration::from_secs(settings.stock.order_record_ttl_secs),
     );
-    let service = StockService::new(f.db.clone(), gate, settings.stock.clone(), failpoints.clone());
+    let service = StockService::new(
+        f.db.clone(),
+        gate,
+        settings.stock.clone(),
+        failpoints.clone(),
+    );
 
-    let broker = Broker::connect(settings.amqp.clone()).await.context("connect to RabbitMQ")?;
+    let broker = Broker::connect(settings.amqp.clone())
+        .await
+        .context("connect to RabbitMQ")?;
     let shutdown = f.runner.shutdown();
-    let relay = OutboxRelay::new(&f.db, Publisher::new(&broker))?.with_failpoints(failpoints.clone());
+    let relay =
+        OutboxRelay::new(&f.db, Publisher::new(&broker))?.with_failpoints(failpoints.clone());
     let s = shutdown.clone();
-    f.runner.spawn(async move { relay.run(async move { s.wait().await }).await });
+    f.runner
+        .spawn(async move { relay.run(async move { s.wait().await }).await });
+    // Declared before the service reports SERVING, so nothing published to it after start-up
+    // finds no queue.
+    let channel = broker.channel().await.context("open AMQP channel")?;
     for topology in [
         amqp::order_events_topology(&settings.amqp),
         amqp::stock_events_topology(&settings.amqp),
     ] {
+        topology.declare(&channel).await.context("declare queues")?;
         let svc = service.clone();
         let consumer = Consumer::new(&broker, topology, move |msg| amqp::handle(svc.clone(), msg))
             .with_failpoints(failpoints.clone());
         let s = shutdown.clone();
-        f.runner.spawn(async move { consumer.run(async move { s.wait().await }).await });
+        f.runner
+            .spawn(async move { consumer.run(async move { s.wait().await }).await });
     }
-    f.runner.spawn(service.clone().run_sweeper(shutdown.clone()));
+    f.runner
+        .spawn(service.clone().run_sweeper(shutdown.clone()));
     let b = broker.clone();
     f.runner.spawn(async move {
         shutdown.wait().await;

@@ -16,38 +16,80 @@ const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::Ser
 
 /// Health, reflection (`v1` and `v1alpha`), `/metrics` and dead-letter auth of a running service
 /// whose business service is `service_name`.
-pub async fn check_endpoints(grpc_port: u16, metrics_port: u16, service_name: &str) -> anyhow::Result<()> {
-    ensure!(health(grpc_port, service_name).await? == SERVING, "{service_name} is not SERVING");
-    ensure!(health(grpc_port, "").await? == SERVING, "the server is not SERVING");
-    let err = health(grpc_port, "no.such.Service").await.err().context("unknown service must fail")?;
-    let status = err.downcast_ref::<tonic::Status>().context("health error is a status")?;
-    ensure!(status.code() == Code::NotFound, "unknown service: {status:?}");
+pub async fn check_endpoints(
+    grpc_port: u16,
+    metrics_port: u16,
+    service_name: &str,
+) -> anyhow::Result<()> {
+    ensure!(
+        health(grpc_port, service_name).await? == SERVING,
+        "{service_name} is not SERVING"
+    );
+    ensure!(
+        health(grpc_port, "").await? == SERVING,
+        "the server is not SERVING"
+    );
+    let err = health(grpc_port, "no.such.Service")
+        .await
+        .err()
+        .context("unknown service must fail")?;
+    let status = err
+        .downcast_ref::<tonic::Status>()
+        .context("health error is a status")?;
+    ensure!(
+        status.code() == Code::NotFound,
+        "unknown service: {status:?}"
+    );
 
     let (v1, v1alpha) = reflection_services(grpc_port).await?;
     for names in [&v1, &v1alpha] {
-        for expected in flashsale_proto::SERVICE_NAMES.iter().copied().chain(["grpc.health.v1.Health"]) {
-            ensure!(names.iter().any(|n| n == expected), "reflection lacks {expected}: {names:?}");
+        for expected in flashsale_proto::SERVICE_NAMES
+            .iter()
+            .copied()
+            .chain(["grpc.health.v1.Health"])
+        {
+            ensure!(
+                names.iter().any(|n| n == expected),
+                "reflection lacks {expected}: {names:?}"
+            );
         }
     }
 
     let (status, body) = http_get(metrics_port, "/metrics").await?;
     ensure!(status.contains("200"), "/metrics answered {status}");
-    ensure!(body.is_empty() || body.contains('#') || body.contains('_'), "not Prometheus text: {body}");
+    ensure!(
+        body.is_empty() || body.contains('#') || body.contains('_'),
+        "not Prometheus text: {body}"
+    );
     let (status, _) = http_get(metrics_port, "/nope").await?;
     ensure!(status.contains("404"), "/nope answered {status}");
 
     let mut dl = DeadLetterServiceClient::new(channel(grpc_port).await?);
     let code = |r: Result<tonic::Response<_>, tonic::Status>| r.err().map(|s| s.code());
-    let anonymous = dl.list_dead_letters(ListDeadLettersRequest::default()).await;
-    ensure!(code(anonymous) == Some(Code::Unauthenticated), "anonymous dead-letter call");
-    let user = dl
-        .list_dead_letters(with_token(ListDeadLettersRequest::default(), &token("alice", Role::User)))
+    let anonymous = dl
+        .list_dead_letters(ListDeadLettersRequest::default())
         .await;
-    ensure!(code(user) == Some(Code::PermissionDenied), "user dead-letter call");
+    ensure!(
+        code(anonymous) == Some(Code::Unauthenticated),
+        "anonymous dead-letter call"
+    );
+    let user = dl
+        .list_dead_letters(with_token(
+            ListDeadLettersRequest::default(),
+            &token("alice", Role::User),
+        ))
+        .await;
+    ensure!(
+        code(user) == Some(Code::PermissionDenied),
+        "user dead-letter call"
+    );
     let forged = dl
         .list_dead_letters(with_token(ListDeadLettersRequest::default(), "not.a.jwt"))
         .await;
-    ensure!(code(forged) == Some(Code::Unauthenticated), "forged token dead-letter call");
+    ensure!(
+        code(forged) == Some(Code::Unauthenticated),
+        "forged token dead-letter call"
+    );
     Ok(())
 }
 
@@ -62,7 +104,9 @@ pub async fn check_clean_stop(
         .await
         .context("service did not stop within 15 s")?;
     joined.context("service task panicked")??;
-    let refused = tokio::net::TcpStream::connect(("127.0.0.1", grpc_port)).await.is_err();
+    let refused = tokio::net::TcpStream::connect(("127.0.0.1", grpc_port))
+        .await
+        .is_err();
     ensure!(refused, "gRPC port still accepts connections after stop");
     Ok(())
 }

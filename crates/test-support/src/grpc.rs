@@ -19,7 +19,10 @@ pub async fn channel(port: u16) -> anyhow::Result<Channel> {
 /// A token signed with the development secret (what services use when none is configured).
 pub fn token(subject: &str, role: Role) -> String {
     JwtKeys::new(DEV_SECRET.as_bytes())
-        .and_then(|k| k.mint(subject, role, Duration::from_secs(600)).map_err(anyhow::Error::new))
+        .and_then(|k| {
+            k.mint(subject, role, Duration::from_secs(600))
+                .map_err(anyhow::Error::new)
+        })
         .unwrap_or_default()
 }
 
@@ -51,7 +54,9 @@ pub async fn reflection_services(port: u16) -> anyhow::Result<(Vec<String>, Vec<
     let mut c1 = v1::server_reflection_client::ServerReflectionClient::new(ch.clone());
     let req = v1::ServerReflectionRequest {
         host: String::new(),
-        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(String::new())),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
     };
     let mut stream = c1
         .server_reflection_info(tokio_stream::iter([req]))
@@ -68,9 +73,9 @@ pub async fn reflection_services(port: u16) -> anyhow::Result<(Vec<String>, Vec<
     let mut c2 = v1alpha::server_reflection_client::ServerReflectionClient::new(ch);
     let req = v1alpha::ServerReflectionRequest {
         host: String::new(),
-        message_request: Some(v1alpha::server_reflection_request::MessageRequest::ListServices(
-            String::new(),
-        )),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
     };
     let mut stream = c2
         .server_reflection_info(tokio_stream::iter([req]))
@@ -89,8 +94,10 @@ pub async fn reflection_services(port: u16) -> anyhow::Result<(Vec<String>, Vec<
 /// `GET /metrics` on `127.0.0.1:port`: the status line and the body.
 pub async fn http_get(port: u16, path: &str) -> anyhow::Result<(String, String)> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").as_bytes())
-        .await?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
     let mut buf = String::new();
     tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut buf)).await??;
     let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));

@@ -2,6 +2,7 @@
 //! own Redis key prefix and its own AMQP exchange/queue names, so tests run in parallel against
 //! the real servers and never depend on what another test left behind.
 
+pub mod fixtures;
 pub mod foundation;
 pub mod grpc;
 
@@ -18,7 +19,8 @@ pub fn postgres_server_url() -> String {
 
 /// URL of the Redis the tests use.
 pub fn redis_url() -> String {
-    std::env::var("FLASHSALE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+    std::env::var("FLASHSALE_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
 /// URL of the RabbitMQ the tests use.

@@ -47,6 +47,8 @@ pub fn config() -> AmqpConfig {
         max_attempts: 3,
         retry_base_ms: 20,
         queue_type: QueueType::Quorum,
+        // These tests delete what they declare on drop (and check that nothing is left).
+        queue_expires_ms: 0,
     }
 }
 

@@ -26,7 +26,10 @@ impl OrderService for OrderApi {
         Err(pending(&req, &[Role::User], "CreateOrder"))
     }
 
-    async fn get_order(&self, req: Request<GetOrderRequest>) -> Result<Response<GetOrderResponse>, Status> {
+    async fn get_order(
+        &self,
+        req: Request<GetOrderRequest>,
+    ) -> Result<Response<GetOrderResponse>, Status> {
         Err(pending(&req, BUYER, "GetOrder"))
     }
 
@@ -47,7 +50,10 @@ impl OrderService for OrderApi {
         Err(pending(&req, BUYER, "WatchOrder"))
     }
 
-    async fn pay_order(&self, req: Request<PayOrderRequest>) -> Result<Response<PayOrderResponse>, Status> {
+    async fn pay_order(
+        &self,
+        req: Request<PayOrderRequest>,
+    ) -> Result<Response<PayOrderResponse>, Status> {
         Err(pending(&req, &[Role::User], "PayOrder"))
     }
 

@@ -7,6 +7,8 @@ pub struct Migrator;
 #[async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(flashsale_messaging::migration::CreateOutboxAndInbox)]
+        vec![Box::new(
+            flashsale_messaging::migration::CreateOutboxAndInbox,
+        )]
     }
 }

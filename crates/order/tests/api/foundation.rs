@@ -20,8 +20,12 @@ const BAD_KEY: &str = "order.database.url";
 #[tokio::test]
 async fn service_serves_health_reflection_metrics_and_stops_cleanly() {
     let app = spawn_app().await;
-    check_endpoints(app.grpc_port, app.metrics_port, SERVICE).await.unwrap();
-    check_clean_stop(app.grpc_port, app.shutdown, app.task).await.unwrap();
+    check_endpoints(app.grpc_port, app.metrics_port, SERVICE)
+        .await
+        .unwrap();
+    check_clean_stop(app.grpc_port, app.shutdown, app.task)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -47,15 +51,24 @@ async fn start_up_runs_the_migrations() {
 async fn business_rpcs_check_the_token_before_anything_else() {
     let app = spawn_app().await;
     let mut client = OrderServiceClient::new(channel(app.grpc_port).await.unwrap());
-    let anonymous = client.create_order(CreateOrderRequest::default()).await.unwrap_err();
+    let anonymous = client
+        .create_order(CreateOrderRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(anonymous.code(), Code::Unauthenticated);
     let weak_role = client
-        .create_order(with_token(CreateOrderRequest::default(), &token("order", Role::Service)))
+        .create_order(with_token(
+            CreateOrderRequest::default(),
+            &token("order", Role::Service),
+        ))
         .await
         .unwrap_err();
     assert_eq!(weak_role.code(), Code::PermissionDenied);
     let allowed = client
-        .create_order(with_token(CreateOrderRequest::default(), &token("alice", Role::User)))
+        .create_order(with_token(
+            CreateOrderRequest::default(),
+            &token("alice", Role::User),
+        ))
         .await
         .unwrap_err();
     assert_eq!(allowed.code(), Code::Unimplemented, "{allowed:?}");
@@ -66,11 +79,17 @@ async fn business_rpcs_check_the_token_before_anything_else() {
 async fn binary_refuses_an_unparsable_database_url_naming_the_key() {
     let out = tokio::process::Command::new(BIN)
         .env(ENV_DB_URL, "not a url")
-        .env("FLASHSALE_CONFIG_DIR", concat!(env!("CARGO_MANIFEST_DIR"), "/../../config"))
+        .env(
+            "FLASHSALE_CONFIG_DIR",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../config"),
+        )
         .output()
         .await
         .unwrap();
     assert!(!out.status.success(), "start-up must fail");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(BAD_KEY), "stderr does not name {BAD_KEY}: {stderr}");
+    assert!(
+        stderr.contains(BAD_KEY),
+        "stderr does not name {BAD_KEY}: {stderr}"
+    );
 }

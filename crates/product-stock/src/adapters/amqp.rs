@@ -2,9 +2,9 @@
 //! queue, `stock.adjusted` (its own restocks, to update the gate) on another.
 
 use flashsale_messaging::{
+    AmqpConfig,
     consumer::{HandlerError, Incoming},
     topology::QueueTopology,
-    AmqpConfig,
 };
 use flashsale_proto::events::v1::envelope::Payload;
 
@@ -16,7 +16,11 @@ pub const ORDER_EVENTS_QUEUE: &str = "product-stock.order-events";
 pub const STOCK_EVENTS_QUEUE: &str = "product-stock.stock-adjusted";
 
 pub fn order_events_topology(config: &AmqpConfig) -> QueueTopology {
-    QueueTopology::new(config, ORDER_EVENTS_QUEUE, &["order.created", "order.cancelled"])
+    QueueTopology::new(
+        config,
+        ORDER_EVENTS_QUEUE,
+        &["order.created", "order.cancelled"],
+    )
 }
 
 pub fn stock_events_topology(config: &AmqpConfig) -> QueueTopology {
@@ -34,12 +38,24 @@ fn classify(e: StockError) -> HandlerError {
 pub async fn handle(service: StockService, msg: Incoming) -> Result<(), HandlerError> {
     let consumer = msg.queue.as_str();
     match &msg.envelope.payload {
-        Some(Payload::OrderCreated(ev)) => service.on_order_created(consumer, &msg.envelope, ev).await,
-        Some(Payload::OrderCancelled(ev)) => service.on_order_cancelled(consumer, &msg.envelope, ev).await,
-        Some(Payload::StockAdjusted(ev)) => service.on_stock_adjusted(ev).await,
+        Some(Payload::OrderCreated(ev)) => {
+            service.on_order_created(consumer, &msg.envelope, ev).await
+        }
+        Some(Payload::OrderCancelled(ev)) => {
+            service
+                .on_order_cancelled(consumer, &msg.envelope, ev)
+                .await
+        }
+        Some(Payload::StockAdjusted(ev)) => {
+            service.on_stock_adjusted(consumer, &msg.envelope, ev).await
+        }
         other => {
-            let kind = other.as_ref().map_or("none", flashsale_messaging::envelope::routing_key);
-            return Err(HandlerError::permanent(anyhow::anyhow!("product-stock does not handle `{kind}`")));
+            let kind = other
+                .as_ref()
+                .map_or("none", flashsale_messaging::envelope::routing_key);
+            return Err(HandlerError::permanent(anyhow::anyhow!(
+                "product-stock does not handle `{kind}`"
+            )));
         }
     }
     .map_err(classify)

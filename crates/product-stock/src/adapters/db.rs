@@ -8,8 +8,8 @@ use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement, Value};
 use uuid::Uuid;
 
 use crate::domain::{
-    Adjustment, DeductionPolicy, Product, ProductDraft, ProductTerms, Reservation, ReservationState, Sku,
-    StockError,
+    Adjustment, DeductionPolicy, Product, ProductDraft, ProductTerms, Reservation,
+    ReservationState, Sku, StockError,
 };
 
 fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
@@ -36,7 +36,8 @@ impl TryFrom<ProductRow> for Product {
             sku: Sku::parse(&r.sku).map_err(|_| corrupt("products.sku", &r.sku))?,
             name: r.name,
             price_cents: r.price_cents,
-            per_user_limit: u32::try_from(r.per_user_limit).map_err(|_| corrupt("per_user_limit", &r.sku))?,
+            per_user_limit: u32::try_from(r.per_user_limit)
+                .map_err(|_| corrupt("per_user_limit", &r.sku))?,
             policy: DeductionPolicy::from_db(&r.deduction_policy)
                 .ok_or_else(|| corrupt("deduction_policy", &r.deduction_policy))?,
             on_hand: r.on_hand,
@@ -48,14 +49,19 @@ impl TryFrom<ProductRow> for Product {
 }
 
 fn corrupt(what: &str, value: &str) -> StockError {
-    StockError::Internal(anyhow::anyhow!("unexpected {what} in the database: `{value}`"))
+    StockError::Internal(anyhow::anyhow!(
+        "unexpected {what} in the database: `{value}`"
+    ))
 }
 
 const PRODUCT_SELECT: &str = "SELECT p.sku, p.name, p.price_cents, p.per_user_limit, p.deduction_policy, \
      s.on_hand, s.reserved, p.created_at, s.updated_at FROM products p JOIN stock s USING (sku)";
 
 fn is_unique_violation(e: &sea_orm::DbErr) -> bool {
-    matches!(e.sql_err(), Some(sea_orm::SqlErr::UniqueConstraintViolation(_)))
+    matches!(
+        e.sql_err(),
+        Some(sea_orm::SqlErr::UniqueConstraintViolation(_))
+    )
 }
 
 /// Inserts a product, its stock row and the INITIAL ledger entry.
@@ -86,8 +92,15 @@ pub async fn insert_product<C: ConnectionTrait>(c: &C, d: &ProductDraft) -> Resu
 }
 
 /// One product with its stock; `lock` takes the stock row's lock until the transaction ends.
-pub async fn product<C: ConnectionTrait>(c: &C, sku: &Sku, lock: bool) -> Result<Option<Product>, StockError> {
-    let sql = format!("{PRODUCT_SELECT} WHERE p.sku = $1{}", if lock { " FOR UPDATE OF s" } else { "" });
+pub async fn product<C: ConnectionTrait>(
+    c: &C,
+    sku: &Sku,
+    lock: bool,
+) -> Result<Option<Product>, StockError> {
+    let sql = format!(
+        "{PRODUCT_SELECT} WHERE p.sku = $1{}",
+        if lock { " FOR UPDATE OF s" } else { "" }
+    );
     let row = ProductRow::find_by_statement(stmt(&sql, [sku.as_str().into()]))
         .one(c)
         .await?;
@@ -95,7 +108,11 @@ pub async fn product<C: ConnectionTrait>(c: &C, sku: &Sku, lock: bool) -> Result
 }
 
 /// Up to `limit` products with a sku greater than `after`, by sku.
-pub async fn list_products<C: ConnectionTrait>(c: &C, after: &str, limit: u64) -> Result<Vec<Product>, StockError> {
+pub async fn list_products<C: ConnectionTrait>(
+    c: &C,
+    after: &str,
+    limit: u64,
+) -> Result<Vec<Product>, StockError> {
     let sql = format!("{PRODUCT_SELECT} WHERE p.sku > $1 ORDER BY p.sku LIMIT $2");
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     ProductRow::find_by_statement(stmt(&sql, [after.into(), limit.into()]))
@@ -121,7 +138,10 @@ pub async fn all_skus<C: ConnectionTrait>(c: &C) -> Result<Vec<Sku>, StockError>
 }
 
 /// The immutable terms of a product.
-pub async fn terms<C: ConnectionTrait>(c: &C, sku: &Sku) -> Result<Option<ProductTerms>, StockError> {
+pub async fn terms<C: ConnectionTrait>(
+    c: &C,
+    sku: &Sku,
+) -> Result<Option<ProductTerms>, StockError> {
     Ok(product(c, sku, false).await?.map(|p| ProductTerms {
         sku: p.sku,
         price_cents: p.price_cents,
@@ -131,7 +151,10 @@ pub async fn terms<C: ConnectionTrait>(c: &C, sku: &Sku) -> Result<Option<Produc
 }
 
 /// Units each user holds of `sku` through live (RESERVED or COMMITTED) reservations.
-pub async fn units_by_user<C: ConnectionTrait>(c: &C, sku: &Sku) -> Result<Vec<(String, i64)>, StockError> {
+pub async fn units_by_user<C: ConnectionTrait>(
+    c: &C,
+    sku: &Sku,
+) -> Result<Vec<(String, i64)>, StockError> {
     #[derive(FromQueryResult)]
     struct Row {
         user_id: String,
@@ -199,12 +222,19 @@ struct ReservationRow {
 }
 
 /// One order's reservation; `lock` takes its row lock.
-pub async fn reservation<C: ConnectionTrait>(c: &C, order_id: Uuid, lock: bool) -> Result<Option<Reservation>, StockError> {
+pub async fn reservation<C: ConnectionTrait>(
+    c: &C,
+    order_id: Uuid,
+    lock: bool,
+) -> Result<Option<Reservation>, StockError> {
     let sql = format!(
         "SELECT order_id, sku, user_id, quantity, state, policy FROM reservations WHERE order_id = $1{}",
         if lock { " FOR UPDATE" } else { "" }
     );
-    let Some(r) = ReservationRow::find_by_statement(stmt(&sql, [order_id.into()])).one(c).await? else {
+    let Some(r) = ReservationRow::find_by_statement(stmt(&sql, [order_id.into()]))
+        .one(c)
+        .await?
+    else {
         return Ok(None);
     };
     Ok(Some(Reservation {
@@ -212,13 +242,19 @@ pub async fn reservation<C: ConnectionTrait>(c: &C, order_id: Uuid, lock: bool) 
         sku: Sku::parse(&r.sku).map_err(|_| corrupt("reservations.sku", &r.sku))?,
         user_id: r.user_id,
         quantity: r.quantity,
-        state: ReservationState::from_db(&r.state).ok_or_else(|| corrupt("reservations.state", &r.state))?,
-        policy: DeductionPolicy::from_db(&r.policy).ok_or_else(|| corrupt("reservations.policy", &r.policy))?,
+        state: ReservationState::from_db(&r.state)
+            .ok_or_else(|| corrupt("reservations.state", &r.state))?,
+        policy: DeductionPolicy::from_db(&r.policy)
+            .ok_or_else(|| corrupt("reservations.policy", &r.policy))?,
     }))
 }
 
 /// Inserts a reservation row unless one exists for the order; returns whether it inserted.
-pub async fn insert_reservation<C: ConnectionTrait>(c: &C, r: &Reservation, cause: &str) -> Result<bool, StockError> {
+pub async fn insert_reservation<C: ConnectionTrait>(
+    c: &C,
+    r: &Reservation,
+    cause: &str,
+) -> Result<bool, StockError> {
     let res = c
         .execute_raw(stmt(
             "INSERT INTO reservations (order_id, sku, user_id, quantity, state, policy, cause) \
@@ -255,7 +291,10 @@ pub async fn set_reservation_state<C: ConnectionTrait>(
 }
 
 /// The first answer of an adjustment request, if it was seen: `(sku, delta, reason)`.
-pub async fn adjustment<C: ConnectionTrait>(c: &C, request_id: &str) -> Result<Option<(String, i64, String)>, StockError> {
+pub async fn adjustment<C: ConnectionTrait>(
+    c: &C,
+    request_id: &str,
+) -> Result<Option<(String, i64, String)>, StockError> {
     #[derive(FromQueryResult)]
     struct Row {
         sku: String,
@@ -272,7 +311,10 @@ pub async fn adjustment<C: ConnectionTrait>(c: &C, request_id: &str) -> Result<O
 }
 
 /// Records an adjustment request; false when the request id exists already (a concurrent twin).
-pub async fn insert_adjustment<C: ConnectionTrait>(c: &C, a: &Adjustment) -> Result<bool, StockError> {
+pub async fn insert_adjustment<C: ConnectionTrait>(
+    c: &C,
+    a: &Adjustment,
+) -> Result<bool, StockError> {
     let res = c
         .execute_raw(stmt(
             "INSERT INTO stock_adjustments (request_id, sku, delta, reason) VALUES ($1, $2, $3, $4) \

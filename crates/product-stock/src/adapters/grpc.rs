@@ -7,9 +7,10 @@ use flashsale_platform::{
     auth::{Caller, Role},
 };
 use flashsale_proto::product::v1::{
-    self as pb, AdjustStockRequest, AdjustStockResponse, CommitReservationRequest, CommitReservationResponse,
-    CreateProductRequest, CreateProductResponse, GetProductRequest, GetProductResponse, ListProductsRequest,
-    ListProductsResponse, ReconcileStockRequest, ReconcileStockResponse, ReserveStockRequest, ReserveStockResponse,
+    self as pb, AdjustStockRequest, AdjustStockResponse, CommitReservationRequest,
+    CommitReservationResponse, CreateProductRequest, CreateProductResponse, GetProductRequest,
+    GetProductResponse, ListProductsRequest, ListProductsResponse, ReconcileStockRequest,
+    ReconcileStockResponse, ReserveStockRequest, ReserveStockResponse,
     product_stock_service_server::ProductStockService,
 };
 use tonic::{Request, Response, Status};
@@ -17,8 +18,8 @@ use tonic::{Request, Response, Status};
 use crate::{
     app::{DriftReport, StockService},
     domain::{
-        Adjustment, DeductionPolicy, Product, ProductDraft, ReservationState, ReserveRequest, Sku, StockError,
-        parse_order_id,
+        Adjustment, DeductionPolicy, Product, ProductDraft, ReservationState, ReserveRequest, Sku,
+        StockError, parse_order_id,
     },
 };
 
@@ -104,17 +105,23 @@ impl From<StockError> for ApiError {
         let message = e.to_string();
         match e {
             StockError::Invalid(v) => ApiError::InvalidArgument(v),
-            StockError::UnknownProduct(_) | StockError::UnknownReservation(_) => ApiError::NotFound(message),
+            StockError::UnknownProduct(_) | StockError::UnknownReservation(_) => {
+                ApiError::NotFound(message)
+            }
             StockError::DuplicateSku(_) => ApiError::AlreadyExists {
                 reason: "SKU_EXISTS",
                 message,
             },
             StockError::Refused(r, _) => ApiError::failed_precondition(r.reason(), message),
-            StockError::WriteOffBelowReserved => ApiError::failed_precondition("INSUFFICIENT_STOCK", message),
+            StockError::WriteOffBelowReserved => {
+                ApiError::failed_precondition("INSUFFICIENT_STOCK", message)
+            }
             StockError::IdempotencyKeyReused(_) => {
                 ApiError::failed_precondition("IDEMPOTENCY_KEY_REUSED", message)
             }
-            StockError::ReservationReleased(_) => ApiError::failed_precondition("RESERVATION_RELEASED", message),
+            StockError::ReservationReleased(_) => {
+                ApiError::failed_precondition("RESERVATION_RELEASED", message)
+            }
             StockError::GateUnavailable(_) => ApiError::Unavailable {
                 reason: "STOCK_GATE_UNAVAILABLE",
                 message,
@@ -126,7 +133,10 @@ impl From<StockError> for ApiError {
 
 #[tonic::async_trait]
 impl ProductStockService for ProductStockApi {
-    async fn create_product(&self, req: Request<CreateProductRequest>) -> Result<Response<CreateProductResponse>, Status> {
+    async fn create_product(
+        &self,
+        req: Request<CreateProductRequest>,
+    ) -> Result<Response<CreateProductResponse>, Status> {
         authorize(&req, ADMIN)?;
         let r = req.into_inner();
         let draft = ProductDraft::new(
@@ -144,7 +154,10 @@ impl ProductStockService for ProductStockApi {
         }))
     }
 
-    async fn get_product(&self, req: Request<GetProductRequest>) -> Result<Response<GetProductResponse>, Status> {
+    async fn get_product(
+        &self,
+        req: Request<GetProductRequest>,
+    ) -> Result<Response<GetProductResponse>, Status> {
         authorize(&req, ANYONE)?;
         let sku = Sku::parse(&req.get_ref().sku).map_err(status)?;
         let view = self.service.get_product(&sku).await.map_err(status)?;
@@ -153,7 +166,10 @@ impl ProductStockService for ProductStockApi {
         }))
     }
 
-    async fn list_products(&self, req: Request<ListProductsRequest>) -> Result<Response<ListProductsResponse>, Status> {
+    async fn list_products(
+        &self,
+        req: Request<ListProductsRequest>,
+    ) -> Result<Response<ListProductsResponse>, Status> {
         authorize(&req, ANYONE)?;
         let r = req.into_inner();
         let (views, next) = self
@@ -167,7 +183,10 @@ impl ProductStockService for ProductStockApi {
         }))
     }
 
-    async fn adjust_stock(&self, req: Request<AdjustStockRequest>) -> Result<Response<AdjustStockResponse>, Status> {
+    async fn adjust_stock(
+        &self,
+        req: Request<AdjustStockRequest>,
+    ) -> Result<Response<AdjustStockResponse>, Status> {
         authorize(&req, ADMIN)?;
         let r = req.into_inner();
         let adj = Adjustment::new(&r.request_id, &r.sku, r.delta, &r.reason).map_err(status)?;
@@ -178,11 +197,15 @@ impl ProductStockService for ProductStockApi {
         }))
     }
 
-    async fn reserve_stock(&self, req: Request<ReserveStockRequest>) -> Result<Response<ReserveStockResponse>, Status> {
+    async fn reserve_stock(
+        &self,
+        req: Request<ReserveStockRequest>,
+    ) -> Result<Response<ReserveStockResponse>, Status> {
         authorize(&req, SERVICE)?;
         let r = req.into_inner();
         let max = self.service.settings().max_quantity;
-        let reserve = ReserveRequest::new(&r.order_id, &r.user_id, &r.sku, r.quantity, max).map_err(status)?;
+        let reserve = ReserveRequest::new(&r.order_id, &r.user_id, &r.sku, r.quantity, max)
+            .map_err(status)?;
         let ok = self.service.reserve(reserve).await.map_err(status)?;
         Ok(Response::new(ReserveStockResponse {
             status: pb::ReservationStatus::Reserved as i32,
@@ -199,7 +222,11 @@ impl ProductStockService for ProductStockApi {
     ) -> Result<Response<CommitReservationResponse>, Status> {
         authorize(&req, SERVICE)?;
         let order_id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
-        let (r, replayed) = self.service.commit_reservation(order_id).await.map_err(status)?;
+        let (r, replayed) = self
+            .service
+            .commit_reservation(order_id)
+            .await
+            .map_err(status)?;
         let state = match r.state {
             ReservationState::Reserved => pb::ReservationState::Reserved,
             ReservationState::Committed => pb::ReservationState::Committed,
@@ -214,14 +241,21 @@ impl ProductStockService for ProductStockApi {
         }))
     }
 
-    async fn reconcile_stock(&self, req: Request<ReconcileStockRequest>) -> Result<Response<ReconcileStockResponse>, Status> {
+    async fn reconcile_stock(
+        &self,
+        req: Request<ReconcileStockRequest>,
+    ) -> Result<Response<ReconcileStockResponse>, Status> {
         authorize(&req, ADMIN)?;
         let r = req.into_inner();
         let mut skus = Vec::with_capacity(r.skus.len());
         for raw in &r.skus {
             skus.push(Sku::parse(raw).map_err(status)?);
         }
-        let reports = self.service.reconcile(skus, r.repair).await.map_err(status)?;
+        let reports = self
+            .service
+            .reconcile(skus, r.repair)
+            .await
+            .map_err(status)?;
         Ok(Response::new(ReconcileStockResponse {
             reports: reports.into_iter().map(drift_to_proto).collect(),
         }))

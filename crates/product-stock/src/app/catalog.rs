@@ -24,12 +24,16 @@ impl StockService {
     pub async fn create_product(&self, draft: ProductDraft) -> Result<ProductView, StockError> {
         let txn = self.db.begin().await?;
         db::insert_product(&txn, &draft).await?;
-        let product = db::product(&txn, &draft.sku, false)
-            .await?
-            .ok_or_else(|| StockError::Internal(anyhow::anyhow!("product vanished in its own transaction")))?;
+        let product = db::product(&txn, &draft.sku, false).await?.ok_or_else(|| {
+            StockError::Internal(anyhow::anyhow!("product vanished in its own transaction"))
+        })?;
         txn.commit().await?;
         // A gate that cannot be seeded now is seeded by the first reservation instead.
-        if let Err(e) = self.gate.load(draft.sku.as_str(), product.gate_target(), &[]).await {
+        if let Err(e) = self
+            .gate
+            .load(draft.sku.as_str(), product.gate_target(), &[])
+            .await
+        {
             tracing::warn!(error = %e, "could not seed the gate; the first reservation will");
         }
         self.view(product).await
@@ -44,12 +48,20 @@ impl StockService {
     }
 
     async fn view(&self, product: Product) -> Result<ProductView, StockError> {
-        let gate = self.gate.snapshot(product.sku.as_str()).await.map_err(gate_err)?;
+        let gate = self
+            .gate
+            .snapshot(product.sku.as_str())
+            .await
+            .map_err(gate_err)?;
         Ok((product, gate.map(|g| g.available)))
     }
 
     /// A page of products by sku and the token of the next page ("" at the end).
-    pub async fn list_products(&self, page_size: i32, page_token: &str) -> Result<(Vec<ProductView>, String), StockError> {
+    pub async fn list_products(
+        &self,
+        page_size: i32,
+        page_token: &str,
+    ) -> Result<(Vec<ProductView>, String), StockError> {
         let size = match page_size {
             n if n < 0 => return Err(StockError::invalid("page_size", "must not be negative")),
             0 => DEFAULT_PAGE_SIZE,
@@ -59,7 +71,10 @@ impl StockService {
         let mut products = db::list_products(&self.db, &after, u64::from(size) + 1).await?;
         let next = if products.len() > size as usize {
             products.truncate(size as usize);
-            products.last().map(|p| encode_token(p.sku.as_str())).unwrap_or_default()
+            products
+                .last()
+                .map(|p| encode_token(p.sku.as_str()))
+                .unwrap_or_default()
         } else {
             String::new()
         };
@@ -93,7 +108,11 @@ impl StockService {
         if !db::move_stock(&txn, &adj.sku, adj.delta, 0).await? {
             return Err(StockError::WriteOffBelowReserved);
         }
-        let kind = if adj.delta > 0 { "RESTOCK" } else { "WRITE_OFF" };
+        let kind = if adj.delta > 0 {
+            "RESTOCK"
+        } else {
+            "WRITE_OFF"
+        };
         db::ledger(&txn, &adj.sku, kind, adj.delta, 0, &adj.request_id).await?;
         let event = StockAdjusted {
             request_id: adj.request_id.clone(),
@@ -103,11 +122,20 @@ impl StockService {
             reserved: product.reserved,
             reason: adj.reason.clone(),
         };
-        let env = envelope::new(Payload::StockAdjusted(event), adj.sku.as_str(), "", PRODUCER);
+        let env = envelope::new(
+            Payload::StockAdjusted(event),
+            adj.sku.as_str(),
+            "",
+            PRODUCER,
+        );
         outbox::enqueue(&txn, &env).await?;
         // The gate follows under the stock row lock (see `release_persisted`); when Redis is
         // down the `stock.adjusted` event applies it later, once.
-        if let Err(e) = self.gate.adjust(adj.sku.as_str(), &adj.request_id, adj.delta).await {
+        if let Err(e) = self
+            .gate
+            .adjust(adj.sku.as_str(), &adj.request_id, adj.delta)
+            .await
+        {
             tracing::warn!(error = %e, "gate not adjusted now; the stock.adjusted event will");
         }
         self.failpoint("stock.adjust.before_commit").await?;

@@ -31,8 +31,16 @@ const SETTLE_BATCH: usize = 500;
 
 impl StockService {
     /// Compares (and with `repair`, corrects) the gate of each sku (every product when empty).
-    pub async fn reconcile(&self, skus: Vec<Sku>, repair: bool) -> Result<Vec<DriftReport>, StockError> {
-        let skus = if skus.is_empty() { db::all_skus(&self.db).await? } else { skus };
+    pub async fn reconcile(
+        &self,
+        skus: Vec<Sku>,
+        repair: bool,
+    ) -> Result<Vec<DriftReport>, StockError> {
+        let skus = if skus.is_empty() {
+            db::all_skus(&self.db).await?
+        } else {
+            skus
+        };
         let mut reports = Vec::with_capacity(skus.len());
         for sku in skus {
             reports.push(self.reconcile_one(&sku, repair).await?);
@@ -56,14 +64,22 @@ impl StockService {
             None if repair => {
                 drop(txn);
                 self.rebuild_gate(sku).await?;
-                return Box::pin(self.reconcile_one(sku, false)).await.map(|r| DriftReport { repaired: true, ..r });
+                return Box::pin(self.reconcile_one(sku, false))
+                    .await
+                    .map(|r| DriftReport {
+                        repaired: true,
+                        ..r
+                    });
             }
             None => Default::default(),
         };
         let expected = target - snapshot.held;
         let drift = snapshot.available - expected;
         if repair && drift != 0 {
-            self.gate.repair(sku.as_str(), target).await.map_err(gate_err)?;
+            self.gate
+                .repair(sku.as_str(), target)
+                .await
+                .map_err(gate_err)?;
             repaired = true;
             metrics::counter!("flashsale_gate_repairs_total").increment(1);
             tracing::warn!(%sku, drift, "repaired the stock gate");
@@ -94,11 +110,17 @@ impl StockService {
             match db::reservation(&txn, hold.order_id, true).await? {
                 Some(r) if r.state != ReservationState::Released => {
                     txn.commit().await?;
-                    self.gate.mark_persisted(sku.as_str(), hold.order_id).await.map_err(gate_err)?;
+                    self.gate
+                        .mark_persisted(sku.as_str(), hold.order_id)
+                        .await
+                        .map_err(gate_err)?;
                 }
                 Some(_) => {
                     txn.commit().await?;
-                    self.gate.release_unpersisted(sku.as_str(), hold.order_id).await.map_err(gate_err)?;
+                    self.gate
+                        .release_unpersisted(sku.as_str(), hold.order_id)
+                        .await
+                        .map_err(gate_err)?;
                 }
                 None if cutoff_ms == i64::MAX => txn.commit().await?, // young hold: leave it be
                 None => {
@@ -114,11 +136,17 @@ impl StockService {
                     if !db::insert_reservation(&txn, &tombstone, HOLD_EXPIRED).await? {
                         // order.created persisted it at this very moment.
                         txn.commit().await?;
-                        self.gate.mark_persisted(sku.as_str(), hold.order_id).await.map_err(gate_err)?;
+                        self.gate
+                            .mark_persisted(sku.as_str(), hold.order_id)
+                            .await
+                            .map_err(gate_err)?;
                         continue;
                     }
                     txn.commit().await?;
-                    self.gate.release_unpersisted(sku.as_str(), hold.order_id).await.map_err(gate_err)?;
+                    self.gate
+                        .release_unpersisted(sku.as_str(), hold.order_id)
+                        .await
+                        .map_err(gate_err)?;
                     expired += 1;
                 }
             }
@@ -142,8 +170,12 @@ impl StockService {
     }
 
     /// Runs [`Self::sweep_expired_holds`] every `stock.sweep_interval_ms` until `shutdown`.
-    pub async fn run_sweeper(self, shutdown: flashsale_platform::shutdown::Shutdown) -> anyhow::Result<()> {
-        let mut tick = tokio::time::interval(Duration::from_millis(self.settings.sweep_interval_ms));
+    pub async fn run_sweeper(
+        self,
+        shutdown: flashsale_platform::shutdown::Shutdown,
+    ) -> anyhow::Result<()> {
+        let mut tick =
+            tokio::time::interval(Duration::from_millis(self.settings.sweep_interval_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

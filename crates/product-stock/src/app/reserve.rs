@@ -2,10 +2,7 @@
 //! unless the gate has lost the product's keys (then it is rebuilt from the database first).
 
 use crate::{
-    adapters::{
-        db,
-        redis::gate::ReserveOutcome,
-    },
+    adapters::{db, redis::gate::ReserveOutcome},
     domain::{DeductionPolicy, Refusal, ReserveRequest, Sku, StockError},
 };
 
@@ -38,11 +35,15 @@ impl StockService {
                 .await
                 .map_err(gate_err)?;
             let refused = |r: Refusal, available: i64| {
-                metrics::counter!("flashsale_reserve_refused_total", "reason" => r.reason()).increment(1);
+                metrics::counter!("flashsale_reserve_refused_total", "reason" => r.reason())
+                    .increment(1);
                 Err(StockError::Refused(r, available))
             };
             return match outcome {
-                ReserveOutcome::Reserved { remaining, replayed } => {
+                ReserveOutcome::Reserved {
+                    remaining,
+                    replayed,
+                } => {
                     metrics::counter!("flashsale_reserve_accepted_total").increment(1);
                     Ok(Reserved {
                         unit_price_cents: terms.price_cents,
@@ -52,7 +53,9 @@ impl StockService {
                     })
                 }
                 ReserveOutcome::SoldOut => refused(Refusal::SoldOut, 0),
-                ReserveOutcome::InsufficientStock { available } => refused(Refusal::InsufficientStock, available),
+                ReserveOutcome::InsufficientStock { available } => {
+                    refused(Refusal::InsufficientStock, available)
+                }
                 ReserveOutcome::UserLimitExceeded { .. } => refused(Refusal::UserLimitExceeded, 0),
                 ReserveOutcome::Mismatch => Err(StockError::IdempotencyKeyReused("order_id")),
                 ReserveOutcome::Released => Err(StockError::ReservationReleased(req.order_id)),
@@ -62,7 +65,9 @@ impl StockService {
                 }
             };
         }
-        Err(StockError::GateUnavailable("the gate lost the product again while rebuilding".into()))
+        Err(StockError::GateUnavailable(
+            "the gate lost the product again while rebuilding".into(),
+        ))
     }
 
     /// Loads a product's gate keys from the database (ARCHITECTURE §6, cold start). Safe to run

@@ -7,8 +7,8 @@
 use flashsale_messaging::{envelope, inbox, outbox};
 use flashsale_proto::{
     events::v1::{
-        Envelope, OrderCancelled, OrderCreated, ReservationFailureReason, StockAdjusted, StockCommitted,
-        StockReleased, StockReservationFailed, StockReserved, envelope::Payload,
+        Envelope, OrderCancelled, OrderCreated, ReservationFailureReason, StockAdjusted,
+        StockCommitted, StockReleased, StockReservationFailed, StockReserved, envelope::Payload,
     },
     product::v1::DeductionPolicy as ProtoPolicy,
 };
@@ -43,8 +43,13 @@ fn parse_event_fields(order_id: &str, sku: &str, quantity: i64) -> Result<(Uuid,
 
 impl StockService {
     /// Opens the handler's transaction and claims the message; `None` when it was seen before.
-    async fn claim(&self, consumer: &str, env: &Envelope) -> Result<Option<DatabaseTransaction>, StockError> {
-        let message_id = envelope::message_id(env).map_err(|e| StockError::invalid("message_id", e.to_string()))?;
+    async fn claim(
+        &self,
+        consumer: &str,
+        env: &Envelope,
+    ) -> Result<Option<DatabaseTransaction>, StockError> {
+        let message_id = envelope::message_id(env)
+            .map_err(|e| StockError::invalid("message_id", e.to_string()))?;
         let txn = self.db.begin().await?;
         if inbox::claim(&txn, consumer, message_id).await? {
             Ok(Some(txn))
@@ -57,9 +62,16 @@ impl StockService {
     /// `on_hand -= q`), reservation row, ledger, then `stock.reserved` or
     /// `stock.reservation_failed`.
     #[tracing::instrument(skip_all, fields(order_id = %ev.order_id, sku = %ev.sku))]
-    pub async fn on_order_created(&self, consumer: &str, env: &Envelope, ev: &OrderCreated) -> Result<(), StockError> {
+    pub async fn on_order_created(
+        &self,
+        consumer: &str,
+        env: &Envelope,
+        ev: &OrderCreated,
+    ) -> Result<(), StockError> {
         let (order_id, sku) = parse_event_fields(&ev.order_id, &ev.sku, ev.quantity)?;
-        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+        let Some(txn) = self.claim(consumer, env).await? else {
+            return Ok(());
+        };
         let q = ev.quantity;
         let fail = |reason: ReservationFailureReason, detail: &str| {
             envelope::caused_by(
@@ -76,7 +88,14 @@ impl StockService {
         };
         match db::reservation(&txn, order_id, true).await? {
             Some(r) if r.state == ReservationState::Released => {
-                outbox::enqueue(&txn, &fail(ReservationFailureReason::OrderCancelled, "the order was cancelled")).await?;
+                outbox::enqueue(
+                    &txn,
+                    &fail(
+                        ReservationFailureReason::OrderCancelled,
+                        "the order was cancelled",
+                    ),
+                )
+                .await?;
                 txn.commit().await?;
                 self.gate_release_unpersisted(&sku, order_id).await;
                 return Ok(());
@@ -92,7 +111,11 @@ impl StockService {
         let terms = match self.terms(&sku).await {
             Ok(t) => t,
             Err(StockError::UnknownProduct(_)) => {
-                outbox::enqueue(&txn, &fail(ReservationFailureReason::UnknownProduct, "no such product")).await?;
+                outbox::enqueue(
+                    &txn,
+                    &fail(ReservationFailureReason::UnknownProduct, "no such product"),
+                )
+                .await?;
                 txn.commit().await?;
                 return Ok(());
             }
@@ -119,21 +142,44 @@ impl StockService {
             )));
         }
         if db::move_stock(&txn, &sku, on_hand_delta, reserved_delta).await? {
-            db::ledger(&txn, &sku, kind, on_hand_delta, reserved_delta, &ev.order_id).await?;
+            db::ledger(
+                &txn,
+                &sku,
+                kind,
+                on_hand_delta,
+                reserved_delta,
+                &ev.order_id,
+            )
+            .await?;
             let ok = StockReserved {
                 order_id: ev.order_id.clone(),
                 sku: ev.sku.clone(),
                 quantity: q,
                 deduction_policy: proto_policy(terms.policy),
             };
-            outbox::enqueue(&txn, &envelope::caused_by(env, Payload::StockReserved(ok), PRODUCER)).await?;
+            outbox::enqueue(
+                &txn,
+                &envelope::caused_by(env, Payload::StockReserved(ok), PRODUCER),
+            )
+            .await?;
             txn.commit().await?;
             self.failpoint("stock.order_created.after_commit").await?;
             self.gate_mark_persisted(&sku, order_id).await;
         } else {
-            db::set_reservation_state(&txn, order_id, row.state, ReservationState::Released, "INSUFFICIENT_STOCK").await?;
+            db::set_reservation_state(
+                &txn,
+                order_id,
+                row.state,
+                ReservationState::Released,
+                "INSUFFICIENT_STOCK",
+            )
+            .await?;
             let detail = "the database has fewer units than the gate admitted";
-            outbox::enqueue(&txn, &fail(ReservationFailureReason::InsufficientStock, detail)).await?;
+            outbox::enqueue(
+                &txn,
+                &fail(ReservationFailureReason::InsufficientStock, detail),
+            )
+            .await?;
             txn.commit().await?;
             metrics::counter!("flashsale_reservation_failed_in_db_total").increment(1);
             // The gate admitted what the database does not have: drop the hold without giving
@@ -146,11 +192,22 @@ impl StockService {
     /// `order.cancelled`: release the reservation once and give the units back to the gate; a
     /// cancel that arrives before its `order.created` leaves a tombstone.
     #[tracing::instrument(skip_all, fields(order_id = %ev.order_id, sku = %ev.sku))]
-    pub async fn on_order_cancelled(&self, consumer: &str, env: &Envelope, ev: &OrderCancelled) -> Result<(), StockError> {
-        let (order_id, sku) = parse_event_fields(&ev.order_id, &ev.sku, ev.quantity.max(1))?;
-        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+    pub async fn on_order_cancelled(
+        &self,
+        consumer: &str,
+        env: &Envelope,
+        ev: &OrderCancelled,
+    ) -> Result<(), StockError> {
+        let (order_id, sku) = parse_event_fields(&ev.order_id, &ev.sku, ev.quantity)?;
+        let Some(txn) = self.claim(consumer, env).await? else {
+            return Ok(());
+        };
         let Some(r) = db::reservation(&txn, order_id, true).await? else {
-            let policy = self.terms(&sku).await.map(|t| t.policy).unwrap_or(DeductionPolicy::ReserveThenCommit);
+            let policy = self
+                .terms(&sku)
+                .await
+                .map(|t| t.policy)
+                .unwrap_or(DeductionPolicy::ReserveThenCommit);
             let tombstone = Reservation {
                 order_id,
                 sku: sku.clone(),
@@ -165,11 +222,18 @@ impl StockService {
             self.gate_release_unpersisted(&sku, order_id).await;
             return Ok(());
         };
-        self.release_persisted(txn, env, &r, "order.cancelled").await
+        self.release_persisted(txn, env, &r, "order.cancelled")
+            .await
     }
 
     /// Releases a RESERVED (or COMMIT_AT_ORDER COMMITTED) reservation in `txn` and the gate.
-    async fn release_persisted(&self, txn: DatabaseTransaction, env: &Envelope, r: &Reservation, cause: &str) -> Result<(), StockError> {
+    async fn release_persisted(
+        &self,
+        txn: DatabaseTransaction,
+        env: &Envelope,
+        r: &Reservation,
+        cause: &str,
+    ) -> Result<(), StockError> {
         let (on_hand_delta, reserved_delta) = match (r.state, r.policy) {
             (ReservationState::Reserved, _) => (0, -r.quantity),
             (ReservationState::Committed, DeductionPolicy::CommitAtOrder) => (r.quantity, 0),
@@ -184,17 +248,33 @@ impl StockService {
             }
         };
         if !db::move_stock(&txn, &r.sku, on_hand_delta, reserved_delta).await? {
-            return Err(StockError::Internal(anyhow::anyhow!("release of order {} broke the stock bounds", r.order_id)));
+            return Err(StockError::Internal(anyhow::anyhow!(
+                "release of order {} broke the stock bounds",
+                r.order_id
+            )));
         }
-        db::set_reservation_state(&txn, r.order_id, r.state, ReservationState::Released, cause).await?;
-        db::ledger(&txn, &r.sku, "RELEASE", on_hand_delta, reserved_delta, &r.order_id.to_string()).await?;
+        db::set_reservation_state(&txn, r.order_id, r.state, ReservationState::Released, cause)
+            .await?;
+        db::ledger(
+            &txn,
+            &r.sku,
+            "RELEASE",
+            on_hand_delta,
+            reserved_delta,
+            &r.order_id.to_string(),
+        )
+        .await?;
         let released = StockReleased {
             order_id: r.order_id.to_string(),
             sku: r.sku.to_string(),
             quantity: r.quantity,
             cause: cause.to_owned(),
         };
-        outbox::enqueue(&txn, &envelope::caused_by(env, Payload::StockReleased(released), PRODUCER)).await?;
+        outbox::enqueue(
+            &txn,
+            &envelope::caused_by(env, Payload::StockReleased(released), PRODUCER),
+        )
+        .await?;
         // The gate follows inside the transaction, while the stock row is locked, so the
         // reconciler (which takes that lock) never sees the database released and the gate not.
         // If the commit then fails, the retry finds the gate record released already.
@@ -202,14 +282,18 @@ impl StockService {
             .release(r.sku.as_str(), r.order_id, &r.user_id, r.quantity)
             .await
             .map_err(super::gate_err)?;
-        self.failpoint("stock.order_cancelled.before_commit").await?;
+        self.failpoint("stock.order_cancelled.before_commit")
+            .await?;
         txn.commit().await?;
         Ok(())
     }
 
     /// `CommitReservation`: at shipment, `on_hand -= q, reserved -= q`. Idempotent.
     #[tracing::instrument(skip_all, fields(order_id = %order_id))]
-    pub async fn commit_reservation(&self, order_id: Uuid) -> Result<(Reservation, bool), StockError> {
+    pub async fn commit_reservation(
+        &self,
+        order_id: Uuid,
+    ) -> Result<(Reservation, bool), StockError> {
         let txn = self.db.begin().await?;
         let r = db::reservation(&txn, order_id, true)
             .await?
@@ -220,30 +304,68 @@ impl StockService {
             ReservationState::Reserved => {}
         }
         if !db::move_stock(&txn, &r.sku, -r.quantity, -r.quantity).await? {
-            return Err(StockError::Internal(anyhow::anyhow!("commit of order {order_id} broke the stock bounds")));
+            return Err(StockError::Internal(anyhow::anyhow!(
+                "commit of order {order_id} broke the stock bounds"
+            )));
         }
-        db::set_reservation_state(&txn, order_id, ReservationState::Reserved, ReservationState::Committed, "CommitReservation").await?;
-        db::ledger(&txn, &r.sku, "COMMIT", -r.quantity, -r.quantity, &order_id.to_string()).await?;
+        db::set_reservation_state(
+            &txn,
+            order_id,
+            ReservationState::Reserved,
+            ReservationState::Committed,
+            "CommitReservation",
+        )
+        .await?;
+        db::ledger(
+            &txn,
+            &r.sku,
+            "COMMIT",
+            -r.quantity,
+            -r.quantity,
+            &order_id.to_string(),
+        )
+        .await?;
         let ev = StockCommitted {
             order_id: order_id.to_string(),
             sku: r.sku.to_string(),
             quantity: r.quantity,
         };
-        let env = envelope::new(Payload::StockCommitted(ev), order_id.to_string(), "", PRODUCER);
+        let env = envelope::new(
+            Payload::StockCommitted(ev),
+            order_id.to_string(),
+            "",
+            PRODUCER,
+        );
         outbox::enqueue(&txn, &env).await?;
         txn.commit().await?;
-        Ok((Reservation { state: ReservationState::Committed, ..r }, false))
+        Ok((
+            Reservation {
+                state: ReservationState::Committed,
+                ..r
+            },
+            false,
+        ))
     }
 
     /// `stock.adjusted`: apply the adjustment to the gate, once per request id (the RPC usually
     /// did already; then the gate answers duplicate). Under the stock row lock, like every gate
     /// change that follows the database.
-    pub async fn on_stock_adjusted(&self, ev: &StockAdjusted) -> Result<(), StockError> {
+    pub async fn on_stock_adjusted(
+        &self,
+        consumer: &str,
+        env: &Envelope,
+        ev: &StockAdjusted,
+    ) -> Result<(), StockError> {
         let sku = Sku::parse(&ev.sku)?;
         if ev.request_id.is_empty() || ev.delta == 0 {
-            return Err(StockError::invalid("request_id", "stock.adjusted needs a request id and a delta"));
+            return Err(StockError::invalid(
+                "request_id",
+                "stock.adjusted needs a request id and a delta",
+            ));
         }
-        let txn = self.db.begin().await?;
+        let Some(txn) = self.claim(consumer, env).await? else {
+            return Ok(());
+        };
         db::product(&txn, &sku, true)
             .await?
             .ok_or_else(|| StockError::invalid("sku", "stock.adjusted for an unknown product"))?;

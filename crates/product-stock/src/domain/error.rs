@@ -47,7 +47,9 @@ fn refusal_message(r: &Refusal, available: i64) -> String {
     match r {
         Refusal::SoldOut => "sold out".to_owned(),
         Refusal::InsufficientStock => format!("only {available} units left"),
-        Refusal::UserLimitExceeded => "the per-user limit of this product would be exceeded".to_owned(),
+        Refusal::UserLimitExceeded => {
+            "the per-user limit of this product would be exceeded".to_owned()
+        }
     }
 }
 

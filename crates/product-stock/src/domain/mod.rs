@@ -31,9 +31,15 @@ impl Sku {
             return Err(StockError::invalid("sku", "must not be empty"));
         }
         if raw.len() > SKU_MAX_LEN {
-            return Err(StockError::invalid("sku", format!("must be at most {SKU_MAX_LEN} characters")));
+            return Err(StockError::invalid(
+                "sku",
+                format!("must be at most {SKU_MAX_LEN} characters"),
+            ));
         }
-        if !raw.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) {
+        if !raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        {
             return Err(StockError::invalid(
                 "sku",
                 "may contain only ASCII letters, digits, '-', '_' and '.'",
@@ -104,7 +110,10 @@ impl ProductDraft {
         let sku = Sku::parse(sku).map_err(|e| bad.extend(e.violations())).ok();
         let name = name.trim();
         if name.is_empty() || name.chars().count() > NAME_MAX_LEN {
-            bad.push(("name".into(), format!("must be 1..={NAME_MAX_LEN} characters")));
+            bad.push((
+                "name".into(),
+                format!("must be 1..={NAME_MAX_LEN} characters"),
+            ));
         }
         if !(0..=MAX_UNITS * 100).contains(&price_cents) {
             bad.push(("price_cents".into(), "must be >= 0 (and sane)".into()));
@@ -187,15 +196,24 @@ impl Adjustment {
         let mut bad = Vec::new();
         let id_ok = !request_id.is_empty() && request_id.len() <= REQUEST_ID_MAX_LEN;
         if !id_ok {
-            bad.push(("request_id".into(), format!("must be 1..={REQUEST_ID_MAX_LEN} characters")));
+            bad.push((
+                "request_id".into(),
+                format!("must be 1..={REQUEST_ID_MAX_LEN} characters"),
+            ));
         }
         let sku = Sku::parse(sku).map_err(|e| bad.extend(e.violations())).ok();
         if delta == 0 || delta.abs() > MAX_UNITS {
-            bad.push(("delta".into(), format!("must be non-zero and within ±{MAX_UNITS}")));
+            bad.push((
+                "delta".into(),
+                format!("must be non-zero and within ±{MAX_UNITS}"),
+            ));
         }
         let reason = reason.trim();
         if reason.is_empty() || reason.chars().count() > REASON_MAX_LEN {
-            bad.push(("reason".into(), format!("must be 1..={REASON_MAX_LEN} characters")));
+            bad.push((
+                "reason".into(),
+                format!("must be 1..={REASON_MAX_LEN} characters"),
+            ));
         }
         match sku {
             Some(sku) if bad.is_empty() => Ok(Self {
@@ -219,11 +237,22 @@ pub struct ReserveRequest {
 }
 
 impl ReserveRequest {
-    pub fn new(order_id: &str, user_id: &str, sku: &str, quantity: i64, max_quantity: i64) -> Result<Self, StockError> {
+    pub fn new(
+        order_id: &str,
+        user_id: &str,
+        sku: &str,
+        quantity: i64,
+        max_quantity: i64,
+    ) -> Result<Self, StockError> {
         let mut bad = Vec::new();
-        let order_id = parse_order_id(order_id).map_err(|e| bad.extend(e.violations())).ok();
+        let order_id = parse_order_id(order_id)
+            .map_err(|e| bad.extend(e.violations()))
+            .ok();
         if user_id.is_empty() || user_id.len() > USER_ID_MAX_LEN {
-            bad.push(("user_id".into(), format!("must be 1..={USER_ID_MAX_LEN} bytes")));
+            bad.push((
+                "user_id".into(),
+                format!("must be 1..={USER_ID_MAX_LEN} bytes"),
+            ));
         }
         let sku = Sku::parse(sku).map_err(|e| bad.extend(e.violations())).ok();
         if quantity < 1 || quantity > max_quantity {
@@ -243,9 +272,13 @@ impl ReserveRequest {
 
 /// A canonical hyphenated UUID.
 pub fn parse_order_id(raw: &str) -> Result<uuid::Uuid, StockError> {
-    let id = uuid::Uuid::try_parse(raw).map_err(|_| StockError::invalid("order_id", "must be a UUID"))?;
+    let id = uuid::Uuid::try_parse(raw)
+        .map_err(|_| StockError::invalid("order_id", "must be a UUID"))?;
     if id.hyphenated().to_string() != raw.to_ascii_lowercase() {
-        return Err(StockError::invalid("order_id", "must be a UUID in canonical hyphenated form"));
+        return Err(StockError::invalid(
+            "order_id",
+            "must be a UUID in canonical hyphenated form",
+        ));
     }
     Ok(id)
 }

@@ -13,9 +13,20 @@ fn sku_accepts_the_documented_alphabet_only() {
 
 #[test]
 fn draft_reports_every_bad_field() {
-    let e = ProductDraft::new("", " ", -1, -5, 0, None).unwrap_err().violations();
+    let e = ProductDraft::new("", " ", -1, -5, 0, None)
+        .unwrap_err()
+        .violations();
     let fields: Vec<_> = e.iter().map(|(f, _)| f.as_str()).collect();
-    assert_eq!(fields, ["sku", "name", "price_cents", "initial_stock", "deduction_policy"]);
+    assert_eq!(
+        fields,
+        [
+            "sku",
+            "name",
+            "price_cents",
+            "initial_stock",
+            "deduction_policy"
+        ]
+    );
     assert!(ProductDraft::new("S1", "Wine", 0, 0, 0, Some(DeductionPolicy::CommitAtOrder)).is_ok());
 }
 

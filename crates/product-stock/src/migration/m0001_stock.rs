@@ -83,6 +83,10 @@ CREATE TABLE stock_adjustments (
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager.get_connection().execute_unprepared(UP).await.map(drop)
+        manager
+            .get_connection()
+            .execute_unprepared(UP)
+            .await
+            .map(drop)
     }
 }

@@ -2,7 +2,9 @@
 //! reflection and metrics, guards its RPCs, refuses bad config and stops cleanly.
 
 use flashsale_platform::auth::Role;
-use flashsale_proto::product::v1::{CreateProductRequest, product_stock_service_client::ProductStockServiceClient};
+use flashsale_proto::product::v1::{
+    CreateProductRequest, product_stock_service_client::ProductStockServiceClient,
+};
 use flashsale_test_support::{
     foundation::{check_clean_stop, check_endpoints},
     grpc::{channel, token, with_token},
@@ -19,16 +21,29 @@ const BAD_KEY: &str = "product_stock.database.url";
 
 #[tokio::test]
 async fn service_serves_health_reflection_metrics_and_stops_cleanly() {
-    let app = spawn_app().await;
-    check_endpoints(app.grpc_port, app.metrics_port, SERVICE).await.unwrap();
-    check_clean_stop(app.grpc_port, app.shutdown, app.task).await.unwrap();
+    let mut app = spawn_app().await;
+    check_endpoints(app.grpc_port, app.metrics_port, SERVICE)
+        .await
+        .unwrap();
+    let task = app.task.take().unwrap();
+    check_clean_stop(app.grpc_port, app.shutdown.clone(), task)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn start_up_runs_the_migrations() {
     let app = spawn_app().await;
     let conn = app.db.connect().await.unwrap();
-    for table in ["outbox", "inbox"] {
+    for table in [
+        "outbox",
+        "inbox",
+        "products",
+        "stock",
+        "reservations",
+        "stock_ledger",
+        "stock_adjustments",
+    ] {
         let row = conn
             .query_one_raw(Statement::from_string(
                 sea_orm::DatabaseBackend::Postgres,
@@ -47,18 +62,27 @@ async fn start_up_runs_the_migrations() {
 async fn business_rpcs_check_the_token_before_anything_else() {
     let app = spawn_app().await;
     let mut client = ProductStockServiceClient::new(channel(app.grpc_port).await.unwrap());
-    let anonymous = client.create_product(CreateProductRequest::default()).await.unwrap_err();
+    let anonymous = client
+        .create_product(CreateProductRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(anonymous.code(), Code::Unauthenticated);
     let weak_role = client
-        .create_product(with_token(CreateProductRequest::default(), &token("alice", Role::User)))
+        .create_product(with_token(
+            CreateProductRequest::default(),
+            &token("alice", Role::User),
+        ))
         .await
         .unwrap_err();
     assert_eq!(weak_role.code(), Code::PermissionDenied);
     let allowed = client
-        .create_product(with_token(CreateProductRequest::default(), &token("root", Role::Admin)))
+        .create_product(with_token(
+            CreateProductRequest::default(),
+            &token("root", Role::Admin),
+        ))
         .await
         .unwrap_err();
-    assert_eq!(allowed.code(), Code::Unimplemented, "{allowed:?}");
+    assert_eq!(allowed.code(), Code::InvalidArgument, "{allowed:?}");
     app.shutdown.trigger();
 }
 
@@ -66,11 +90,17 @@ async fn business_rpcs_check_the_token_before_anything_else() {
 async fn binary_refuses_an_unparsable_database_url_naming_the_key() {
     let out = tokio::process::Command::new(BIN)
         .env(ENV_DB_URL, "not a url")
-        .env("FLASHSALE_CONFIG_DIR", concat!(env!("CARGO_MANIFEST_DIR"), "/../../config"))
+        .env(
+            "FLASHSALE_CONFIG_DIR",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../config"),
+        )
         .output()
         .await
         .unwrap();
     assert!(!out.status.success(), "start-up must fail");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(BAD_KEY), "stderr does not name {BAD_KEY}: {stderr}");
+    assert!(
+        stderr.contains(BAD_KEY),
+        "stderr does not name {BAD_KEY}: {stderr}"
+    );
 }

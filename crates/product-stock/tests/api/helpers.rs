@@ -1,15 +1,40 @@
-//! `spawn_app`: the product-stock service in-process on free ports with its own database.
+//! `spawn_app`: product-stock in-process on free ports, with its own database, Redis key prefix,
+//! exchange and queues (which the broker deletes a minute after the test stops using them).
 
-use flashsale_product_stock::config::Settings;
-use flashsale_platform::shutdown::Shutdown;
-use flashsale_test_support::{TestDatabase, amqp_url, unique_name};
+use std::time::Duration;
+
+use flashsale_messaging::{Broker, Publisher, envelope};
+use flashsale_platform::{auth::Role, failpoint::Failpoints, shutdown::Shutdown};
+use flashsale_product_stock::{adapters::redis::gate::RedisGate, config::Settings};
+use flashsale_proto::{
+    events::v1::{Envelope, envelope::Payload},
+    product::v1::{
+        CreateProductRequest, DeductionPolicy, Product,
+        product_stock_service_client::ProductStockServiceClient,
+    },
+};
+use flashsale_test_support::{
+    TestDatabase, amqp_url, eventually,
+    grpc::{channel, token, with_token},
+    redis_url, unique_name,
+};
+use sea_orm::{ConnectionTrait, DatabaseConnection, FromQueryResult, Statement};
+use tonic::transport::Channel;
+
+pub type Client = ProductStockServiceClient<Channel>;
 
 pub struct TestApp {
     pub grpc_port: u16,
     pub metrics_port: u16,
     pub shutdown: Shutdown,
-    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     pub db: TestDatabase,
+    pub conn: DatabaseConnection,
+    pub settings: Settings,
+    pub gate: RedisGate,
+    pub failpoints: Failpoints,
+    publisher: Publisher,
+    _broker: Broker,
 }
 
 pub fn test_settings(db: &TestDatabase) -> Settings {
@@ -17,25 +42,197 @@ pub fn test_settings(db: &TestDatabase) -> Settings {
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();
-    s.database.max_connections = 5;
+    s.database.max_connections = 10;
+    s.redis.url = redis_url();
+    s.redis.key_prefix = format!("{}:", unique_name("fs_test"));
     s.amqp.url = amqp_url();
     s.amqp.exchange = unique_name("fs_test_ex");
     s.amqp.queue_prefix = format!("{}.", unique_name("fs_test_q"));
+    s.amqp.queue_expires_ms = 60_000;
+    // Quorum queues are covered by the messaging tests; dozens of parallel tests declaring
+    // Raft groups would only slow the broker down.
+    s.amqp.queue_type = flashsale_messaging::QueueType::Classic;
+    s.amqp.retry_base_ms = 50;
+    s.amqp.max_attempts = 3;
     s
 }
 
 pub async fn spawn_app() -> TestApp {
     let db = TestDatabase::create().await.expect("create test database");
-    let app = flashsale_product_stock::startup::build(test_settings(&db))
+    spawn_with(test_settings(&db), db).await
+}
+
+pub async fn spawn_with(settings: Settings, db: TestDatabase) -> TestApp {
+    let failpoints = Failpoints::default();
+    let app = flashsale_product_stock::startup::build_with(settings.clone(), failpoints.clone())
         .await
         .expect("build app");
     let (grpc_port, metrics_port, shutdown) = (app.grpc_port(), app.metrics_port(), app.shutdown());
     let task = tokio::spawn(app.run_until_stopped());
+    let pool = flashsale_platform::redis::pool(&settings.redis).unwrap();
+    let gate = RedisGate::new(
+        pool,
+        settings.redis.key_prefix.clone(),
+        Duration::from_secs(3600),
+    );
+    let broker = Broker::connect(settings.amqp.clone()).await.unwrap();
+    let publisher = Publisher::new(&broker);
+    let conn = db.connect().await.unwrap();
     TestApp {
         grpc_port,
         metrics_port,
         shutdown,
-        task,
+        task: Some(task),
         db,
+        conn,
+        settings,
+        gate,
+        failpoints,
+        publisher,
+        _broker: broker,
     }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+    }
+}
+
+// === impl TestApp ===
+
+impl TestApp {
+    pub async fn client(&self) -> Client {
+        ProductStockServiceClient::new(channel(self.grpc_port).await.unwrap())
+    }
+
+    pub async fn create(
+        &self,
+        sku: &str,
+        stock: i64,
+        limit: u32,
+        policy: DeductionPolicy,
+    ) -> Product {
+        let req = CreateProductRequest {
+            sku: sku.into(),
+            name: format!("{sku} bottle"),
+            price_cents: 1999,
+            initial_stock: stock,
+            per_user_limit: limit,
+            deduction_policy: policy as i32,
+        };
+        self.client()
+            .await
+            .create_product(admin(req))
+            .await
+            .unwrap()
+            .into_inner()
+            .product
+            .unwrap()
+    }
+
+    /// Publishes an event to this app's exchange, as another service's outbox relay would.
+    pub async fn publish(&self, payload: Payload, correlation: &str) -> Envelope {
+        let env = envelope::new(payload, correlation, "", "test");
+        self.publish_envelope(&env).await;
+        env
+    }
+
+    pub async fn publish_envelope(&self, env: &Envelope) {
+        self.publisher.publish_envelope(env).await.unwrap();
+    }
+
+    /// Runs `sql` and returns its single `n` column as i64.
+    pub async fn count(&self, sql: &str) -> i64 {
+        #[derive(FromQueryResult)]
+        struct N {
+            n: i64,
+        }
+        N::find_by_statement(Statement::from_string(
+            sea_orm::DatabaseBackend::Postgres,
+            sql,
+        ))
+        .one(&self.conn)
+        .await
+        .unwrap()
+        .map_or(0, |r| r.n)
+    }
+
+    /// Polls until `sql` counts `want`.
+    pub async fn wait_count(&self, sql: &str, want: i64) {
+        let waited = eventually(Duration::from_secs(15), sql, || async {
+            (self.count(sql).await == want).then_some(())
+        })
+        .await;
+        if waited.is_err() {
+            let last = self.count(sql).await;
+            panic!("waited for {want} from `{sql}`; last count {last}");
+        }
+    }
+
+    /// Events this service wrote to its outbox, in order.
+    pub async fn outbox(&self) -> Vec<Envelope> {
+        #[derive(FromQueryResult)]
+        struct Row {
+            payload: Vec<u8>,
+        }
+        Row::find_by_statement(Statement::from_string(
+            sea_orm::DatabaseBackend::Postgres,
+            "SELECT payload FROM outbox ORDER BY id",
+        ))
+        .all(&self.conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| envelope::decode(&r.payload).unwrap())
+        .collect()
+    }
+
+    /// Outbox events of type `kind`.
+    pub async fn outbox_of(&self, kind: &str) -> Vec<Envelope> {
+        self.outbox()
+            .await
+            .into_iter()
+            .filter(|e| e.r#type == kind)
+            .collect()
+    }
+
+    /// Messages waiting in the parking lot of consumer queue `name`.
+    pub async fn parked(&self, name: &str) -> u32 {
+        let topology = flashsale_messaging::QueueTopology::new(&self.settings.amqp, name, &[]);
+        let ch = self._broker.channel().await.unwrap();
+        let q = ch
+            .queue_declare(
+                topology.dead_letter_queue().as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        q.message_count()
+    }
+
+    pub async fn exec(&self, sql: &str) {
+        self.conn.execute_unprepared(sql).await.unwrap();
+    }
+}
+
+pub fn admin<T>(msg: T) -> tonic::Request<T> {
+    with_token(msg, &token("root", Role::Admin))
+}
+
+pub fn service<T>(msg: T) -> tonic::Request<T> {
+    with_token(msg, &token("order", Role::Service))
+}
+
+pub fn user<T>(msg: T) -> tonic::Request<T> {
+    with_token(msg, &token("alice", Role::User))
+}
+
+/// The `ErrorInfo` reason of a status.
+pub fn reason(s: &tonic::Status) -> String {
+    flashsale_platform::error::reason_of(s).unwrap_or_default()
 }

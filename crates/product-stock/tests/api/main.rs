@@ -1,6 +1,12 @@
-//! Integration tests of the product-stock service against real PostgreSQL (one fresh database per test).
+//! Integration tests of the product-stock service against real PostgreSQL, Redis and RabbitMQ:
+//! each test gets its own database, Redis key prefix, exchange and queues.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod catalog;
+mod contract;
 mod foundation;
 mod helpers;
+mod reconcile;
+mod reserve;
+mod saga;

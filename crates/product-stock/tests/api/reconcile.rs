@@ -1,0 +1,152 @@
+//! ReconcileStock and the hold sweeper: drift is reported and repaired, holds that never reach
+//! the database are released and their late order refused.
+
+use flashsale_proto::{
+    events::v1::{ReservationFailureReason, envelope::Payload},
+    product::v1::{DeductionPolicy, ReconcileStockRequest},
+};
+use flashsale_test_support::{TestDatabase, grpc::http_get};
+use tonic::Code;
+use uuid::Uuid;
+
+use crate::{
+    helpers::{admin, service, spawn_app, spawn_with, test_settings, user},
+    reserve::reserve_req,
+    saga::created,
+};
+
+const RTC: DeductionPolicy = DeductionPolicy::ReserveThenCommit;
+
+fn req(skus: &[&str], repair: bool) -> ReconcileStockRequest {
+    ReconcileStockRequest {
+        skus: skus.iter().map(|s| (*s).to_owned()).collect(),
+        repair,
+    }
+}
+
+#[tokio::test]
+async fn reconcile_reports_drift_and_repairs_it() {
+    let app = spawn_app().await;
+    app.create("K1", 10, 0, RTC).await;
+    app.create("K2", 5, 0, RTC).await;
+    let mut c = app.client().await;
+    c.reserve_stock(service(reserve_req(Uuid::new_v4(), "u1", "K1", 2)))
+        .await
+        .unwrap();
+    let clean = c
+        .reconcile_stock(admin(req(&[], false)))
+        .await
+        .unwrap()
+        .into_inner()
+        .reports;
+    assert_eq!(clean.len(), 2);
+    assert!(
+        clean.iter().all(|r| r.drift == 0 && !r.repaired),
+        "{clean:?}"
+    );
+    assert_eq!(clean[0].unpersisted_holds, 2);
+
+    app.gate.repair("K1", 15).await.unwrap(); // the gate now sells 5 units too many
+    let report = c
+        .reconcile_stock(admin(req(&["K1"], false)))
+        .await
+        .unwrap()
+        .into_inner()
+        .reports;
+    assert_eq!(
+        (
+            report[0].drift,
+            report[0].expected_gate_available,
+            report[0].repaired
+        ),
+        (5, 8, false)
+    );
+    let fixed = c
+        .reconcile_stock(admin(req(&["K1"], true)))
+        .await
+        .unwrap()
+        .into_inner()
+        .reports;
+    assert!(fixed[0].repaired);
+    assert_eq!(app.gate.snapshot("K1").await.unwrap().unwrap().available, 8);
+    let after = c
+        .reconcile_stock(admin(req(&["K1"], false)))
+        .await
+        .unwrap()
+        .into_inner()
+        .reports;
+    assert_eq!(after[0].drift, 0);
+}
+
+#[tokio::test]
+async fn reconcile_with_repair_reloads_a_lost_gate() {
+    let app = spawn_app().await;
+    app.create("K3", 7, 0, RTC).await;
+    app.gate.forget("K3").await.unwrap();
+    let mut c = app.client().await;
+    let r = c
+        .reconcile_stock(admin(req(&["K3"], true)))
+        .await
+        .unwrap()
+        .into_inner()
+        .reports;
+    assert!(r[0].repaired);
+    assert_eq!((r[0].gate_available, r[0].drift), (7, 0));
+}
+
+#[tokio::test]
+async fn reconcile_refuses_bad_input_and_non_admins() {
+    let app = spawn_app().await;
+    let mut c = app.client().await;
+    let err = c
+        .reconcile_stock(admin(req(&["NOPE"], false)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = c
+        .reconcile_stock(admin(req(&["no pe"], true)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = c.reconcile_stock(user(req(&[], false))).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+}
+
+#[tokio::test]
+async fn holds_that_never_reach_the_database_are_released_and_counted() {
+    let db = TestDatabase::create().await.unwrap();
+    let mut settings = test_settings(&db);
+    settings.stock.hold_ttl_ms = 300;
+    settings.stock.sweep_interval_ms = 100;
+    let app = spawn_with(settings, db).await;
+    app.create("H1", 4, 0, RTC).await;
+    let order = Uuid::new_v4();
+    app.client()
+        .await
+        .reserve_stock(service(reserve_req(order, "u1", "H1", 3)))
+        .await
+        .unwrap();
+    app.wait_count(
+        &format!("SELECT COUNT(*) AS n FROM reservations WHERE order_id = '{order}' AND cause = 'HOLD_EXPIRED'"),
+        1,
+    )
+    .await;
+    let snap = app.gate.snapshot("H1").await.unwrap().unwrap();
+    assert_eq!((snap.available, snap.held), (4, 0));
+    let (_, metrics) = http_get(app.metrics_port, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("flashsale_holds_expired_total"),
+        "metric missing"
+    );
+
+    // The crashed caller's order.created arrives late: refused, nothing reserved.
+    app.publish(created(order, "u1", "H1", 3), &order.to_string())
+        .await;
+    app.wait_count("SELECT COUNT(*) AS n FROM inbox", 1).await;
+    let failed = app.outbox_of("stock.reservation_failed").await;
+    let Some(Payload::StockReservationFailed(f)) = &failed[0].payload else {
+        panic!("wrong payload")
+    };
+    assert_eq!(f.reason, ReservationFailureReason::OrderCancelled as i32);
+    assert_eq!(app.count("SELECT reserved AS n FROM stock").await, 0);
+}

@@ -1,0 +1,240 @@
+//! ReserveStock: the gate's answers, idempotency, bad input, the flood, and a cold start after
+//! Redis lost the product.
+
+use std::collections::HashMap;
+
+use flashsale_proto::product::v1::{DeductionPolicy, GetProductRequest, ReserveStockRequest};
+use tonic::Code;
+use uuid::Uuid;
+
+use crate::helpers::{Client, admin, reason, service, spawn_app, user};
+
+const RTC: DeductionPolicy = DeductionPolicy::ReserveThenCommit;
+
+pub fn reserve_req(order: Uuid, user_id: &str, sku: &str, quantity: i64) -> ReserveStockRequest {
+    ReserveStockRequest {
+        order_id: order.to_string(),
+        user_id: user_id.into(),
+        sku: sku.into(),
+        quantity,
+    }
+}
+
+async fn reserve(
+    client: &mut Client,
+    order: Uuid,
+    user_id: &str,
+    sku: &str,
+    q: i64,
+) -> Result<i64, tonic::Status> {
+    client
+        .reserve_stock(service(reserve_req(order, user_id, sku, q)))
+        .await
+        .map(|r| r.into_inner().gate_available)
+}
+
+#[tokio::test]
+async fn reserve_answers_reserved_then_each_refusal_with_its_reason() {
+    let app = spawn_app().await;
+    app.create("G1", 3, 2, RTC).await;
+    let mut c = app.client().await;
+    let ok = c
+        .reserve_stock(service(reserve_req(Uuid::new_v4(), "u1", "G1", 2)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (ok.gate_available, ok.unit_price_cents, ok.replayed),
+        (1, 1999, false)
+    );
+    assert_eq!(ok.deduction_policy, RTC as i32);
+
+    let limit = reserve(&mut c, Uuid::new_v4(), "u1", "G1", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (limit.code(), reason(&limit).as_str()),
+        (Code::FailedPrecondition, "USER_LIMIT_EXCEEDED")
+    );
+    let short = reserve(&mut c, Uuid::new_v4(), "u2", "G1", 2)
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&short), "INSUFFICIENT_STOCK");
+    assert_eq!(
+        reserve(&mut c, Uuid::new_v4(), "u2", "G1", 1)
+            .await
+            .unwrap(),
+        0
+    );
+    let sold = reserve(&mut c, Uuid::new_v4(), "u3", "G1", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&sold), "SOLD_OUT");
+    // Nothing of this reached the database: reservations are persisted by order.created only.
+    assert_eq!(app.count("SELECT COUNT(*) AS n FROM reservations").await, 0);
+    assert_eq!(app.count("SELECT reserved AS n FROM stock").await, 0);
+}
+
+#[tokio::test]
+async fn replayed_reserve_returns_the_first_answer_and_a_changed_one_is_refused() {
+    let app = spawn_app().await;
+    app.create("G2", 5, 0, RTC).await;
+    let mut c = app.client().await;
+    let order = Uuid::new_v4();
+    let first = c
+        .reserve_stock(service(reserve_req(order, "u1", "G2", 2)))
+        .await
+        .unwrap()
+        .into_inner();
+    let again = c
+        .reserve_stock(service(reserve_req(order, "u1", "G2", 2)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.replayed);
+    assert_eq!(again.gate_available, first.gate_available);
+    assert_eq!(app.gate.snapshot("G2").await.unwrap().unwrap().available, 3);
+    let err = reserve(&mut c, order, "u1", "G2", 3).await.unwrap_err();
+    assert_eq!(reason(&err), "IDEMPOTENCY_KEY_REUSED");
+}
+
+#[tokio::test]
+async fn bad_reserve_input_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.create("G3", 5, 0, RTC).await;
+    let mut c = app.client().await;
+    let max = app.settings.stock.max_quantity;
+    let id = Uuid::new_v4().to_string();
+    let cases = [
+        (
+            ReserveStockRequest {
+                order_id: "nope".into(),
+                ..reserve_req(Uuid::new_v4(), "u", "G3", 1)
+            },
+            "order_id",
+        ),
+        (
+            ReserveStockRequest {
+                order_id: id.replace('-', ""),
+                ..reserve_req(Uuid::new_v4(), "u", "G3", 1)
+            },
+            "order_id",
+        ),
+        (reserve_req(Uuid::new_v4(), "", "G3", 1), "user_id"),
+        (reserve_req(Uuid::new_v4(), "u", "", 1), "sku"),
+        (reserve_req(Uuid::new_v4(), "u", "G3", 0), "quantity"),
+        (reserve_req(Uuid::new_v4(), "u", "G3", -4), "quantity"),
+        (reserve_req(Uuid::new_v4(), "u", "G3", max + 1), "quantity"),
+    ];
+    for (req, field) in cases {
+        let err = c.reserve_stock(service(req)).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}");
+        assert!(
+            flashsale_platform::error::violated_fields(&err).contains(&field.to_owned()),
+            "{field}"
+        );
+    }
+    assert_eq!(app.gate.snapshot("G3").await.unwrap().unwrap().available, 5);
+    let err = c
+        .reserve_stock(user(reserve_req(Uuid::new_v4(), "u", "G3", 1)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    let err = c
+        .reserve_stock(reserve_req(Uuid::new_v4(), "u", "G3", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+}
+
+#[tokio::test]
+async fn unknown_sku_is_not_found_and_creates_no_redis_keys() {
+    let app = spawn_app().await;
+    let mut c = app.client().await;
+    let err = reserve(&mut c, Uuid::new_v4(), "u", "GHOST", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert_eq!(
+        app.gate.forget("GHOST").await.unwrap(),
+        0,
+        "keys were created for an unknown sku"
+    );
+}
+
+#[tokio::test]
+async fn a_flood_of_2000_reserves_from_500_users_takes_exactly_the_stock() {
+    let app = spawn_app().await;
+    app.create("FLOOD", 100, 2, RTC).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    let clients: Vec<Client> = futures_util::future::join_all((0..8).map(|_| app.client())).await;
+    for i in 0..2000usize {
+        let mut c = clients[i % clients.len()].clone();
+        let user_id = format!("user-{}", i % 500);
+        tasks.spawn(async move {
+            let r = reserve(&mut c, Uuid::new_v4(), &user_id, "FLOOD", 1).await;
+            (user_id, r.map_err(|s| (s.code(), reason(&s))))
+        });
+    }
+    let (mut won, mut per_user) = (0, HashMap::<String, i64>::new());
+    while let Some(joined) = tasks.join_next().await {
+        let (user_id, result) = joined.unwrap();
+        match result {
+            Ok(remaining) => {
+                assert!(remaining >= 0, "counter went below zero");
+                won += 1;
+                *per_user.entry(user_id).or_default() += 1;
+            }
+            Err((code, why)) => {
+                assert_eq!(code, Code::FailedPrecondition);
+                assert!(
+                    ["SOLD_OUT", "INSUFFICIENT_STOCK", "USER_LIMIT_EXCEEDED"]
+                        .contains(&why.as_str()),
+                    "{why}"
+                );
+            }
+        }
+    }
+    assert_eq!(won, 100);
+    assert!(per_user.values().all(|&n| n <= 2), "a user got more than 2");
+    let snap = app.gate.snapshot("FLOOD").await.unwrap().unwrap();
+    assert_eq!((snap.available, snap.held), (0, 100));
+}
+
+#[tokio::test]
+async fn after_redis_lost_the_product_the_next_reserve_rebuilds_it_from_the_database() {
+    let app = spawn_app().await;
+    app.create("COLD", 10, 3, RTC).await;
+    // The database already holds 4 units for u1 (persisted earlier), 1 for u2.
+    app.exec(
+        "UPDATE stock SET reserved = 5 WHERE sku = 'COLD';
+         INSERT INTO reservations (order_id, sku, user_id, quantity, state, policy) VALUES
+           (gen_random_uuid(), 'COLD', 'u1', 3, 'RESERVED', 'RESERVE_THEN_COMMIT'),
+           (gen_random_uuid(), 'COLD', 'u2', 2, 'COMMITTED', 'RESERVE_THEN_COMMIT')",
+    )
+    .await;
+    assert!(app.gate.forget("COLD").await.unwrap() > 0);
+    let mut c = app.client().await;
+    let err = reserve(&mut c, Uuid::new_v4(), "u1", "COLD", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(&err),
+        "USER_LIMIT_EXCEEDED",
+        "per-user counts must be rebuilt too"
+    );
+    assert_eq!(
+        reserve(&mut c, Uuid::new_v4(), "u3", "COLD", 2)
+            .await
+            .unwrap(),
+        3
+    );
+    let p = c
+        .get_product(admin(GetProductRequest { sku: "COLD".into() }))
+        .await
+        .unwrap()
+        .into_inner()
+        .product
+        .unwrap();
+    assert_eq!((p.available, p.gate_available), (5, 3));
+}
