@@ -1,0 +1,77 @@
+//! `flashsale health`.
+
+use std::{process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(
+        long,
+        env = "FLASHSALE_PRODUCT_STOCK_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    product_stock_url: String,
+    #[arg(
+        long,
+        env = "FLASHSALE_ORDER_URL",
+        default_value = "http://127.0.0.1:50052"
+    )]
+    order_url: String,
+    #[arg(
+        long,
+        env = "FLASHSALE_OUTBOUND_URL",
+        default_value = "http://127.0.0.1:50053"
+    )]
+    outbound_url: String,
+    /// Per-service timeout in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    timeout_ms: u64,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let mut all = true;
+    for (name, url, service) in [
+        (
+            "product-stock",
+            args.product_stock_url,
+            "flashsale.product.v1.ProductStockService",
+        ),
+        ("order", args.order_url, "flashsale.order.v1.OrderService"),
+        (
+            "outbound",
+            args.outbound_url,
+            "flashsale.outbound.v1.OutboundService",
+        ),
+    ] {
+        let status = match check(&url, service, timeout).await {
+            Ok(s) => s,
+            Err(e) => format!("DOWN ({e:#})"),
+        };
+        all &= status == "SERVING";
+        println!("{name:<14} {url:<28} {status}");
+    }
+    Ok(if all {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn check(url: &str, service: &str, timeout: Duration) -> anyhow::Result<String> {
+    let channel = crate::output::connect(url, timeout).await?;
+    let resp = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))
+        .context("health check")?;
+    let status =
+        ServingStatus::try_from(resp.into_inner().status).unwrap_or(ServingStatus::Unknown);
+    Ok(status.as_str_name().to_owned())
+}

@@ -1,0 +1,197 @@
+//! `flashsale product create|get|list|restock|reconcile` against product-stock. Commands mint
+//! an admin token from the shared secret unless `--token` is given; answers print as JSON.
+
+use std::{process::ExitCode, time::Duration};
+
+use clap::{Subcommand, ValueEnum};
+use flashsale_platform::auth::Role;
+use flashsale_proto::product::v1::{
+    AdjustStockRequest, CreateProductRequest, DeductionPolicy, GetProductRequest,
+    ListProductsRequest, ReconcileStockRequest,
+    product_stock_service_client::ProductStockServiceClient,
+};
+
+use crate::{
+    output::{authorized, connect, print, status_error},
+    token::Secret,
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The product-stock gRPC endpoint.
+    #[arg(
+        long,
+        env = "FLASHSALE_PRODUCT_STOCK_URL",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
+    url: String,
+    /// Bearer token to send; minted as admin `cli` from the secret when unset.
+    #[arg(long, env = "FLASHSALE_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+    #[command(flatten)]
+    secret: Secret,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Policy {
+    /// Retail: reserve at order, deduct at shipment.
+    ReserveThenCommit,
+    /// Ticketing: deduct at order.
+    CommitAtOrder,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a product with its initial stock.
+    Create {
+        #[arg(long)]
+        sku: String,
+        #[arg(long)]
+        name: String,
+        /// Unit price in cents.
+        #[arg(long, allow_negative_numbers = true)]
+        price_cents: i64,
+        /// Initial stock in units.
+        #[arg(long, allow_negative_numbers = true)]
+        stock: i64,
+        /// Most units one user may buy; 0 = no limit.
+        #[arg(long, default_value_t = 0)]
+        per_user_limit: u32,
+        #[arg(long, value_enum, default_value = "reserve-then-commit")]
+        policy: Policy,
+    },
+    /// Show one product with its database and gate figures.
+    Get { sku: String },
+    /// List products by sku (every page unless --page-size is given).
+    List {
+        #[arg(long)]
+        page_size: Option<i32>,
+    },
+    /// Restock (positive delta) or write off (negative delta); idempotent on --request-id.
+    Restock {
+        #[arg(long)]
+        sku: String,
+        #[arg(long, allow_negative_numbers = true)]
+        delta: i64,
+        #[arg(long, default_value = "restock from the command line")]
+        reason: String,
+        /// Idempotency key; a fresh one when unset.
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Compare the Redis gate with the database; --repair fixes drift.
+    Reconcile {
+        /// Products to check (all when none is given).
+        #[arg(long = "sku")]
+        skus: Vec<String>,
+        #[arg(long)]
+        repair: bool,
+    },
+}
+
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let token = match args.token.clone() {
+        Some(t) => t,
+        None => args
+            .secret
+            .mint("cli", Role::Admin, Duration::from_secs(600))?,
+    };
+    let mut client =
+        ProductStockServiceClient::new(connect(&args.url, Duration::from_secs(10)).await?);
+    match args.command {
+        Command::Create {
+            sku,
+            name,
+            price_cents,
+            stock,
+            per_user_limit,
+            policy,
+        } => {
+            let deduction_policy = match policy {
+                Policy::ReserveThenCommit => DeductionPolicy::ReserveThenCommit,
+                Policy::CommitAtOrder => DeductionPolicy::CommitAtOrder,
+            } as i32;
+            let req = CreateProductRequest {
+                sku,
+                name,
+                price_cents,
+                initial_stock: stock,
+                per_user_limit,
+                deduction_policy,
+            };
+            let resp = client
+                .create_product(authorized(req, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(
+                &resp.into_inner(),
+                "flashsale.product.v1.CreateProductResponse",
+            )?;
+        }
+        Command::Get { sku } => {
+            let resp = client
+                .get_product(authorized(GetProductRequest { sku }, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(
+                &resp.into_inner(),
+                "flashsale.product.v1.GetProductResponse",
+            )?;
+        }
+        Command::List { page_size } => {
+            let mut page_token = String::new();
+            loop {
+                let req = ListProductsRequest {
+                    page_size: page_size.unwrap_or(0),
+                    page_token,
+                };
+                let page = client
+                    .list_products(authorized(req, &token)?)
+                    .await
+                    .map_err(status_error)?
+                    .into_inner();
+                print(&page, "flashsale.product.v1.ListProductsResponse")?;
+                if page_size.is_some() || page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
+        }
+        Command::Restock {
+            sku,
+            delta,
+            reason,
+            request_id,
+        } => {
+            let request_id = request_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            let req = AdjustStockRequest {
+                request_id,
+                sku,
+                delta,
+                reason,
+            };
+            let resp = client
+                .adjust_stock(authorized(req, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(
+                &resp.into_inner(),
+                "flashsale.product.v1.AdjustStockResponse",
+            )?;
+        }
+        Command::Reconcile { skus, repair } => {
+            let resp = client
+                .reconcile_stock(authorized(ReconcileStockRequest { skus, repair }, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(
+                &resp.into_inner(),
+                "flashsale.product.v1.ReconcileStockResponse",
+            )?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
