@@ -125,3 +125,51 @@ impl Validate for Settings {
 pub fn load() -> Result<Settings, ConfigError> {
     flashsale_platform::config::load(SERVICE_KEY, &Settings::default())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(f: impl FnOnce(&mut Settings)) -> String {
+        let mut s = Settings::default();
+        f(&mut s);
+        s.validate(SERVICE_KEY)
+            .map(|()| String::new())
+            .unwrap_or_else(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(error_of(|_| {}), "");
+    }
+
+    #[test]
+    fn bad_stock_and_redis_values_name_their_key() {
+        let cases: [(&str, fn(&mut Settings)); 7] = [
+            ("product_stock.stock.max_quantity", |s| {
+                s.stock.max_quantity = 0
+            }),
+            ("product_stock.stock.hold_ttl_ms", |s| {
+                s.stock.hold_ttl_ms = 5
+            }),
+            ("product_stock.stock.order_record_ttl_secs", |s| {
+                s.stock.order_record_ttl_secs = 1
+            }),
+            ("product_stock.stock.order_record_ttl_secs", |s| {
+                s.stock.order_record_ttl_secs = 100;
+                s.stock.hold_ttl_ms = 200_000;
+            }),
+            ("product_stock.stock.sweep_interval_ms", |s| {
+                s.stock.sweep_interval_ms = 0
+            }),
+            ("product_stock.redis.url", |s| {
+                s.redis.url = "http://x".into()
+            }),
+            ("product_stock.amqp.prefetch", |s| s.amqp.prefetch = 0),
+        ];
+        for (key, mutate) in cases {
+            let e = error_of(mutate);
+            assert!(e.contains(key), "`{e}` does not name {key}");
+        }
+    }
+}

@@ -142,11 +142,11 @@ impl StockService {
                             .map_err(gate_err)?;
                         continue;
                     }
-                    txn.commit().await?;
                     self.gate
                         .release_unpersisted(sku.as_str(), hold.order_id)
                         .await
                         .map_err(gate_err)?;
+                    txn.commit().await?;
                     expired += 1;
                 }
             }

@@ -96,14 +96,14 @@ impl StockService {
                     ),
                 )
                 .await?;
+                self.gate_release_unpersisted(&sku, order_id).await?;
                 txn.commit().await?;
-                self.gate_release_unpersisted(&sku, order_id).await;
                 return Ok(());
             }
             Some(_) => {
                 // Persisted before under another message id: nothing more to do.
+                self.gate_mark_persisted(&sku, order_id).await?;
                 txn.commit().await?;
-                self.gate_mark_persisted(&sku, order_id).await;
                 return Ok(());
             }
             None => {}
@@ -162,9 +162,11 @@ impl StockService {
                 &envelope::caused_by(env, Payload::StockReserved(ok), PRODUCER),
             )
             .await?;
+            // Gate changes that follow the database happen before the commit (see
+            // `release_persisted`); a failed commit is retried and finds the hold marked.
+            self.gate_mark_persisted(&sku, order_id).await?;
+            self.failpoint("stock.order_created.before_commit").await?;
             txn.commit().await?;
-            self.failpoint("stock.order_created.after_commit").await?;
-            self.gate_mark_persisted(&sku, order_id).await;
         } else {
             db::set_reservation_state(
                 &txn,
@@ -180,11 +182,11 @@ impl StockService {
                 &fail(ReservationFailureReason::InsufficientStock, detail),
             )
             .await?;
-            txn.commit().await?;
-            metrics::counter!("flashsale_reservation_failed_in_db_total").increment(1);
             // The gate admitted what the database does not have: drop the hold without giving
             // the units back, which moves the gate towards the database.
-            self.gate_drop_hold(&sku, order_id).await;
+            self.gate_drop_hold(&sku, order_id).await?;
+            txn.commit().await?;
+            metrics::counter!("flashsale_reservation_failed_in_db_total").increment(1);
         }
         Ok(())
     }
@@ -217,9 +219,9 @@ impl StockService {
                 policy,
             };
             db::insert_reservation(&txn, &tombstone, CANCELLED_BEFORE_CREATED).await?;
-            txn.commit().await?;
             // Units held in the gate for an order the database never saw go straight back.
-            self.gate_release_unpersisted(&sku, order_id).await;
+            self.gate_release_unpersisted(&sku, order_id).await?;
+            txn.commit().await?;
             return Ok(());
         };
         self.release_persisted(txn, env, &r, "order.cancelled")
@@ -377,21 +379,27 @@ impl StockService {
         Ok(())
     }
 
-    async fn gate_mark_persisted(&self, sku: &Sku, order_id: Uuid) {
-        if let Err(e) = self.gate.mark_persisted(sku.as_str(), order_id).await {
-            tracing::warn!(error = %e, %order_id, "gate hold not marked persisted; the sweeper will");
-        }
+    async fn gate_mark_persisted(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
+        self.gate
+            .mark_persisted(sku.as_str(), order_id)
+            .await
+            .map(drop)
+            .map_err(super::gate_err)
     }
 
-    async fn gate_drop_hold(&self, sku: &Sku, order_id: Uuid) {
-        if let Err(e) = self.gate.drop_hold(sku.as_str(), order_id).await {
-            tracing::warn!(error = %e, %order_id, "gate hold not dropped; the sweeper will");
-        }
+    async fn gate_drop_hold(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
+        self.gate
+            .drop_hold(sku.as_str(), order_id)
+            .await
+            .map(drop)
+            .map_err(super::gate_err)
     }
 
-    async fn gate_release_unpersisted(&self, sku: &Sku, order_id: Uuid) {
-        if let Err(e) = self.gate.release_unpersisted(sku.as_str(), order_id).await {
-            tracing::warn!(error = %e, %order_id, "gate hold not released; the sweeper will");
-        }
+    async fn gate_release_unpersisted(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
+        self.gate
+            .release_unpersisted(sku.as_str(), order_id)
+            .await
+            .map(drop)
+            .map_err(super::gate_err)
     }
 }
