@@ -3,7 +3,7 @@
 
 use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
-    config::{ConfigError, Validate},
+    config::{ConfigError, Validate, check_range},
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
         RedisSettings, TelemetrySettings, UpstreamSettings, validate_common,
@@ -24,6 +24,45 @@ pub struct Settings {
     pub redis: RedisSettings,
     pub amqp: AmqpConfig,
     pub upstream: UpstreamSettings,
+    pub saga: SagaSettings,
+}
+
+/// `saga.*`: timings and limits of the order saga.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SagaSettings {
+    /// How long a buyer has to pay once the stock is persisted (default 15 minutes).
+    pub payment_timeout_ms: u64,
+    /// How often the sweeper cancels orders past their deadline (a lost delayed message never
+    /// leaves an order stuck).
+    pub sweep_interval_ms: u64,
+    /// How long "sold out" is remembered per product, so a flood on it costs nothing.
+    pub sold_out_cache_ms: u64,
+    /// Most units one CreateOrder may ask for.
+    pub max_quantity: i64,
+    /// Deadline of one call to product-stock.
+    pub stock_call_timeout_ms: u64,
+}
+
+impl Default for SagaSettings {
+    fn default() -> Self {
+        Self {
+            payment_timeout_ms: 15 * 60 * 1000,
+            sweep_interval_ms: 1_000,
+            sold_out_cache_ms: 1_000,
+            max_quantity: 100,
+            stock_call_timeout_ms: 3_000,
+        }
+    }
+}
+
+impl Validate for SagaSettings {
+    fn validate(&self, p: &str) -> Result<(), ConfigError> {
+        check_range(&format!("{p}.payment_timeout_ms"), self.payment_timeout_ms, 100, 7 * 86_400_000)?;
+        check_range(&format!("{p}.sweep_interval_ms"), self.sweep_interval_ms, 10, 3_600_000)?;
+        check_range(&format!("{p}.sold_out_cache_ms"), self.sold_out_cache_ms, 0, 60_000)?;
+        check_range(&format!("{p}.max_quantity"), self.max_quantity, 1, 1_000_000)?;
+        check_range(&format!("{p}.stock_call_timeout_ms"), self.stock_call_timeout_ms, 10, 60_000)
+    }
 }
 
 impl Default for Settings {
@@ -38,6 +77,7 @@ impl Default for Settings {
             redis: RedisSettings::default(),
             amqp: AmqpConfig::default(),
             upstream: UpstreamSettings::default(),
+            saga: SagaSettings::default(),
         }
     }
 }
@@ -56,11 +96,35 @@ impl Validate for Settings {
         self.amqp
             .validate()
             .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;
-        self.upstream.validate(&format!("{p}.upstream"))
+        self.upstream.validate(&format!("{p}.upstream"))?;
+        self.saga.validate(&format!("{p}.saga"))
     }
 }
 
 /// Loads the settings from defaults, files and environment.
 pub fn load() -> Result<Settings, ConfigError> {
     flashsale_platform::config::load(SERVICE_KEY, &Settings::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_saga_values_name_their_key() {
+        let cases: [(&str, fn(&mut Settings)); 5] = [
+            ("order.saga.payment_timeout_ms", |s| s.saga.payment_timeout_ms = 0),
+            ("order.saga.sweep_interval_ms", |s| s.saga.sweep_interval_ms = 0),
+            ("order.saga.sold_out_cache_ms", |s| s.saga.sold_out_cache_ms = 3_600_000),
+            ("order.saga.max_quantity", |s| s.saga.max_quantity = 0),
+            ("order.upstream.product_stock_url", |s| s.upstream.product_stock_url = "ftp://x".into()),
+        ];
+        assert!(Settings::default().validate(SERVICE_KEY).is_ok());
+        for (key, mutate) in cases {
+            let mut s = Settings::default();
+            mutate(&mut s);
+            let e = s.validate(SERVICE_KEY).map(|()| String::new()).unwrap_or_else(|e| e.to_string());
+            assert!(e.contains(key), "`{e}` does not name {key}");
+        }
+    }
 }

@@ -172,6 +172,49 @@ impl JwtKeys {
     }
 }
 
+/// The bearer token a service sends when it calls another service (role `service`), minted
+/// from the shared secret and re-minted before it expires.
+pub struct ServiceToken {
+    keys: JwtKeys,
+    subject: String,
+    cached: std::sync::RwLock<(String, std::time::Instant)>,
+}
+
+impl std::fmt::Debug for ServiceToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceToken").field("subject", &self.subject).finish_non_exhaustive()
+    }
+}
+
+const SERVICE_TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+const SERVICE_TOKEN_REFRESH: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl ServiceToken {
+    pub fn new(keys: JwtKeys, subject: &str) -> Result<Self, ApiError> {
+        let token = keys.mint(subject, Role::Service, SERVICE_TOKEN_TTL)?;
+        Ok(Self {
+            keys,
+            subject: subject.to_owned(),
+            cached: std::sync::RwLock::new((token, std::time::Instant::now() + SERVICE_TOKEN_TTL)),
+        })
+    }
+
+    /// The current token (re-minted when less than ten minutes are left).
+    pub fn get(&self) -> Result<String, ApiError> {
+        let now = std::time::Instant::now();
+        if let Ok(c) = self.cached.read()
+            && c.1 > now + SERVICE_TOKEN_REFRESH
+        {
+            return Ok(c.0.clone());
+        }
+        let token = self.keys.mint(&self.subject, Role::Service, SERVICE_TOKEN_TTL)?;
+        if let Ok(mut c) = self.cached.write() {
+            *c = (token.clone(), now + SERVICE_TOKEN_TTL);
+        }
+        Ok(token)
+    }
+}
+
 /// Tonic interceptor: verifies `authorization: Bearer <jwt>`.
 #[derive(Clone, Debug)]
 pub struct AuthInterceptor {

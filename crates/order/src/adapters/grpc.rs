@@ -1,66 +1,180 @@
-//! `flashsale.order.v1.OrderService` over tonic. The business RPCs arrive with the order saga
-//! (issue #4); until then each one checks the caller's role and answers `UNIMPLEMENTED`.
+//! `flashsale.order.v1.OrderService` over tonic: the caller comes from the verified token, the
+//! request becomes domain values (junk is `INVALID_ARGUMENT` with field violations), the use
+//! case runs, the answer goes back.
 
 use std::pin::Pin;
 
-use flashsale_platform::{auth::Role, grpc::not_yet as pending};
+use flashsale_platform::{
+    ApiError,
+    auth::{Caller, Role},
+};
 use flashsale_proto::order::v1::{
-    CancelOrderRequest, CancelOrderResponse, CreateOrderRequest, CreateOrderResponse,
-    GetOrderRequest, GetOrderResponse, ListOrdersRequest, ListOrdersResponse, PayOrderRequest,
-    PayOrderResponse, WatchOrderRequest, WatchOrderResponse, order_service_server::OrderService,
+    self as pb, CancelOrderRequest, CancelOrderResponse, CreateOrderRequest, CreateOrderResponse, GetOrderRequest,
+    GetOrderResponse, ListOrdersRequest, ListOrdersResponse, PayOrderRequest, PayOrderResponse, WatchOrderRequest,
+    WatchOrderResponse, order_service_server::OrderService,
 };
 use tonic::{Request, Response, Status};
 
-/// The gRPC face of the order service.
-#[derive(Clone, Debug, Default)]
-pub struct OrderApi;
+use crate::{
+    app::{Orders, reason_to_proto, status_to_proto},
+    domain::{Order, OrderError, Payment, PlaceOrder, Status as OrderStatus, parse_order_id},
+};
 
-const BUYER: &[Role] = &[Role::User, Role::Admin];
+/// The gRPC face of the order service.
+#[derive(Clone)]
+pub struct OrderApi {
+    orders: Orders,
+}
+
+impl OrderApi {
+    pub fn new(orders: Orders) -> Self {
+        Self { orders }
+    }
+}
+
+const BUYER: &[Role] = &[Role::User];
+const BUYER_OR_ADMIN: &[Role] = &[Role::User, Role::Admin];
+
+fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
+    let caller = Caller::of(req)?;
+    caller.require(roles)?;
+    Ok(caller)
+}
+
+fn ts(t: chrono::DateTime<chrono::Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: i32::try_from(t.timestamp_subsec_nanos()).unwrap_or(0),
+    }
+}
+
+pub fn order_to_proto(o: Order) -> pb::Order {
+    let (refund_status, refund_cents) = match &o.refund {
+        None => (pb::RefundStatus::None, 0),
+        Some(r) if r.completed => (pb::RefundStatus::Completed, r.amount_cents),
+        Some(r) => (pb::RefundStatus::Recorded, r.amount_cents),
+    };
+    pb::Order {
+        order_id: o.order_id.to_string(),
+        user_id: o.user_id,
+        request_id: o.request_id,
+        sku: o.sku,
+        quantity: o.quantity,
+        unit_price_cents: o.unit_price_cents,
+        total_cents: o.total_cents,
+        status: status_to_proto(o.status) as i32,
+        cancel_reason: o.cancel_reason.map_or(0, |r| reason_to_proto(r) as i32),
+        payment_deadline: o.payment_deadline.map(ts),
+        payment_id: o.payment_id.unwrap_or_default(),
+        refund_status: refund_status as i32,
+        refund_cents,
+        create_time: Some(ts(o.created_at)),
+        update_time: Some(ts(o.updated_at)),
+    }
+}
+
+fn status_filter(raw: i32) -> Result<Option<OrderStatus>, OrderError> {
+    Ok(match pb::OrderStatus::try_from(raw).map_err(|_| OrderError::invalid("status", "unknown status"))? {
+        pb::OrderStatus::Unspecified => None,
+        pb::OrderStatus::Pending => Some(OrderStatus::Pending),
+        pb::OrderStatus::AwaitingPayment => Some(OrderStatus::AwaitingPayment),
+        pb::OrderStatus::Paid => Some(OrderStatus::Paid),
+        pb::OrderStatus::Shipped => Some(OrderStatus::Shipped),
+        pb::OrderStatus::Cancelled => Some(OrderStatus::Cancelled),
+    })
+}
+
+/// The one mapping from order errors to the API (AIP-193 reasons).
+impl From<OrderError> for ApiError {
+    fn from(e: OrderError) -> Self {
+        let message = e.to_string();
+        match e {
+            OrderError::Invalid(v) => ApiError::InvalidArgument(v),
+            OrderError::WrongAmount(_) => ApiError::invalid("amount_cents", message),
+            OrderError::NotFound(_) | OrderError::UnknownProduct(_) => ApiError::NotFound(message),
+            OrderError::Refused(reason, _) => {
+                let reason: &'static str = match reason.as_str() {
+                    "SOLD_OUT" => "SOLD_OUT",
+                    "INSUFFICIENT_STOCK" => "INSUFFICIENT_STOCK",
+                    "USER_LIMIT_EXCEEDED" => "USER_LIMIT_EXCEEDED",
+                    "RESERVATION_RELEASED" => "ORDER_CANCELLED",
+                    _ => "STOCK_REFUSED",
+                };
+                ApiError::failed_precondition(reason, message)
+            }
+            OrderError::IdempotencyKeyReused(_) => ApiError::failed_precondition("IDEMPOTENCY_KEY_REUSED", message),
+            OrderError::NotPayable(_) => ApiError::failed_precondition("ORDER_NOT_PAYABLE", message),
+            OrderError::NotCancellable(_) => ApiError::failed_precondition("ORDER_NOT_CANCELLABLE", message),
+            OrderError::PermissionDenied(m) => ApiError::PermissionDenied(m),
+            OrderError::Unavailable(_) => ApiError::Unavailable { reason: "STOCK_GATE_UNAVAILABLE", message },
+            OrderError::Internal(e) => ApiError::Internal(e),
+        }
+    }
+}
+
+fn status(e: OrderError) -> Status {
+    ApiError::from(e).into()
+}
+
+type WatchStream = Pin<Box<dyn futures_util::Stream<Item = Result<WatchOrderResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl OrderService for OrderApi {
-    async fn create_order(
-        &self,
-        req: Request<CreateOrderRequest>,
-    ) -> Result<Response<CreateOrderResponse>, Status> {
-        Err(pending(&req, &[Role::User], "CreateOrder"))
+    async fn create_order(&self, req: Request<CreateOrderRequest>) -> Result<Response<CreateOrderResponse>, Status> {
+        let caller = authorize(&req, BUYER)?;
+        let r = req.into_inner();
+        let max = self.orders.settings().max_quantity;
+        let place = PlaceOrder::new(&caller.subject, &r.request_id, &r.sku, r.quantity, max).map_err(status)?;
+        let (order, replayed) = self.orders.place(place).await.map_err(status)?;
+        Ok(Response::new(CreateOrderResponse { order: Some(order_to_proto(order)), replayed }))
     }
 
-    async fn get_order(
-        &self,
-        req: Request<GetOrderRequest>,
-    ) -> Result<Response<GetOrderResponse>, Status> {
-        Err(pending(&req, BUYER, "GetOrder"))
+    async fn get_order(&self, req: Request<GetOrderRequest>) -> Result<Response<GetOrderResponse>, Status> {
+        let caller = authorize(&req, BUYER_OR_ADMIN)?;
+        let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
+        let order = self.orders.get(&caller, id).await.map_err(status)?;
+        Ok(Response::new(GetOrderResponse { order: Some(order_to_proto(order)) }))
     }
 
-    async fn list_orders(
-        &self,
-        req: Request<ListOrdersRequest>,
-    ) -> Result<Response<ListOrdersResponse>, Status> {
-        Err(pending(&req, BUYER, "ListOrders"))
+    async fn list_orders(&self, req: Request<ListOrdersRequest>) -> Result<Response<ListOrdersResponse>, Status> {
+        let caller = authorize(&req, BUYER_OR_ADMIN)?;
+        let r = req.into_inner();
+        let filter = status_filter(r.status).map_err(status)?;
+        let (orders, next) = self
+            .orders
+            .list(&caller, &r.user_id, filter, r.page_size, &r.page_token)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(ListOrdersResponse {
+            orders: orders.into_iter().map(order_to_proto).collect(),
+            next_page_token: next,
+        }))
     }
 
-    type WatchOrderStream =
-        Pin<Box<dyn futures_util::Stream<Item = Result<WatchOrderResponse, Status>> + Send>>;
+    type WatchOrderStream = WatchStream;
 
-    async fn watch_order(
-        &self,
-        req: Request<WatchOrderRequest>,
-    ) -> Result<Response<Self::WatchOrderStream>, Status> {
-        Err(pending(&req, BUYER, "WatchOrder"))
+    async fn watch_order(&self, req: Request<WatchOrderRequest>) -> Result<Response<Self::WatchOrderStream>, Status> {
+        let caller = authorize(&req, BUYER_OR_ADMIN)?;
+        let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
+        let rx = self.orders.watch(&caller, id).await.map_err(status)?;
+        let stream = futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |item| {
+            item.map(|o| WatchOrderResponse { order: Some(order_to_proto(o)) }).map_err(status)
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn pay_order(
-        &self,
-        req: Request<PayOrderRequest>,
-    ) -> Result<Response<PayOrderResponse>, Status> {
-        Err(pending(&req, &[Role::User], "PayOrder"))
+    async fn pay_order(&self, req: Request<PayOrderRequest>) -> Result<Response<PayOrderResponse>, Status> {
+        let caller = authorize(&req, BUYER)?;
+        let r = req.into_inner();
+        let payment = Payment::new(&r.order_id, &r.payment_id, r.amount_cents).map_err(status)?;
+        let (order, replayed) = self.orders.pay(&caller, payment).await.map_err(status)?;
+        Ok(Response::new(PayOrderResponse { order: Some(order_to_proto(order)), replayed }))
     }
 
-    async fn cancel_order(
-        &self,
-        req: Request<CancelOrderRequest>,
-    ) -> Result<Response<CancelOrderResponse>, Status> {
-        Err(pending(&req, BUYER, "CancelOrder"))
+    async fn cancel_order(&self, req: Request<CancelOrderRequest>) -> Result<Response<CancelOrderResponse>, Status> {
+        let caller = authorize(&req, BUYER_OR_ADMIN)?;
+        let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
+        let order = self.orders.cancel(&caller, id).await.map_err(status)?;
+        Ok(Response::new(CancelOrderResponse { order: Some(order_to_proto(order)) }))
     }
 }

@@ -2,13 +2,16 @@
 
 use sea_orm_migration::{MigrationTrait, MigratorTrait, async_trait::async_trait};
 
+pub mod m0001_orders;
+
 pub struct Migrator;
 
 #[async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(
-            flashsale_messaging::migration::CreateOutboxAndInbox,
-        )]
+        vec![
+            Box::new(flashsale_messaging::migration::CreateOutboxAndInbox),
+            Box::new(m0001_orders::Migration),
+        ]
     }
 }

@@ -1,0 +1,56 @@
+//! The events the order service consumes, on one queue: the stock outcome, the delayed payment
+//! timeout and the shipment outcome.
+
+use flashsale_messaging::{AmqpConfig, DelayQueue, HandlerError, Incoming, QueueTopology};
+use flashsale_proto::events::v1::envelope::Payload;
+
+use crate::{app::Orders, domain::OrderError};
+
+/// The order service's consumer queue (competing consumers across replicas).
+pub const ORDER_EVENTS_QUEUE: &str = "order.saga-events";
+/// The routing key the payment-timeout holding queue releases to.
+pub const PAYMENT_TIMEOUT_KEY: &str = "order.payment_timeout";
+
+pub fn topology(config: &AmqpConfig) -> QueueTopology {
+    QueueTopology::new(
+        config,
+        ORDER_EVENTS_QUEUE,
+        &[
+            "stock.reserved",
+            "stock.reservation_failed",
+            PAYMENT_TIMEOUT_KEY,
+            "outbound.completed",
+            "outbound.failed",
+        ],
+    )
+}
+
+/// The holding queue that turns a message into a payment timeout after `timeout`.
+pub fn payment_timeout_queue(config: &AmqpConfig, timeout: std::time::Duration) -> DelayQueue {
+    DelayQueue::new(config, PAYMENT_TIMEOUT_KEY, timeout)
+}
+
+fn classify(e: OrderError) -> HandlerError {
+    match e {
+        OrderError::Invalid(v) => HandlerError::permanent(anyhow::anyhow!("invalid event: {v:?}")),
+        other => HandlerError::transient(anyhow::Error::new(other)),
+    }
+}
+
+/// Handles one delivery.
+pub async fn handle(orders: Orders, msg: Incoming) -> Result<(), HandlerError> {
+    let q = msg.queue.as_str();
+    let env = &msg.envelope;
+    match &env.payload {
+        Some(Payload::StockReserved(ev)) => orders.on_stock_reserved(q, env, &ev.order_id).await,
+        Some(Payload::StockReservationFailed(ev)) => orders.on_reservation_failed(q, env, ev).await,
+        Some(Payload::PaymentTimeout(ev)) => orders.on_payment_timeout(q, env, &ev.order_id).await,
+        Some(Payload::OutboundCompleted(ev)) => orders.on_outbound_completed(q, env, &ev.order_id).await,
+        Some(Payload::OutboundFailed(ev)) => orders.on_outbound_failed(q, env, ev).await,
+        other => {
+            let kind = other.as_ref().map_or("none", flashsale_messaging::envelope::routing_key);
+            return Err(HandlerError::permanent(anyhow::anyhow!("the order service does not handle `{kind}`")));
+        }
+    }
+    .map_err(classify)
+}

@@ -1,0 +1,296 @@
+//! The order database in SQL through sea-orm. Every status change is a compare-and-set
+//! (`UPDATE … WHERE status = $from`) with a history row, so concurrent actors (a payment and
+//! the timeout, two replicas' consumers) have exactly one winner.
+
+use chrono::{DateTime, Utc};
+use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement, Value};
+use uuid::Uuid;
+
+use crate::domain::{CancelReason, Order, OrderError, PlaceOrder, Policy, Refund, Status};
+
+fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
+    Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
+}
+
+impl From<sea_orm::DbErr> for OrderError {
+    fn from(e: sea_orm::DbErr) -> Self {
+        Self::Internal(anyhow::Error::new(e))
+    }
+}
+
+fn corrupt(what: &str, value: &str) -> OrderError {
+    OrderError::Internal(anyhow::anyhow!("unexpected {what} in the database: `{value}`"))
+}
+
+#[derive(FromQueryResult)]
+struct OrderRow {
+    order_id: Uuid,
+    user_id: String,
+    request_id: String,
+    sku: String,
+    quantity: i64,
+    unit_price_cents: i64,
+    total_cents: i64,
+    deduction_policy: String,
+    status: String,
+    cancel_reason: Option<String>,
+    payment_deadline: Option<DateTime<Utc>>,
+    payment_id: Option<String>,
+    refund_payment_id: Option<String>,
+    refund_cents: Option<i64>,
+    refund_status: Option<String>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl TryFrom<OrderRow> for Order {
+    type Error = OrderError;
+    fn try_from(r: OrderRow) -> Result<Self, OrderError> {
+        let cancel_reason = match r.cancel_reason.as_deref() {
+            None => None,
+            Some(s) => Some(CancelReason::from_db(s).ok_or_else(|| corrupt("cancel_reason", s))?),
+        };
+        let refund = match (r.refund_payment_id, r.refund_cents) {
+            (Some(payment_id), Some(amount_cents)) => Some(Refund {
+                payment_id,
+                amount_cents,
+                completed: r.refund_status.as_deref() == Some("COMPLETED"),
+            }),
+            _ => None,
+        };
+        Ok(Order {
+            order_id: r.order_id,
+            status: Status::from_db(&r.status).ok_or_else(|| corrupt("status", &r.status))?,
+            policy: Policy::from_db(&r.deduction_policy).ok_or_else(|| corrupt("policy", &r.deduction_policy))?,
+            user_id: r.user_id,
+            request_id: r.request_id,
+            sku: r.sku,
+            quantity: r.quantity,
+            unit_price_cents: r.unit_price_cents,
+            total_cents: r.total_cents,
+            cancel_reason,
+            payment_deadline: r.payment_deadline,
+            payment_id: r.payment_id,
+            refund,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+const ORDER_SELECT: &str = "SELECT o.order_id, o.user_id, o.request_id, o.sku, o.quantity, o.unit_price_cents, \
+     o.total_cents, o.deduction_policy, o.status, o.cancel_reason, o.payment_deadline, o.payment_id, \
+     r.payment_id AS refund_payment_id, r.amount_cents AS refund_cents, r.status AS refund_status, \
+     o.created_at, o.updated_at FROM orders o LEFT JOIN refunds r USING (order_id)";
+
+/// One order; `lock` takes its row lock until the transaction ends.
+pub async fn order<C: ConnectionTrait>(c: &C, id: Uuid, lock: bool) -> Result<Option<Order>, OrderError> {
+    let sql = format!("{ORDER_SELECT} WHERE o.order_id = $1{}", if lock { " FOR UPDATE OF o" } else { "" });
+    OrderRow::find_by_statement(stmt(&sql, [id.into()]))
+        .one(c)
+        .await?
+        .map(Order::try_from)
+        .transpose()
+}
+
+/// The order a user placed under `request_id`, whatever its payload.
+pub async fn order_by_key<C: ConnectionTrait>(c: &C, user: &str, request_id: &str) -> Result<Option<Order>, OrderError> {
+    let sql = format!("{ORDER_SELECT} WHERE o.user_id = $1 AND o.request_id = $2");
+    OrderRow::find_by_statement(stmt(&sql, [user.into(), request_id.into()]))
+        .one(c)
+        .await?
+        .map(Order::try_from)
+        .transpose()
+}
+
+/// What inserting a new order found.
+pub enum Inserted {
+    New,
+    /// The same order exists already (same id: same key and payload).
+    SameOrder,
+    /// The key is taken by an order with another payload.
+    KeyTaken,
+}
+
+/// Inserts a PENDING order with its first history row.
+pub async fn insert_order<C: ConnectionTrait>(
+    c: &C,
+    id: Uuid,
+    p: &PlaceOrder,
+    unit_price_cents: i64,
+    policy: Policy,
+) -> Result<Inserted, OrderError> {
+    let res = c
+        .execute_raw(stmt(
+            "INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, total_cents, \
+             deduction_policy, status) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'PENDING') ON CONFLICT DO NOTHING",
+            [
+                id.into(),
+                p.user_id.clone().into(),
+                p.request_id.clone().into(),
+                p.sku.clone().into(),
+                p.quantity.into(),
+                unit_price_cents.into(),
+                (unit_price_cents * p.quantity).into(),
+                policy.as_db().into(),
+            ],
+        ))
+        .await?;
+    if res.rows_affected() == 1 {
+        history(c, id, None, Status::Pending, "CreateOrder").await?;
+        return Ok(Inserted::New);
+    }
+    let same = order(c, id, false).await?.is_some();
+    Ok(if same { Inserted::SameOrder } else { Inserted::KeyTaken })
+}
+
+async fn history<C: ConnectionTrait>(c: &C, id: Uuid, from: Option<Status>, to: Status, reason: &str) -> Result<(), OrderError> {
+    c.execute_raw(stmt(
+        "INSERT INTO order_status_history (order_id, from_status, to_status, reason) VALUES ($1, $2, $3, $4)",
+        [id.into(), from.map(Status::as_db).into(), to.as_db().into(), reason.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// Compare-and-set of the status, with the extra columns a transition sets; returns whether
+/// the order was in `from`.
+pub async fn transition<C: ConnectionTrait>(
+    c: &C,
+    id: Uuid,
+    from: Status,
+    to: Status,
+    change: Change<'_>,
+) -> Result<bool, OrderError> {
+    debug_assert!(from.can_become(to));
+    let res = c
+        .execute_raw(stmt(
+            "UPDATE orders SET status = $3, cancel_reason = $4, payment_deadline = COALESCE($5, payment_deadline), \
+             payment_id = COALESCE($6, payment_id), updated_at = now() WHERE order_id = $1 AND status = $2",
+            [
+                id.into(),
+                from.as_db().into(),
+                to.as_db().into(),
+                change.cancel_reason.map(CancelReason::as_db).into(),
+                change.payment_deadline.into(),
+                change.payment_id.map(str::to_owned).into(),
+            ],
+        ))
+        .await?;
+    if res.rows_affected() != 1 {
+        return Ok(false);
+    }
+    let reason: &str = match change.cancel_reason {
+        Some(r) => r.as_db(),
+        None => change.note,
+    };
+    history(c, id, Some(from), to, reason).await?;
+    Ok(true)
+}
+
+/// What a transition sets besides the status.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Change<'a> {
+    pub cancel_reason: Option<CancelReason>,
+    pub payment_deadline: Option<DateTime<Utc>>,
+    pub payment_id: Option<&'a str>,
+    pub note: &'a str,
+}
+
+/// The first answer to a payment id: `(order_id, amount, accepted)`.
+pub async fn payment<C: ConnectionTrait>(c: &C, payment_id: &str) -> Result<Option<(Uuid, i64, bool)>, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        order_id: Uuid,
+        amount_cents: i64,
+        accepted: bool,
+    }
+    Ok(Row::find_by_statement(stmt(
+        "SELECT order_id, amount_cents, accepted FROM payments WHERE payment_id = $1",
+        [payment_id.into()],
+    ))
+    .one(c)
+    .await?
+    .map(|r| (r.order_id, r.amount_cents, r.accepted)))
+}
+
+pub async fn record_payment<C: ConnectionTrait>(
+    c: &C,
+    payment_id: &str,
+    order_id: Uuid,
+    amount: i64,
+    accepted: bool,
+) -> Result<(), OrderError> {
+    c.execute_raw(stmt(
+        "INSERT INTO payments (payment_id, order_id, amount_cents, accepted) VALUES ($1, $2, $3, $4)",
+        [payment_id.into(), order_id.into(), amount.into(), accepted.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// Records the order's refund unless it has one; returns whether it recorded it.
+pub async fn record_refund<C: ConnectionTrait>(
+    c: &C,
+    order_id: Uuid,
+    payment_id: &str,
+    amount: i64,
+    reason: &str,
+) -> Result<bool, OrderError> {
+    let res = c
+        .execute_raw(stmt(
+            "INSERT INTO refunds (order_id, payment_id, amount_cents, reason) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (order_id) DO NOTHING",
+            [order_id.into(), payment_id.into(), amount.into(), reason.into()],
+        ))
+        .await?;
+    Ok(res.rows_affected() == 1)
+}
+
+/// A page of orders, newest first, after the `(created_at, order_id)` cursor.
+pub async fn list<C: ConnectionTrait>(
+    c: &C,
+    user: Option<&str>,
+    status: Option<Status>,
+    after: Option<(DateTime<Utc>, Uuid)>,
+    limit: u64,
+) -> Result<Vec<Order>, OrderError> {
+    let (at, id) = after.map_or((None, None), |(t, i)| (Some(t), Some(i)));
+    let sql = format!(
+        "{ORDER_SELECT} WHERE ($1::text IS NULL OR o.user_id = $1) AND ($2::text IS NULL OR o.status = $2) \
+         AND ($3::timestamptz IS NULL OR (o.created_at, o.order_id) < ($3, $4)) \
+         ORDER BY o.created_at DESC, o.order_id DESC LIMIT $5"
+    );
+    OrderRow::find_by_statement(stmt(
+        &sql,
+        [
+            user.map(str::to_owned).into(),
+            status.map(Status::as_db).into(),
+            at.into(),
+            id.into(),
+            i64::try_from(limit).unwrap_or(i64::MAX).into(),
+        ],
+    ))
+    .all(c)
+    .await?
+    .into_iter()
+    .map(Order::try_from)
+    .collect()
+}
+
+/// Ids of orders awaiting payment past their deadline, locked for this transaction (other
+/// replicas' sweepers skip them).
+pub async fn overdue<C: ConnectionTrait>(c: &C, limit: u64) -> Result<Vec<Uuid>, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        order_id: Uuid,
+    }
+    let rows = Row::find_by_statement(stmt(
+        "SELECT order_id FROM orders WHERE status = 'AWAITING_PAYMENT' AND payment_deadline <= now() \
+         ORDER BY payment_deadline LIMIT $1 FOR UPDATE SKIP LOCKED",
+        [i64::try_from(limit).unwrap_or(i64::MAX).into()],
+    ))
+    .all(c)
+    .await?;
+    Ok(rows.into_iter().map(|r| r.order_id).collect())
+}

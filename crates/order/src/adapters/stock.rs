@@ -1,0 +1,105 @@
+//! The product-stock gate as the order service sees it: one port trait (so use cases can be
+//! tested with a fake) and its gRPC adapter, which sends a service token and the trace context.
+
+use std::{sync::Arc, time::Duration};
+
+use flashsale_platform::auth::ServiceToken;
+use flashsale_proto::product::v1::{
+    DeductionPolicy, ReserveStockRequest, product_stock_service_client::ProductStockServiceClient,
+};
+use tonic::{Code, transport::Channel};
+use uuid::Uuid;
+
+use crate::domain::{OrderError, Policy};
+
+/// What the gate granted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Granted {
+    pub unit_price_cents: i64,
+    pub policy: Policy,
+    pub replayed: bool,
+}
+
+/// Takes units through the stock gate.
+#[tonic::async_trait]
+pub trait StockPort: Send + Sync + 'static {
+    /// `Refused(reason, message)` for SOLD_OUT, INSUFFICIENT_STOCK, USER_LIMIT_EXCEEDED, …;
+    /// `UnknownProduct`; `Unavailable` when the gate cannot answer now.
+    async fn reserve(&self, order_id: Uuid, user_id: &str, sku: &str, quantity: i64) -> Result<Granted, OrderError>;
+}
+
+/// [`StockPort`] over product-stock's gRPC API.
+#[derive(Clone)]
+pub struct GrpcStock {
+    client: ProductStockServiceClient<Channel>,
+    token: Arc<ServiceToken>,
+}
+
+impl GrpcStock {
+    /// A lazily connecting client of `url` (the order service starts even if product-stock is
+    /// not up yet; calls then fail `UNAVAILABLE`).
+    pub fn new(url: &str, token: Arc<ServiceToken>, timeout: Duration) -> anyhow::Result<Self> {
+        let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        Ok(Self {
+            client: ProductStockServiceClient::new(channel),
+            token,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl StockPort for GrpcStock {
+    async fn reserve(&self, order_id: Uuid, user_id: &str, sku: &str, quantity: i64) -> Result<Granted, OrderError> {
+        let mut req = tonic::Request::new(ReserveStockRequest {
+            order_id: order_id.to_string(),
+            user_id: user_id.to_owned(),
+            sku: sku.to_owned(),
+            quantity,
+        });
+        let token = self.token.get().map_err(|e| OrderError::Internal(anyhow::anyhow!("mint service token: {e}")))?;
+        let bearer = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| OrderError::Internal(anyhow::anyhow!("service token is not valid metadata")))?;
+        req.metadata_mut().insert("authorization", bearer);
+        flashsale_platform::trace::inject_current(req.metadata_mut());
+        match self.client.clone().reserve_stock(req).await {
+            Ok(resp) => {
+                let r = resp.into_inner();
+                let policy = match DeductionPolicy::try_from(r.deduction_policy) {
+                    Ok(DeductionPolicy::CommitAtOrder) => Policy::CommitAtOrder,
+                    _ => Policy::ReserveThenCommit,
+                };
+                Ok(Granted {
+                    unit_price_cents: r.unit_price_cents,
+                    policy,
+                    replayed: r.replayed,
+                })
+            }
+            Err(s) => Err(map_status(s, sku)),
+        }
+    }
+}
+
+fn map_status(s: tonic::Status, sku: &str) -> OrderError {
+    match s.code() {
+        Code::FailedPrecondition => {
+            let reason = flashsale_platform::error::reason_of(&s).unwrap_or_else(|| "FAILED_PRECONDITION".into());
+            OrderError::Refused(reason, s.message().to_owned())
+        }
+        Code::NotFound => OrderError::UnknownProduct(sku.to_owned()),
+        Code::InvalidArgument => OrderError::Invalid(
+            flashsale_platform::error::violated_fields(&s)
+                .into_iter()
+                .map(|f| (f, s.message().to_owned()))
+                .collect(),
+        ),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::ResourceExhausted | Code::Unknown => {
+            OrderError::Unavailable(format!("product-stock: {}", s.message()))
+        }
+        _ => OrderError::Internal(anyhow::anyhow!("product-stock answered {:?}: {}", s.code(), s.message())),
+    }
+}

@@ -1,0 +1,119 @@
+//! CreateOrder: the sold-out short-circuit, the stock gate, then one transaction writing the
+//! order PENDING with `order.created`.
+
+use flashsale_messaging::{envelope, outbox};
+use flashsale_proto::events::v1::{OrderCreated, envelope::Payload};
+use sea_orm::TransactionTrait as _;
+
+use super::{Orders, PRODUCER, policy_to_proto};
+use crate::{
+    adapters::db::{self, Inserted},
+    domain::{Order, OrderError, PlaceOrder},
+};
+
+impl Orders {
+    /// Places an order; `(order, replayed)`. Refusals write nothing.
+    #[tracing::instrument(skip_all, fields(user = %p.user_id, sku = %p.sku))]
+    pub async fn place(&self, p: PlaceOrder) -> Result<(Order, bool), OrderError> {
+        let order_id = p.order_id();
+        if self.is_sold_out(&p.sku) {
+            // A replay of an order placed before the sell-out still gets its order.
+            if let Some(existing) = db::order(&self.db, order_id, false).await? {
+                return Ok((existing, true));
+            }
+            metrics::counter!("flashsale_orders_refused_total", "reason" => "SOLD_OUT_CACHED").increment(1);
+            return Err(OrderError::Refused("SOLD_OUT".into(), "sold out".into()));
+        }
+        let granted = match self.stock.reserve(order_id, &p.user_id, &p.sku, p.quantity).await {
+            Ok(g) => g,
+            Err(OrderError::Refused(reason, message)) => {
+                if reason == "SOLD_OUT" {
+                    self.remember_sold_out(&p.sku);
+                }
+                if reason == "RESERVATION_RELEASED"
+                    && let Some(existing) = db::order(&self.db, order_id, false).await?
+                {
+                    return Ok((existing, true));
+                }
+                metrics::counter!("flashsale_orders_refused_total", "reason" => reason.clone()).increment(1);
+                return Err(OrderError::Refused(reason, message));
+            }
+            Err(e) => return Err(e),
+        };
+        self.failpoint("order.create.after_reserve").await?;
+        match self.persist(&p, order_id, &granted).await {
+            Ok(Inserted::New) => {
+                metrics::counter!("flashsale_orders_accepted_total").increment(1);
+                let order = self.load(order_id).await?;
+                Ok((order, false))
+            }
+            Ok(Inserted::SameOrder) => Ok((self.load(order_id).await?, true)),
+            Ok(Inserted::KeyTaken) => {
+                self.release_hold(&p, order_id).await;
+                Err(OrderError::IdempotencyKeyReused("request_id"))
+            }
+            Err(e) => {
+                self.release_hold(&p, order_id).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn persist(&self, p: &PlaceOrder, order_id: uuid::Uuid, g: &crate::adapters::stock::Granted) -> Result<Inserted, OrderError> {
+        let txn = self.db.begin().await?;
+        let inserted = db::insert_order(&txn, order_id, p, g.unit_price_cents, g.policy).await?;
+        if matches!(inserted, Inserted::New) {
+            let ev = OrderCreated {
+                order_id: order_id.to_string(),
+                user_id: p.user_id.clone(),
+                sku: p.sku.clone(),
+                quantity: p.quantity,
+                unit_price_cents: g.unit_price_cents,
+                total_cents: g.unit_price_cents * p.quantity,
+                deduction_policy: policy_to_proto(g.policy),
+            };
+            let env = envelope::new(Payload::OrderCreated(ev), order_id.to_string(), "", PRODUCER);
+            outbox::enqueue(&txn, &env).await?;
+        }
+        txn.commit().await?;
+        Ok(inserted)
+    }
+
+    pub(super) async fn load(&self, order_id: uuid::Uuid) -> Result<Order, OrderError> {
+        db::order(&self.db, order_id, false)
+            .await?
+            .ok_or(OrderError::NotFound(order_id))
+    }
+
+    /// The gate took units for an order that will not be written: give them back now through
+    /// an `order.cancelled` (product-stock releases a hold it never persisted and leaves a
+    /// tombstone). Should even that fail, product-stock's hold sweeper releases it later.
+    async fn release_hold(&self, p: &PlaceOrder, order_id: uuid::Uuid) {
+        let ghost = Order {
+            order_id,
+            user_id: p.user_id.clone(),
+            request_id: p.request_id.clone(),
+            sku: p.sku.clone(),
+            quantity: p.quantity,
+            unit_price_cents: 0,
+            total_cents: 0,
+            policy: crate::domain::Policy::ReserveThenCommit,
+            status: crate::domain::Status::Pending,
+            cancel_reason: None,
+            payment_deadline: None,
+            payment_id: None,
+            refund: None,
+            created_at: chrono::Utc::now(),
+            updated_at: chrono::Utc::now(),
+        };
+        let env = super::cancelled_event(
+            &ghost,
+            crate::domain::Status::Pending,
+            crate::domain::CancelReason::UserCancelled,
+            None,
+        );
+        if let Err(e) = outbox::enqueue(&self.db, &env).await {
+            tracing::warn!(error = %e, %order_id, "could not queue the release of an unwritten order's hold; the hold sweeper will release it");
+        }
+    }
+}

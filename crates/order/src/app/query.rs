@@ -1,0 +1,199 @@
+//! GetOrder, ListOrders and WatchOrder. Watching follows every replica's changes through
+//! PostgreSQL `LISTEN` (a trigger NOTIFYs each changed order id), with a slow poll as a backstop.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use flashsale_platform::auth::{Caller, Role};
+use sea_orm::DatabaseConnection;
+use tokio::sync::{broadcast, mpsc};
+use uuid::Uuid;
+
+use super::Orders;
+use crate::{
+    adapters::db,
+    domain::{Order, OrderError, Status},
+    migration::m0001_orders::ORDER_CHANGES_CHANNEL,
+};
+
+pub const DEFAULT_PAGE_SIZE: u64 = 50;
+pub const MAX_PAGE_SIZE: u64 = 500;
+const POLL_BACKSTOP: Duration = Duration::from_secs(2);
+
+/// Fans out the ids of changed orders to the watchers of this replica.
+#[derive(Clone, Debug)]
+pub struct WatchHub {
+    tx: broadcast::Sender<Uuid>,
+}
+
+impl Default for WatchHub {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WatchHub {
+    pub fn new() -> Self {
+        Self { tx: broadcast::channel(4096).0 }
+    }
+
+    /// Listens for order changes until `shutdown`; reconnects after errors.
+    pub async fn run(self, db: DatabaseConnection, shutdown: flashsale_platform::shutdown::Shutdown) -> anyhow::Result<()> {
+        loop {
+            let listen = async {
+                let mut listener = sqlx::postgres::PgListener::connect_with(db.get_postgres_connection_pool()).await?;
+                listener.listen(ORDER_CHANGES_CHANNEL).await?;
+                loop {
+                    let n = listener.recv().await?;
+                    if let Ok(id) = n.payload().parse::<Uuid>() {
+                        let _ = self.tx.send(id);
+                    }
+                }
+                #[allow(unreachable_code)]
+                Ok::<(), sqlx::Error>(())
+            };
+            tokio::select! {
+                () = shutdown.wait() => return Ok(()),
+                r = listen => {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "order change listener lost; reconnecting");
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+}
+
+impl Orders {
+    /// One order the caller may see.
+    pub async fn get(&self, caller: &Caller, id: Uuid) -> Result<Order, OrderError> {
+        match db::order(&self.db, id, false).await? {
+            Some(o) if caller.role == Role::Admin || o.user_id == caller.subject => Ok(o),
+            _ => Err(OrderError::NotFound(id)),
+        }
+    }
+
+    /// A page of orders, newest first, and the next page's token ("" at the end).
+    pub async fn list(
+        &self,
+        caller: &Caller,
+        user_id: &str,
+        status: Option<Status>,
+        page_size: i32,
+        page_token: &str,
+    ) -> Result<(Vec<Order>, String), OrderError> {
+        let user = match (caller.role, user_id) {
+            (Role::Admin, "") => None,
+            (Role::Admin, u) => Some(u.to_owned()),
+            (_, "") => Some(caller.subject.clone()),
+            (_, u) if u == caller.subject => Some(u.to_owned()),
+            _ => return Err(OrderError::PermissionDenied("a user may list only their own orders".into())),
+        };
+        let size = match page_size {
+            n if n < 0 => return Err(OrderError::invalid("page_size", "must not be negative")),
+            0 => DEFAULT_PAGE_SIZE,
+            n => u64::try_from(n).unwrap_or(MAX_PAGE_SIZE).min(MAX_PAGE_SIZE),
+        };
+        let filter = format!("{}|{}", user.as_deref().unwrap_or("*"), status.map_or("*", Status::as_db));
+        let after = decode_token(page_token, &filter)?;
+        let mut orders = db::list(&self.db, user.as_deref(), status, after, size + 1).await?;
+        let next = if orders.len() as u64 > size {
+            orders.truncate(size as usize);
+            orders.last().map(|o| encode_token(o.created_at, o.order_id, &filter)).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok((orders, next))
+    }
+
+    /// The order now, then every change, ending after a terminal state (or when the receiver
+    /// goes away).
+    pub async fn watch(&self, caller: &Caller, id: Uuid) -> Result<mpsc::Receiver<Result<Order, OrderError>>, OrderError> {
+        let mut changes = self.watch.tx.subscribe();
+        let first = self.get(caller, id).await?;
+        let (tx, rx) = mpsc::channel(16);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut last = first;
+            if tx.send(Ok(last.clone())).await.is_err() || last.status.is_terminal() {
+                return;
+            }
+            loop {
+                let reload = tokio::select! {
+                    () = tx.closed() => return,
+                    msg = changes.recv() => match msg {
+                        Ok(changed) => changed == id,
+                        Err(broadcast::error::RecvError::Lagged(_)) => true,
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    () = tokio::time::sleep(POLL_BACKSTOP) => true,
+                };
+                if !reload {
+                    continue;
+                }
+                let now = match db::order(&this.db, id, false).await {
+                    Ok(Some(o)) => o,
+                    Ok(None) => return,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                };
+                if now != last {
+                    let done = now.status.is_terminal();
+                    if tx.send(Ok(now.clone())).await.is_err() || done {
+                        return;
+                    }
+                    last = now;
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+fn filter_hash(filter: &str) -> u64 {
+    // FNV-1a: a token is only valid for the filter it was issued with.
+    filter.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+fn encode_token(at: DateTime<Utc>, id: Uuid, filter: &str) -> String {
+    format!("o1.{}.{}.{:x}", at.timestamp_micros(), id.simple(), filter_hash(filter))
+}
+
+fn decode_token(token: &str, filter: &str) -> Result<Option<(DateTime<Utc>, Uuid)>, OrderError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || OrderError::invalid("page_token", "not a token this server issued for this filter");
+    let mut parts = token.split('.');
+    let (Some("o1"), Some(micros), Some(id), Some(hash), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    if u64::from_str_radix(hash, 16).ok() != Some(filter_hash(filter)) {
+        return Err(bad());
+    }
+    let at = micros.parse::<i64>().ok().and_then(DateTime::<Utc>::from_timestamp_micros).ok_or_else(bad)?;
+    let id = Uuid::try_parse(id).map_err(|_| bad())?;
+    Ok(Some((at, id)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_round_trip_and_only_for_their_filter() {
+        let (at, id) = (Utc::now(), Uuid::new_v4());
+        let t = encode_token(at, id, "alice|*");
+        let (at2, id2) = decode_token(&t, "alice|*").unwrap().unwrap();
+        assert_eq!((at2.timestamp_micros(), id2), (at.timestamp_micros(), id));
+        assert!(decode_token(&t, "bob|*").is_err());
+        for junk in ["x", "o1.1.2", "o1.abc.def.0", "o2.1.2.3.4"] {
+            assert!(decode_token(junk, "alice|*").is_err(), "{junk}");
+        }
+    }
+}

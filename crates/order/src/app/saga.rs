@@ -1,0 +1,163 @@
+//! The order service's consumers (ARCHITECTURE §3) and the deadline sweeper. Each handler runs
+//! in one transaction with its inbox row; every transition is a compare-and-set, so duplicates
+//! and races (payment vs timeout, sweeper vs delayed message) have one winner.
+
+use chrono::Utc;
+use flashsale_messaging::{envelope, inbox, outbox};
+use flashsale_proto::events::v1::{
+    Envelope, OutboundFailed, PaymentTimeout, ReservationFailureReason, StockReservationFailed, envelope::Payload,
+};
+use sea_orm::{DatabaseTransaction, TransactionTrait as _};
+use uuid::Uuid;
+
+use super::{Orders, PRODUCER};
+use crate::{
+    adapters::db::{self, Change},
+    domain::{CancelReason, Order, OrderError, Status, parse_order_id},
+};
+
+const SWEEP_BATCH: u64 = 200;
+
+impl Orders {
+    async fn claim(&self, consumer: &str, env: &Envelope) -> Result<Option<DatabaseTransaction>, OrderError> {
+        let id = envelope::message_id(env).map_err(|e| OrderError::invalid("message_id", e.to_string()))?;
+        let txn = self.db.begin().await?;
+        Ok(inbox::claim(&txn, consumer, id).await?.then_some(txn))
+    }
+
+    /// The order an event is about, locked; an unknown order is an invalid event.
+    async fn subject(txn: &DatabaseTransaction, raw_id: &str) -> Result<Order, OrderError> {
+        let id = parse_order_id(raw_id)?;
+        db::order(txn, id, true)
+            .await?
+            .ok_or_else(|| OrderError::invalid("order_id", format!("no order {id}")))
+    }
+
+    /// `stock.reserved`: PENDING → AWAITING_PAYMENT with a deadline and its delayed timeout.
+    pub async fn on_stock_reserved(&self, consumer: &str, env: &Envelope, order_id: &str) -> Result<(), OrderError> {
+        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+        let order = Self::subject(&txn, order_id).await?;
+        if order.status == Status::Pending {
+            let timeout = chrono::Duration::milliseconds(i64::try_from(self.settings.payment_timeout_ms).unwrap_or(i64::MAX));
+            let deadline = Utc::now() + timeout;
+            let change = Change { payment_deadline: Some(deadline), note: "stock.reserved", ..Change::default() };
+            db::transition(&txn, order.order_id, Status::Pending, Status::AwaitingPayment, change).await?;
+            let timer = PaymentTimeout {
+                order_id: order.order_id.to_string(),
+                deadline: Some(prost_types::Timestamp {
+                    seconds: deadline.timestamp(),
+                    nanos: i32::try_from(deadline.timestamp_subsec_nanos()).unwrap_or(0),
+                }),
+            };
+            let timer = envelope::caused_by(env, Payload::PaymentTimeout(timer), PRODUCER);
+            outbox::enqueue_delayed(&txn, &timer, &self.payment_timeout).await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// `stock.reservation_failed`: PENDING → CANCELLED (OUT_OF_STOCK, or HOLD_EXPIRED when
+    /// product-stock had already released the hold).
+    pub async fn on_reservation_failed(&self, consumer: &str, env: &Envelope, ev: &StockReservationFailed) -> Result<(), OrderError> {
+        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+        let order = Self::subject(&txn, &ev.order_id).await?;
+        if order.status == Status::Pending {
+            let reason = if ev.reason == ReservationFailureReason::OrderCancelled as i32 {
+                CancelReason::HoldExpired
+            } else {
+                CancelReason::OutOfStock
+            };
+            // Nothing is reserved in product-stock for it, so no order.cancelled is needed; it
+            // is published anyway, which product-stock takes as a no-op, to keep one path.
+            self.cancel_in(&txn, &order, reason, Some(env)).await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// The delayed payment timeout: AWAITING_PAYMENT past its deadline → CANCELLED.
+    pub async fn on_payment_timeout(&self, consumer: &str, env: &Envelope, order_id: &str) -> Result<(), OrderError> {
+        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+        let order = Self::subject(&txn, order_id).await?;
+        self.expire_if_due(&txn, &order, Some(env)).await?;
+        txn.commit().await?;
+        Ok(())
+    }
+
+    async fn expire_if_due(&self, txn: &DatabaseTransaction, order: &Order, cause: Option<&Envelope>) -> Result<bool, OrderError> {
+        let due = order.payment_deadline.is_some_and(|d| d <= Utc::now());
+        if order.status != Status::AwaitingPayment || !due {
+            return Ok(false);
+        }
+        self.cancel_in(txn, order, CancelReason::PaymentTimeout, cause).await
+    }
+
+    /// `outbound.completed`: PAID → SHIPPED.
+    pub async fn on_outbound_completed(&self, consumer: &str, env: &Envelope, order_id: &str) -> Result<(), OrderError> {
+        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+        let order = Self::subject(&txn, order_id).await?;
+        if order.status == Status::Paid {
+            let change = Change { note: "outbound.completed", ..Change::default() };
+            db::transition(&txn, order.order_id, Status::Paid, Status::Shipped, change).await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// `outbound.failed`: PAID → CANCELLED (OUTBOUND_FAILED), one refund, `order.refunded` and
+    /// `order.cancelled` (which returns the unit).
+    pub async fn on_outbound_failed(&self, consumer: &str, env: &Envelope, ev: &OutboundFailed) -> Result<(), OrderError> {
+        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+        let order = Self::subject(&txn, &ev.order_id).await?;
+        if order.status == Status::Paid {
+            self.cancel_in(&txn, &order, CancelReason::OutboundFailed, Some(env)).await?;
+            let payment_id = order.payment_id.clone().unwrap_or_default();
+            self.refund(&txn, &order, &payment_id, order.total_cents, CancelReason::OutboundFailed, Some(env)).await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// Cancels every order past its deadline (in batches, skipping rows another replica holds).
+    pub async fn sweep_overdue(&self) -> Result<u64, OrderError> {
+        let mut total = 0;
+        loop {
+            let txn = self.db.begin().await?;
+            let ids: Vec<Uuid> = db::overdue(&txn, SWEEP_BATCH).await?;
+            let n = ids.len() as u64;
+            for id in ids {
+                if let Some(order) = db::order(&txn, id, true).await?
+                    && self.expire_if_due(&txn, &order, None).await?
+                {
+                    total += 1;
+                }
+            }
+            txn.commit().await?;
+            if n < SWEEP_BATCH {
+                break;
+            }
+        }
+        if total > 0 {
+            metrics::counter!("flashsale_orders_swept_total").increment(total);
+            tracing::info!(total, "cancelled orders past their payment deadline");
+        }
+        Ok(total)
+    }
+
+    /// Runs [`Self::sweep_overdue`] every `saga.sweep_interval_ms` until `shutdown`.
+    pub async fn run_sweeper(self, shutdown: flashsale_platform::shutdown::Shutdown) -> anyhow::Result<()> {
+        let period = std::time::Duration::from_millis(self.settings.sweep_interval_ms);
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.wait() => return Ok(()),
+                _ = tick.tick() => {
+                    if let Err(e) = self.sweep_overdue().await {
+                        tracing::warn!(error = %e, "deadline sweep failed; retrying next tick");
+                    }
+                }
+            }
+        }
+    }
+}

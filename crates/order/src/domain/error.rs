@@ -1,0 +1,45 @@
+//! The order error enum (mapped to the API in `adapters::grpc`).
+
+use uuid::Uuid;
+
+use super::Status;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OrderError {
+    #[error("invalid argument")]
+    Invalid(Vec<(String, String)>),
+    #[error("no order {0}")]
+    NotFound(Uuid),
+    #[error("no product with sku `{0}`")]
+    UnknownProduct(String),
+    /// The stock gate refused (its `ErrorInfo` reason and message are passed on).
+    #[error("{1}")]
+    Refused(String, String),
+    #[error("{0} was used before with a different payload")]
+    IdempotencyKeyReused(&'static str),
+    #[error("order is {0}, it cannot be paid")]
+    NotPayable(Status),
+    #[error("order is {0}, it cannot be cancelled")]
+    NotCancellable(Status),
+    #[error("the amount must equal the order total of {0} cents")]
+    WrongAmount(i64),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("a dependency is unavailable: {0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl OrderError {
+    pub fn invalid(field: &str, description: impl Into<String>) -> Self {
+        Self::Invalid(vec![(field.to_owned(), description.into())])
+    }
+
+    pub fn violations(self) -> Vec<(String, String)> {
+        match self {
+            Self::Invalid(v) => v,
+            _ => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! Pure order types and rules: the state machine, identifiers and input checks. No tonic,
+//! sea-orm, lapin or redis here.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+mod error;
+
+pub use error::OrderError;
+
+/// Longest idempotency key (`request_id`, `payment_id`).
+pub const KEY_MAX_LEN: usize = 64;
+/// Longest sku (the product-stock format).
+pub const SKU_MAX_LEN: usize = 64;
+
+/// Where an order is in the saga (ARCHITECTURE §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    Pending,
+    AwaitingPayment,
+    Paid,
+    Shipped,
+    Cancelled,
+}
+
+impl Status {
+    pub const ALL: [Status; 5] = [
+        Status::Pending,
+        Status::AwaitingPayment,
+        Status::Paid,
+        Status::Shipped,
+        Status::Cancelled,
+    ];
+
+    pub fn as_db(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::AwaitingPayment => "AWAITING_PAYMENT",
+            Self::Paid => "PAID",
+            Self::Shipped => "SHIPPED",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+
+    pub fn from_db(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_db() == s)
+    }
+
+    /// Shipped and cancelled orders never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Shipped | Self::Cancelled)
+    }
+
+    /// Whether the state machine allows `self → to`.
+    pub fn can_become(self, to: Status) -> bool {
+        use Status::*;
+        matches!(
+            (self, to),
+            (Pending, AwaitingPayment)
+                | (Pending, Cancelled)
+                | (AwaitingPayment, Paid)
+                | (AwaitingPayment, Cancelled)
+                | (Paid, Shipped)
+                | (Paid, Cancelled)
+        )
+    }
+}
+
+/// Why an order was cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelReason {
+    OutOfStock,
+    PaymentTimeout,
+    UserCancelled,
+    OutboundFailed,
+    HoldExpired,
+}
+
+impl CancelReason {
+    pub const ALL: [CancelReason; 5] = [
+        CancelReason::OutOfStock,
+        CancelReason::PaymentTimeout,
+        CancelReason::UserCancelled,
+        CancelReason::OutboundFailed,
+        CancelReason::HoldExpired,
+    ];
+
+    pub fn as_db(self) -> &'static str {
+        match self {
+            Self::OutOfStock => "OUT_OF_STOCK",
+            Self::PaymentTimeout => "PAYMENT_TIMEOUT",
+            Self::UserCancelled => "USER_CANCELLED",
+            Self::OutboundFailed => "OUTBOUND_FAILED",
+            Self::HoldExpired => "HOLD_EXPIRED",
+        }
+    }
+
+    pub fn from_db(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_db() == s)
+    }
+}
+
+/// When product-stock deducts on_hand (carried on the order's events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    ReserveThenCommit,
+    CommitAtOrder,
+}
+
+impl Policy {
+    pub fn as_db(self) -> &'static str {
+        match self {
+            Self::ReserveThenCommit => "RESERVE_THEN_COMMIT",
+            Self::CommitAtOrder => "COMMIT_AT_ORDER",
+        }
+    }
+
+    pub fn from_db(s: &str) -> Option<Self> {
+        match s {
+            "RESERVE_THEN_COMMIT" => Some(Self::ReserveThenCommit),
+            "COMMIT_AT_ORDER" => Some(Self::CommitAtOrder),
+            _ => None,
+        }
+    }
+}
+
+/// A refund recorded for an order (at most one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refund {
+    pub payment_id: String,
+    pub amount_cents: i64,
+    pub completed: bool,
+}
+
+/// An order as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Order {
+    pub order_id: Uuid,
+    pub user_id: String,
+    pub request_id: String,
+    pub sku: String,
+    pub quantity: i64,
+    pub unit_price_cents: i64,
+    pub total_cents: i64,
+    pub policy: Policy,
+    pub status: Status,
+    pub cancel_reason: Option<CancelReason>,
+    pub payment_deadline: Option<DateTime<Utc>>,
+    pub payment_id: Option<String>,
+    pub refund: Option<Refund>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A validated CreateOrder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlaceOrder {
+    pub user_id: String,
+    pub request_id: String,
+    pub sku: String,
+    pub quantity: i64,
+}
+
+/// Namespace of order ids (UUID v5 of the buyer, their key and the payload).
+const ORDER_NAMESPACE: Uuid = Uuid::from_u128(0x6f3c_1d2e_8a4b_4c5d_9e6f_7a8b_9c0d_1e2f);
+
+impl PlaceOrder {
+    pub fn new(user_id: &str, request_id: &str, sku: &str, quantity: i64, max_quantity: i64) -> Result<Self, OrderError> {
+        let mut bad = Vec::new();
+        if request_id.is_empty() || request_id.chars().count() > KEY_MAX_LEN {
+            bad.push(("request_id".to_owned(), format!("must be 1..={KEY_MAX_LEN} characters")));
+        }
+        if let Err(e) = check_sku(sku) {
+            bad.push(("sku".to_owned(), e.to_owned()));
+        }
+        if quantity < 1 || quantity > max_quantity {
+            bad.push(("quantity".to_owned(), format!("must be 1..={max_quantity}")));
+        }
+        if !bad.is_empty() {
+            return Err(OrderError::Invalid(bad));
+        }
+        Ok(Self {
+            user_id: user_id.to_owned(),
+            request_id: request_id.to_owned(),
+            sku: sku.to_owned(),
+            quantity,
+        })
+    }
+
+    /// The order id: the same buyer, key and payload always give the same id, so a retried or
+    /// concurrent duplicate is the same order (and the same gate hold) everywhere, with no
+    /// lookup first; another payload under the same key gives another id, which the database's
+    /// `UNIQUE (user_id, request_id)` then refuses.
+    pub fn order_id(&self) -> Uuid {
+        let name = format!("{}\n{}\n{}\n{}", self.user_id, self.request_id, self.sku, self.quantity);
+        Uuid::new_v5(&ORDER_NAMESPACE, name.as_bytes())
+    }
+}
+
+/// The product-stock sku format: 1..=64 ASCII letters, digits, '-', '_', '.'.
+pub fn check_sku(sku: &str) -> Result<(), &'static str> {
+    if sku.is_empty() || sku.len() > SKU_MAX_LEN {
+        return Err("must be 1..=64 characters");
+    }
+    if !sku.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) {
+        return Err("may contain only ASCII letters, digits, '-', '_' and '.'");
+    }
+    Ok(())
+}
+
+/// A canonical hyphenated UUID.
+pub fn parse_order_id(raw: &str) -> Result<Uuid, OrderError> {
+    let id = Uuid::try_parse(raw).map_err(|_| OrderError::invalid("order_id", "must be a UUID"))?;
+    if id.hyphenated().to_string() != raw.to_ascii_lowercase() {
+        return Err(OrderError::invalid("order_id", "must be a UUID in canonical hyphenated form"));
+    }
+    Ok(id)
+}
+
+/// A validated PayOrder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Payment {
+    pub order_id: Uuid,
+    pub payment_id: String,
+    pub amount_cents: i64,
+}
+
+impl Payment {
+    pub fn new(order_id: &str, payment_id: &str, amount_cents: i64) -> Result<Self, OrderError> {
+        let mut bad = Vec::new();
+        let id = parse_order_id(order_id).map_err(|e| bad.extend(e.violations())).ok();
+        if payment_id.is_empty() || payment_id.chars().count() > KEY_MAX_LEN {
+            bad.push(("payment_id".to_owned(), format!("must be 1..={KEY_MAX_LEN} characters")));
+        }
+        if amount_cents < 0 {
+            bad.push(("amount_cents".to_owned(), "must not be negative".to_owned()));
+        }
+        match id {
+            Some(order_id) if bad.is_empty() => Ok(Self {
+                order_id,
+                payment_id: payment_id.to_owned(),
+                amount_cents,
+            }),
+            _ => Err(OrderError::Invalid(bad)),
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_db())
+    }
+}
+
+#[cfg(test)]
+mod tests;
