@@ -21,6 +21,7 @@
 pub mod broker;
 pub mod config;
 pub mod consumer;
+pub mod dead_letter;
 pub mod envelope;
 pub mod headers;
 pub mod inbox;
@@ -33,6 +34,7 @@ pub mod trace;
 pub use broker::{Broker, BrokerError};
 pub use config::{AmqpConfig, QueueType};
 pub use consumer::{Consumer, Handler, HandlerError, Incoming};
+pub use dead_letter::{DeadLetterAdmin, DeadLetterDrainer};
 pub use envelope::{DecodeError, keys};
 pub use outbox::{OutboxRelay, RelayOptions};
 pub use publisher::{OutgoingMessage, PublishError, Publisher};

@@ -1,8 +1,13 @@
-//! The `outbox` and `inbox` tables, as a migration each service adds to its own migrator:
+//! The `outbox`, `inbox` and `dead_letters` tables, as migrations each service adds to its own
+//! migrator:
 //!
 //! ```ignore
 //! fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-//!     vec![Box::new(flashsale_messaging::migration::CreateOutboxAndInbox), /* … */]
+//!     vec![
+//!         Box::new(flashsale_messaging::migration::CreateOutboxAndInbox),
+//!         /* … the service's own … */
+//!         Box::new(flashsale_messaging::migration::CreateDeadLetters),
+//!     ]
 //! }
 //! ```
 
@@ -82,6 +87,78 @@ impl MigrationTrait for CreateOutboxAndInbox {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager.get_connection().execute_unprepared(DOWN).await?;
+        Ok(())
+    }
+}
+
+const DEAD_LETTERS_UP: &str = r#"
+CREATE TABLE dead_letters (
+    id              bigserial   PRIMARY KEY,
+    -- The consumer (work) queue the message was parked from.
+    queue           text        NOT NULL,
+    -- The envelope's id; for undecodable bytes the AMQP message_id, or one derived from the bytes.
+    message_id      uuid        NOT NULL,
+    -- The routing key it was first published with.
+    routing_key     text        NOT NULL,
+    message_type    text        NOT NULL DEFAULT '',
+    error           text        NOT NULL,
+    attempts        integer     NOT NULL,
+    parked_at       timestamptz NOT NULL,
+    -- The message body exactly as it was parked (an encoded envelope or raw bytes).
+    payload         bytea       NOT NULL,
+    -- Headers to put back on a replay (trace context …), without the retry bookkeeping.
+    headers         jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    state           text        NOT NULL DEFAULT 'PARKED'
+                    CHECK (state IN ('PARKED', 'REPLAYED', 'DISCARDED')),
+    stored_at       timestamptz NOT NULL DEFAULT now(),
+    resolved_at     timestamptz NULL,
+    -- The admin (token subject) who replayed or discarded it, and why (discards).
+    resolved_by     text        NULL,
+    resolved_reason text        NULL,
+    CHECK ((state = 'PARKED') = (resolved_at IS NULL))
+);
+-- One row per parking: the same parked message delivered twice to the drainer is stored once,
+-- while a message parked again after a replay gets a row of its own.
+CREATE UNIQUE INDEX dead_letters_parking_uq ON dead_letters (queue, message_id, parked_at);
+-- The admin API names a parked message by (queue, message_id).
+CREATE UNIQUE INDEX dead_letters_parked_uq ON dead_letters (queue, message_id)
+    WHERE state = 'PARKED';
+CREATE INDEX dead_letters_parked_order_idx ON dead_letters (queue, parked_at, id)
+    WHERE state = 'PARKED';
+CREATE INDEX dead_letters_resolved_at_idx ON dead_letters (resolved_at)
+    WHERE resolved_at IS NOT NULL;
+"#;
+
+const DEAD_LETTERS_DOWN: &str = "DROP TABLE IF EXISTS dead_letters;";
+
+/// Creates `dead_letters`, where the
+/// [`DeadLetterDrainer`](crate::dead_letter::DeadLetterDrainer) keeps parked messages for the
+/// dead-letter admin.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateDeadLetters;
+
+impl MigrationName for CreateDeadLetters {
+    fn name(&self) -> &str {
+        "m20261201_000000_messaging_create_dead_letters"
+    }
+}
+
+#[allow(elided_lifetimes_in_paths)]
+#[async_trait::async_trait]
+impl MigrationTrait for CreateDeadLetters {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared(DEAD_LETTERS_UP)
+            .await?;
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared(DEAD_LETTERS_DOWN)
+            .await?;
         Ok(())
     }
 }

@@ -57,11 +57,36 @@ impl Default for SagaSettings {
 
 impl Validate for SagaSettings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        check_range(&format!("{p}.payment_timeout_ms"), self.payment_timeout_ms, 100, 7 * 86_400_000)?;
-        check_range(&format!("{p}.sweep_interval_ms"), self.sweep_interval_ms, 10, 3_600_000)?;
-        check_range(&format!("{p}.sold_out_cache_ms"), self.sold_out_cache_ms, 0, 60_000)?;
-        check_range(&format!("{p}.max_quantity"), self.max_quantity, 1, 1_000_000)?;
-        check_range(&format!("{p}.stock_call_timeout_ms"), self.stock_call_timeout_ms, 10, 60_000)
+        check_range(
+            &format!("{p}.payment_timeout_ms"),
+            self.payment_timeout_ms,
+            100,
+            7 * 86_400_000,
+        )?;
+        check_range(
+            &format!("{p}.sweep_interval_ms"),
+            self.sweep_interval_ms,
+            10,
+            3_600_000,
+        )?;
+        check_range(
+            &format!("{p}.sold_out_cache_ms"),
+            self.sold_out_cache_ms,
+            0,
+            60_000,
+        )?;
+        check_range(
+            &format!("{p}.max_quantity"),
+            self.max_quantity,
+            1,
+            1_000_000,
+        )?;
+        check_range(
+            &format!("{p}.stock_call_timeout_ms"),
+            self.stock_call_timeout_ms,
+            10,
+            60_000,
+        )
     }
 }
 
@@ -112,18 +137,30 @@ mod tests {
 
     #[test]
     fn bad_saga_values_name_their_key() {
-        let cases: [(&str, fn(&mut Settings)); 5] = [
-            ("order.saga.payment_timeout_ms", |s| s.saga.payment_timeout_ms = 0),
-            ("order.saga.sweep_interval_ms", |s| s.saga.sweep_interval_ms = 0),
-            ("order.saga.sold_out_cache_ms", |s| s.saga.sold_out_cache_ms = 3_600_000),
+        type Case = (&'static str, fn(&mut Settings));
+        let cases: [Case; 5] = [
+            ("order.saga.payment_timeout_ms", |s| {
+                s.saga.payment_timeout_ms = 0
+            }),
+            ("order.saga.sweep_interval_ms", |s| {
+                s.saga.sweep_interval_ms = 0
+            }),
+            ("order.saga.sold_out_cache_ms", |s| {
+                s.saga.sold_out_cache_ms = 3_600_000
+            }),
             ("order.saga.max_quantity", |s| s.saga.max_quantity = 0),
-            ("order.upstream.product_stock_url", |s| s.upstream.product_stock_url = "ftp://x".into()),
+            ("order.upstream.product_stock_url", |s| {
+                s.upstream.product_stock_url = "ftp://x".into()
+            }),
         ];
         assert!(Settings::default().validate(SERVICE_KEY).is_ok());
         for (key, mutate) in cases {
             let mut s = Settings::default();
             mutate(&mut s);
-            let e = s.validate(SERVICE_KEY).map(|()| String::new()).unwrap_or_else(|e| e.to_string());
+            let e = s
+                .validate(SERVICE_KEY)
+                .map(|()| String::new())
+                .unwrap_or_else(|e| e.to_string());
             assert!(e.contains(key), "`{e}` does not name {key}");
         }
     }

@@ -182,7 +182,9 @@ pub struct ServiceToken {
 
 impl std::fmt::Debug for ServiceToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServiceToken").field("subject", &self.subject).finish_non_exhaustive()
+        f.debug_struct("ServiceToken")
+            .field("subject", &self.subject)
+            .finish_non_exhaustive()
     }
 }
 
@@ -207,7 +209,9 @@ impl ServiceToken {
         {
             return Ok(c.0.clone());
         }
-        let token = self.keys.mint(&self.subject, Role::Service, SERVICE_TOKEN_TTL)?;
+        let token = self
+            .keys
+            .mint(&self.subject, Role::Service, SERVICE_TOKEN_TTL)?;
         if let Ok(mut c) = self.cached.write() {
             *c = (token.clone(), now + SERVICE_TOKEN_TTL);
         }

@@ -145,7 +145,8 @@ mod tests {
 
     #[test]
     fn bad_stock_and_redis_values_name_their_key() {
-        let cases: [(&str, fn(&mut Settings)); 7] = [
+        type Case = (&'static str, fn(&mut Settings));
+        let cases: [Case; 7] = [
             ("product_stock.stock.max_quantity", |s| {
                 s.stock.max_quantity = 0
             }),

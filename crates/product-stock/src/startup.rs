@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use flashsale_messaging::{Broker, Consumer, OutboxRelay, Publisher};
+use flashsale_messaging::{
+    Broker, Consumer, DeadLetterAdmin, DeadLetterDrainer, OutboxRelay, Publisher,
+};
 use flashsale_platform::{
     app::{Application, Foundation},
-    dead_letter::PendingDeadLetters,
     failpoint::Failpoints,
     grpc::ServerRoutes,
 };
@@ -64,18 +65,26 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     // Declared before the service reports SERVING, so nothing published to it after start-up
     // finds no queue.
     let channel = broker.channel().await.context("open AMQP channel")?;
-    for topology in [
+    let topologies = [
         amqp::order_events_topology(&settings.amqp),
         amqp::stock_events_topology(&settings.amqp),
-    ] {
+    ];
+    for topology in &topologies {
         topology.declare(&channel).await.context("declare queues")?;
         let svc = service.clone();
-        let consumer = Consumer::new(&broker, topology, move |msg| amqp::handle(svc.clone(), msg))
-            .with_failpoints(failpoints.clone());
+        let consumer = Consumer::new(&broker, topology.clone(), move |msg| {
+            amqp::handle(svc.clone(), msg)
+        })
+        .with_failpoints(failpoints.clone());
         let s = shutdown.clone();
         f.runner
             .spawn(async move { consumer.run(async move { s.wait().await }).await });
     }
+    let drainer = DeadLetterDrainer::new(&broker, &f.db, &topologies)?;
+    let s = shutdown.clone();
+    f.runner
+        .spawn(async move { drainer.run(async move { s.wait().await }).await });
+    let dead_letters = DeadLetterAdmin::new(&f.db, Publisher::new(&broker), &topologies)?;
     f.runner
         .spawn(service.clone().run_sweeper(shutdown.clone()));
     let b = broker.clone();
@@ -94,7 +103,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
             f.auth.clone(),
         ))
         .with_service(InterceptedService::new(
-            DeadLetterServiceServer::new(PendingDeadLetters)
+            DeadLetterServiceServer::new(dead_letters)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             f.auth.clone(),

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod consumer;
+mod dead_letter;
 mod delay;
 mod helpers;
 mod outbox;

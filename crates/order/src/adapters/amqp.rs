@@ -45,11 +45,17 @@ pub async fn handle(orders: Orders, msg: Incoming) -> Result<(), HandlerError> {
         Some(Payload::StockReserved(ev)) => orders.on_stock_reserved(q, env, &ev.order_id).await,
         Some(Payload::StockReservationFailed(ev)) => orders.on_reservation_failed(q, env, ev).await,
         Some(Payload::PaymentTimeout(ev)) => orders.on_payment_timeout(q, env, &ev.order_id).await,
-        Some(Payload::OutboundCompleted(ev)) => orders.on_outbound_completed(q, env, &ev.order_id).await,
+        Some(Payload::OutboundCompleted(ev)) => {
+            orders.on_outbound_completed(q, env, &ev.order_id).await
+        }
         Some(Payload::OutboundFailed(ev)) => orders.on_outbound_failed(q, env, ev).await,
         other => {
-            let kind = other.as_ref().map_or("none", flashsale_messaging::envelope::routing_key);
-            return Err(HandlerError::permanent(anyhow::anyhow!("the order service does not handle `{kind}`")));
+            let kind = other
+                .as_ref()
+                .map_or("none", flashsale_messaging::envelope::routing_key);
+            return Err(HandlerError::permanent(anyhow::anyhow!(
+                "the order service does not handle `{kind}`"
+            )));
         }
     }
     .map_err(classify)

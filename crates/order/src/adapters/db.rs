@@ -19,7 +19,9 @@ impl From<sea_orm::DbErr> for OrderError {
 }
 
 fn corrupt(what: &str, value: &str) -> OrderError {
-    OrderError::Internal(anyhow::anyhow!("unexpected {what} in the database: `{value}`"))
+    OrderError::Internal(anyhow::anyhow!(
+        "unexpected {what} in the database: `{value}`"
+    ))
 }
 
 #[derive(FromQueryResult)]
@@ -61,7 +63,8 @@ impl TryFrom<OrderRow> for Order {
         Ok(Order {
             order_id: r.order_id,
             status: Status::from_db(&r.status).ok_or_else(|| corrupt("status", &r.status))?,
-            policy: Policy::from_db(&r.deduction_policy).ok_or_else(|| corrupt("policy", &r.deduction_policy))?,
+            policy: Policy::from_db(&r.deduction_policy)
+                .ok_or_else(|| corrupt("policy", &r.deduction_policy))?,
             user_id: r.user_id,
             request_id: r.request_id,
             sku: r.sku,
@@ -84,8 +87,15 @@ const ORDER_SELECT: &str = "SELECT o.order_id, o.user_id, o.request_id, o.sku, o
      o.created_at, o.updated_at FROM orders o LEFT JOIN refunds r USING (order_id)";
 
 /// One order; `lock` takes its row lock until the transaction ends.
-pub async fn order<C: ConnectionTrait>(c: &C, id: Uuid, lock: bool) -> Result<Option<Order>, OrderError> {
-    let sql = format!("{ORDER_SELECT} WHERE o.order_id = $1{}", if lock { " FOR UPDATE OF o" } else { "" });
+pub async fn order<C: ConnectionTrait>(
+    c: &C,
+    id: Uuid,
+    lock: bool,
+) -> Result<Option<Order>, OrderError> {
+    let sql = format!(
+        "{ORDER_SELECT} WHERE o.order_id = $1{}",
+        if lock { " FOR UPDATE OF o" } else { "" }
+    );
     OrderRow::find_by_statement(stmt(&sql, [id.into()]))
         .one(c)
         .await?
@@ -94,7 +104,11 @@ pub async fn order<C: ConnectionTrait>(c: &C, id: Uuid, lock: bool) -> Result<Op
 }
 
 /// The order a user placed under `request_id`, whatever its payload.
-pub async fn order_by_key<C: ConnectionTrait>(c: &C, user: &str, request_id: &str) -> Result<Option<Order>, OrderError> {
+pub async fn order_by_key<C: ConnectionTrait>(
+    c: &C,
+    user: &str,
+    request_id: &str,
+) -> Result<Option<Order>, OrderError> {
     let sql = format!("{ORDER_SELECT} WHERE o.user_id = $1 AND o.request_id = $2");
     OrderRow::find_by_statement(stmt(&sql, [user.into(), request_id.into()]))
         .one(c)
@@ -141,10 +155,20 @@ pub async fn insert_order<C: ConnectionTrait>(
         return Ok(Inserted::New);
     }
     let same = order(c, id, false).await?.is_some();
-    Ok(if same { Inserted::SameOrder } else { Inserted::KeyTaken })
+    Ok(if same {
+        Inserted::SameOrder
+    } else {
+        Inserted::KeyTaken
+    })
 }
 
-async fn history<C: ConnectionTrait>(c: &C, id: Uuid, from: Option<Status>, to: Status, reason: &str) -> Result<(), OrderError> {
+async fn history<C: ConnectionTrait>(
+    c: &C,
+    id: Uuid,
+    from: Option<Status>,
+    to: Status,
+    reason: &str,
+) -> Result<(), OrderError> {
     c.execute_raw(stmt(
         "INSERT INTO order_status_history (order_id, from_status, to_status, reason) VALUES ($1, $2, $3, $4)",
         [id.into(), from.map(Status::as_db).into(), to.as_db().into(), reason.into()],
@@ -198,7 +222,10 @@ pub struct Change<'a> {
 }
 
 /// The first answer to a payment id: `(order_id, amount, accepted)`.
-pub async fn payment<C: ConnectionTrait>(c: &C, payment_id: &str) -> Result<Option<(Uuid, i64, bool)>, OrderError> {
+pub async fn payment<C: ConnectionTrait>(
+    c: &C,
+    payment_id: &str,
+) -> Result<Option<(Uuid, i64, bool)>, OrderError> {
     #[derive(FromQueryResult)]
     struct Row {
         order_id: Uuid,

@@ -9,9 +9,9 @@ use flashsale_platform::{
     auth::{Caller, Role},
 };
 use flashsale_proto::order::v1::{
-    self as pb, CancelOrderRequest, CancelOrderResponse, CreateOrderRequest, CreateOrderResponse, GetOrderRequest,
-    GetOrderResponse, ListOrdersRequest, ListOrdersResponse, PayOrderRequest, PayOrderResponse, WatchOrderRequest,
-    WatchOrderResponse, order_service_server::OrderService,
+    self as pb, CancelOrderRequest, CancelOrderResponse, CreateOrderRequest, CreateOrderResponse,
+    GetOrderRequest, GetOrderResponse, ListOrdersRequest, ListOrdersResponse, PayOrderRequest,
+    PayOrderResponse, WatchOrderRequest, WatchOrderResponse, order_service_server::OrderService,
 };
 use tonic::{Request, Response, Status};
 
@@ -74,14 +74,18 @@ pub fn order_to_proto(o: Order) -> pb::Order {
 }
 
 fn status_filter(raw: i32) -> Result<Option<OrderStatus>, OrderError> {
-    Ok(match pb::OrderStatus::try_from(raw).map_err(|_| OrderError::invalid("status", "unknown status"))? {
-        pb::OrderStatus::Unspecified => None,
-        pb::OrderStatus::Pending => Some(OrderStatus::Pending),
-        pb::OrderStatus::AwaitingPayment => Some(OrderStatus::AwaitingPayment),
-        pb::OrderStatus::Paid => Some(OrderStatus::Paid),
-        pb::OrderStatus::Shipped => Some(OrderStatus::Shipped),
-        pb::OrderStatus::Cancelled => Some(OrderStatus::Cancelled),
-    })
+    Ok(
+        match pb::OrderStatus::try_from(raw)
+            .map_err(|_| OrderError::invalid("status", "unknown status"))?
+        {
+            pb::OrderStatus::Unspecified => None,
+            pb::OrderStatus::Pending => Some(OrderStatus::Pending),
+            pb::OrderStatus::AwaitingPayment => Some(OrderStatus::AwaitingPayment),
+            pb::OrderStatus::Paid => Some(OrderStatus::Paid),
+            pb::OrderStatus::Shipped => Some(OrderStatus::Shipped),
+            pb::OrderStatus::Cancelled => Some(OrderStatus::Cancelled),
+        },
+    )
 }
 
 /// The one mapping from order errors to the API (AIP-193 reasons).
@@ -102,11 +106,20 @@ impl From<OrderError> for ApiError {
                 };
                 ApiError::failed_precondition(reason, message)
             }
-            OrderError::IdempotencyKeyReused(_) => ApiError::failed_precondition("IDEMPOTENCY_KEY_REUSED", message),
-            OrderError::NotPayable(_) => ApiError::failed_precondition("ORDER_NOT_PAYABLE", message),
-            OrderError::NotCancellable(_) => ApiError::failed_precondition("ORDER_NOT_CANCELLABLE", message),
+            OrderError::IdempotencyKeyReused(_) => {
+                ApiError::failed_precondition("IDEMPOTENCY_KEY_REUSED", message)
+            }
+            OrderError::NotPayable(_) => {
+                ApiError::failed_precondition("ORDER_NOT_PAYABLE", message)
+            }
+            OrderError::NotCancellable(_) => {
+                ApiError::failed_precondition("ORDER_NOT_CANCELLABLE", message)
+            }
             OrderError::PermissionDenied(m) => ApiError::PermissionDenied(m),
-            OrderError::Unavailable(_) => ApiError::Unavailable { reason: "STOCK_GATE_UNAVAILABLE", message },
+            OrderError::Unavailable(_) => ApiError::Unavailable {
+                reason: "STOCK_GATE_UNAVAILABLE",
+                message,
+            },
             OrderError::Internal(e) => ApiError::Internal(e),
         }
     }
@@ -116,27 +129,43 @@ fn status(e: OrderError) -> Status {
     ApiError::from(e).into()
 }
 
-type WatchStream = Pin<Box<dyn futures_util::Stream<Item = Result<WatchOrderResponse, Status>> + Send>>;
+type WatchStream =
+    Pin<Box<dyn futures_util::Stream<Item = Result<WatchOrderResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl OrderService for OrderApi {
-    async fn create_order(&self, req: Request<CreateOrderRequest>) -> Result<Response<CreateOrderResponse>, Status> {
+    async fn create_order(
+        &self,
+        req: Request<CreateOrderRequest>,
+    ) -> Result<Response<CreateOrderResponse>, Status> {
         let caller = authorize(&req, BUYER)?;
         let r = req.into_inner();
         let max = self.orders.settings().max_quantity;
-        let place = PlaceOrder::new(&caller.subject, &r.request_id, &r.sku, r.quantity, max).map_err(status)?;
+        let place = PlaceOrder::new(&caller.subject, &r.request_id, &r.sku, r.quantity, max)
+            .map_err(status)?;
         let (order, replayed) = self.orders.place(place).await.map_err(status)?;
-        Ok(Response::new(CreateOrderResponse { order: Some(order_to_proto(order)), replayed }))
+        Ok(Response::new(CreateOrderResponse {
+            order: Some(order_to_proto(order)),
+            replayed,
+        }))
     }
 
-    async fn get_order(&self, req: Request<GetOrderRequest>) -> Result<Response<GetOrderResponse>, Status> {
+    async fn get_order(
+        &self,
+        req: Request<GetOrderRequest>,
+    ) -> Result<Response<GetOrderResponse>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
         let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
         let order = self.orders.get(&caller, id).await.map_err(status)?;
-        Ok(Response::new(GetOrderResponse { order: Some(order_to_proto(order)) }))
+        Ok(Response::new(GetOrderResponse {
+            order: Some(order_to_proto(order)),
+        }))
     }
 
-    async fn list_orders(&self, req: Request<ListOrdersRequest>) -> Result<Response<ListOrdersResponse>, Status> {
+    async fn list_orders(
+        &self,
+        req: Request<ListOrdersRequest>,
+    ) -> Result<Response<ListOrdersResponse>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
         let r = req.into_inner();
         let filter = status_filter(r.status).map_err(status)?;
@@ -153,28 +182,46 @@ impl OrderService for OrderApi {
 
     type WatchOrderStream = WatchStream;
 
-    async fn watch_order(&self, req: Request<WatchOrderRequest>) -> Result<Response<Self::WatchOrderStream>, Status> {
+    async fn watch_order(
+        &self,
+        req: Request<WatchOrderRequest>,
+    ) -> Result<Response<Self::WatchOrderStream>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
         let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
         let rx = self.orders.watch(&caller, id).await.map_err(status)?;
-        let stream = futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |item| {
-            item.map(|o| WatchOrderResponse { order: Some(order_to_proto(o)) }).map_err(status)
-        });
+        let stream =
+            futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |item| {
+                item.map(|o| WatchOrderResponse {
+                    order: Some(order_to_proto(o)),
+                })
+                .map_err(status)
+            });
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn pay_order(&self, req: Request<PayOrderRequest>) -> Result<Response<PayOrderResponse>, Status> {
+    async fn pay_order(
+        &self,
+        req: Request<PayOrderRequest>,
+    ) -> Result<Response<PayOrderResponse>, Status> {
         let caller = authorize(&req, BUYER)?;
         let r = req.into_inner();
         let payment = Payment::new(&r.order_id, &r.payment_id, r.amount_cents).map_err(status)?;
         let (order, replayed) = self.orders.pay(&caller, payment).await.map_err(status)?;
-        Ok(Response::new(PayOrderResponse { order: Some(order_to_proto(order)), replayed }))
+        Ok(Response::new(PayOrderResponse {
+            order: Some(order_to_proto(order)),
+            replayed,
+        }))
     }
 
-    async fn cancel_order(&self, req: Request<CancelOrderRequest>) -> Result<Response<CancelOrderResponse>, Status> {
+    async fn cancel_order(
+        &self,
+        req: Request<CancelOrderRequest>,
+    ) -> Result<Response<CancelOrderResponse>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
         let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
         let order = self.orders.cancel(&caller, id).await.map_err(status)?;
-        Ok(Response::new(CancelOrderResponse { order: Some(order_to_proto(order)) }))
+        Ok(Response::new(CancelOrderResponse {
+            order: Some(order_to_proto(order)),
+        }))
     }
 }

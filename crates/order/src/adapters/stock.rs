@@ -25,7 +25,13 @@ pub struct Granted {
 pub trait StockPort: Send + Sync + 'static {
     /// `Refused(reason, message)` for SOLD_OUT, INSUFFICIENT_STOCK, USER_LIMIT_EXCEEDED, …;
     /// `UnknownProduct`; `Unavailable` when the gate cannot answer now.
-    async fn reserve(&self, order_id: Uuid, user_id: &str, sku: &str, quantity: i64) -> Result<Granted, OrderError>;
+    async fn reserve(
+        &self,
+        order_id: Uuid,
+        user_id: &str,
+        sku: &str,
+        quantity: i64,
+    ) -> Result<Granted, OrderError>;
 }
 
 /// [`StockPort`] over product-stock's gRPC API.
@@ -53,17 +59,26 @@ impl GrpcStock {
 
 #[tonic::async_trait]
 impl StockPort for GrpcStock {
-    async fn reserve(&self, order_id: Uuid, user_id: &str, sku: &str, quantity: i64) -> Result<Granted, OrderError> {
+    async fn reserve(
+        &self,
+        order_id: Uuid,
+        user_id: &str,
+        sku: &str,
+        quantity: i64,
+    ) -> Result<Granted, OrderError> {
         let mut req = tonic::Request::new(ReserveStockRequest {
             order_id: order_id.to_string(),
             user_id: user_id.to_owned(),
             sku: sku.to_owned(),
             quantity,
         });
-        let token = self.token.get().map_err(|e| OrderError::Internal(anyhow::anyhow!("mint service token: {e}")))?;
-        let bearer = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| OrderError::Internal(anyhow::anyhow!("service token is not valid metadata")))?;
+        let token = self
+            .token
+            .get()
+            .map_err(|e| OrderError::Internal(anyhow::anyhow!("mint service token: {e}")))?;
+        let bearer = format!("Bearer {token}").parse().map_err(|_| {
+            OrderError::Internal(anyhow::anyhow!("service token is not valid metadata"))
+        })?;
         req.metadata_mut().insert("authorization", bearer);
         flashsale_platform::trace::inject_current(req.metadata_mut());
         match self.client.clone().reserve_stock(req).await {
@@ -87,7 +102,8 @@ impl StockPort for GrpcStock {
 fn map_status(s: tonic::Status, sku: &str) -> OrderError {
     match s.code() {
         Code::FailedPrecondition => {
-            let reason = flashsale_platform::error::reason_of(&s).unwrap_or_else(|| "FAILED_PRECONDITION".into());
+            let reason = flashsale_platform::error::reason_of(&s)
+                .unwrap_or_else(|| "FAILED_PRECONDITION".into());
             OrderError::Refused(reason, s.message().to_owned())
         }
         Code::NotFound => OrderError::UnknownProduct(sku.to_owned()),
@@ -97,9 +113,15 @@ fn map_status(s: tonic::Status, sku: &str) -> OrderError {
                 .map(|f| (f, s.message().to_owned()))
                 .collect(),
         ),
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::ResourceExhausted | Code::Unknown => {
-            OrderError::Unavailable(format!("product-stock: {}", s.message()))
-        }
-        _ => OrderError::Internal(anyhow::anyhow!("product-stock answered {:?}: {}", s.code(), s.message())),
+        Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::Cancelled
+        | Code::ResourceExhausted
+        | Code::Unknown => OrderError::Unavailable(format!("product-stock: {}", s.message())),
+        _ => OrderError::Internal(anyhow::anyhow!(
+            "product-stock answered {:?}: {}",
+            s.code(),
+            s.message()
+        )),
     }
 }

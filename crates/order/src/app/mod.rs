@@ -114,7 +114,12 @@ pub(crate) fn reason_to_proto(r: CancelReason) -> pb::CancelReason {
 }
 
 /// `order.cancelled` for `order`, which was in `previous` (caused by `cause` when an event).
-fn cancelled_event(order: &Order, previous: Status, reason: CancelReason, cause: Option<&Envelope>) -> Envelope {
+fn cancelled_event(
+    order: &Order,
+    previous: Status,
+    reason: CancelReason,
+    cause: Option<&Envelope>,
+) -> Envelope {
     let payload = Payload::OrderCancelled(OrderCancelled {
         order_id: order.order_id.to_string(),
         user_id: order.user_id.clone(),

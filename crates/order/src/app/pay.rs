@@ -15,7 +15,11 @@ use crate::{
 
 /// The order, locked, if `caller` may act on it (a user only on their own: others' orders are
 /// NOT_FOUND, so ids cannot be probed).
-pub(super) async fn owned(txn: &DatabaseTransaction, caller: &Caller, id: Uuid) -> Result<Order, OrderError> {
+pub(super) async fn owned(
+    txn: &DatabaseTransaction,
+    caller: &Caller,
+    id: Uuid,
+) -> Result<Order, OrderError> {
     match db::order(txn, id, true).await? {
         Some(o) if caller.role == Role::Admin || o.user_id == caller.subject => Ok(o),
         _ => Err(OrderError::NotFound(id)),
@@ -33,22 +37,43 @@ impl Orders {
             }
             let order = owned(&txn, caller, order_id).await?;
             txn.commit().await?;
-            return if accepted { Ok((order, true)) } else { Err(OrderError::NotPayable(order.status)) };
+            return if accepted {
+                Ok((order, true))
+            } else {
+                Err(OrderError::NotPayable(order.status))
+            };
         }
         let order = owned(&txn, caller, p.order_id).await?;
         if order.user_id != caller.subject {
-            return Err(OrderError::PermissionDenied("only the buyer pays an order".into()));
+            return Err(OrderError::PermissionDenied(
+                "only the buyer pays an order".into(),
+            ));
         }
         if p.amount_cents != order.total_cents {
             return Err(OrderError::WrongAmount(order.total_cents));
         }
         match order.status {
             Status::AwaitingPayment => {
-                let change = Change { payment_id: Some(&p.payment_id), note: "PayOrder", ..Change::default() };
-                if !db::transition(&txn, order.order_id, Status::AwaitingPayment, Status::Paid, change).await? {
-                    return Err(OrderError::Internal(anyhow::anyhow!("order changed under its row lock")));
+                let change = Change {
+                    payment_id: Some(&p.payment_id),
+                    note: "PayOrder",
+                    ..Change::default()
+                };
+                if !db::transition(
+                    &txn,
+                    order.order_id,
+                    Status::AwaitingPayment,
+                    Status::Paid,
+                    change,
+                )
+                .await?
+                {
+                    return Err(OrderError::Internal(anyhow::anyhow!(
+                        "order changed under its row lock"
+                    )));
                 }
-                db::record_payment(&txn, &p.payment_id, order.order_id, p.amount_cents, true).await?;
+                db::record_payment(&txn, &p.payment_id, order.order_id, p.amount_cents, true)
+                    .await?;
                 let ev = OrderPaid {
                     order_id: order.order_id.to_string(),
                     user_id: order.user_id.clone(),
@@ -58,7 +83,12 @@ impl Orders {
                     amount_cents: p.amount_cents,
                     deduction_policy: policy_to_proto(order.policy),
                 };
-                let env = envelope::new(Payload::OrderPaid(ev), order.order_id.to_string(), "", PRODUCER);
+                let env = envelope::new(
+                    Payload::OrderPaid(ev),
+                    order.order_id.to_string(),
+                    "",
+                    PRODUCER,
+                );
                 outbox::enqueue(&txn, &env).await?;
                 txn.commit().await?;
                 metrics::counter!("flashsale_orders_paid_total").increment(1);
@@ -66,9 +96,11 @@ impl Orders {
             }
             Status::Cancelled => {
                 // The payment lost the race (timeout, cancel): the money goes back, once per order.
-                db::record_payment(&txn, &p.payment_id, order.order_id, p.amount_cents, false).await?;
+                db::record_payment(&txn, &p.payment_id, order.order_id, p.amount_cents, false)
+                    .await?;
                 let reason = order.cancel_reason.unwrap_or(CancelReason::PaymentTimeout);
-                self.refund(&txn, &order, &p.payment_id, p.amount_cents, reason, None).await?;
+                self.refund(&txn, &order, &p.payment_id, p.amount_cents, reason, None)
+                    .await?;
                 txn.commit().await?;
                 Err(OrderError::NotPayable(Status::Cancelled))
             }
@@ -116,7 +148,8 @@ impl Orders {
                 Ok(order)
             }
             Status::Pending | Status::AwaitingPayment => {
-                self.cancel_in(&txn, &order, CancelReason::UserCancelled, None).await?;
+                self.cancel_in(&txn, &order, CancelReason::UserCancelled, None)
+                    .await?;
                 txn.commit().await?;
                 self.load(id).await
             }
@@ -133,12 +166,16 @@ impl Orders {
         reason: CancelReason,
         cause: Option<&flashsale_proto::events::v1::Envelope>,
     ) -> Result<bool, OrderError> {
-        let change = Change { cancel_reason: Some(reason), ..Change::default() };
+        let change = Change {
+            cancel_reason: Some(reason),
+            ..Change::default()
+        };
         if !db::transition(txn, order.order_id, order.status, Status::Cancelled, change).await? {
             return Ok(false);
         }
         outbox::enqueue(txn, &cancelled_event(order, order.status, reason, cause)).await?;
-        metrics::counter!("flashsale_orders_cancelled_total", "reason" => reason.as_db()).increment(1);
+        metrics::counter!("flashsale_orders_cancelled_total", "reason" => reason.as_db())
+            .increment(1);
         Ok(true)
     }
 }

@@ -21,10 +21,15 @@ impl Orders {
             if let Some(existing) = db::order(&self.db, order_id, false).await? {
                 return Ok((existing, true));
             }
-            metrics::counter!("flashsale_orders_refused_total", "reason" => "SOLD_OUT_CACHED").increment(1);
+            metrics::counter!("flashsale_orders_refused_total", "reason" => "SOLD_OUT_CACHED")
+                .increment(1);
             return Err(OrderError::Refused("SOLD_OUT".into(), "sold out".into()));
         }
-        let granted = match self.stock.reserve(order_id, &p.user_id, &p.sku, p.quantity).await {
+        let granted = match self
+            .stock
+            .reserve(order_id, &p.user_id, &p.sku, p.quantity)
+            .await
+        {
             Ok(g) => g,
             Err(OrderError::Refused(reason, message)) => {
                 if reason == "SOLD_OUT" {
@@ -35,12 +40,12 @@ impl Orders {
                 {
                     return Ok((existing, true));
                 }
-                metrics::counter!("flashsale_orders_refused_total", "reason" => reason.clone()).increment(1);
+                metrics::counter!("flashsale_orders_refused_total", "reason" => reason.clone())
+                    .increment(1);
                 return Err(OrderError::Refused(reason, message));
             }
             Err(e) => return Err(e),
         };
-        self.failpoint("order.create.after_reserve").await?;
         match self.persist(&p, order_id, &granted).await {
             Ok(Inserted::New) => {
                 metrics::counter!("flashsale_orders_accepted_total").increment(1);
@@ -59,7 +64,13 @@ impl Orders {
         }
     }
 
-    async fn persist(&self, p: &PlaceOrder, order_id: uuid::Uuid, g: &crate::adapters::stock::Granted) -> Result<Inserted, OrderError> {
+    async fn persist(
+        &self,
+        p: &PlaceOrder,
+        order_id: uuid::Uuid,
+        g: &crate::adapters::stock::Granted,
+    ) -> Result<Inserted, OrderError> {
+        self.failpoint("order.create.before_write").await?;
         let txn = self.db.begin().await?;
         let inserted = db::insert_order(&txn, order_id, p, g.unit_price_cents, g.policy).await?;
         if matches!(inserted, Inserted::New) {
@@ -72,7 +83,12 @@ impl Orders {
                 total_cents: g.unit_price_cents * p.quantity,
                 deduction_policy: policy_to_proto(g.policy),
             };
-            let env = envelope::new(Payload::OrderCreated(ev), order_id.to_string(), "", PRODUCER);
+            let env = envelope::new(
+                Payload::OrderCreated(ev),
+                order_id.to_string(),
+                "",
+                PRODUCER,
+            );
             outbox::enqueue(&txn, &env).await?;
         }
         txn.commit().await?;

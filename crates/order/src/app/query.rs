@@ -34,14 +34,22 @@ impl Default for WatchHub {
 
 impl WatchHub {
     pub fn new() -> Self {
-        Self { tx: broadcast::channel(4096).0 }
+        Self {
+            tx: broadcast::channel(4096).0,
+        }
     }
 
     /// Listens for order changes until `shutdown`; reconnects after errors.
-    pub async fn run(self, db: DatabaseConnection, shutdown: flashsale_platform::shutdown::Shutdown) -> anyhow::Result<()> {
+    pub async fn run(
+        self,
+        db: DatabaseConnection,
+        shutdown: flashsale_platform::shutdown::Shutdown,
+    ) -> anyhow::Result<()> {
         loop {
             let listen = async {
-                let mut listener = sqlx::postgres::PgListener::connect_with(db.get_postgres_connection_pool()).await?;
+                let mut listener =
+                    sqlx::postgres::PgListener::connect_with(db.get_postgres_connection_pool())
+                        .await?;
                 listener.listen(ORDER_CHANGES_CHANNEL).await?;
                 loop {
                     let n = listener.recv().await?;
@@ -88,19 +96,30 @@ impl Orders {
             (Role::Admin, u) => Some(u.to_owned()),
             (_, "") => Some(caller.subject.clone()),
             (_, u) if u == caller.subject => Some(u.to_owned()),
-            _ => return Err(OrderError::PermissionDenied("a user may list only their own orders".into())),
+            _ => {
+                return Err(OrderError::PermissionDenied(
+                    "a user may list only their own orders".into(),
+                ));
+            }
         };
         let size = match page_size {
             n if n < 0 => return Err(OrderError::invalid("page_size", "must not be negative")),
             0 => DEFAULT_PAGE_SIZE,
             n => u64::try_from(n).unwrap_or(MAX_PAGE_SIZE).min(MAX_PAGE_SIZE),
         };
-        let filter = format!("{}|{}", user.as_deref().unwrap_or("*"), status.map_or("*", Status::as_db));
+        let filter = format!(
+            "{}|{}",
+            user.as_deref().unwrap_or("*"),
+            status.map_or("*", Status::as_db)
+        );
         let after = decode_token(page_token, &filter)?;
         let mut orders = db::list(&self.db, user.as_deref(), status, after, size + 1).await?;
         let next = if orders.len() as u64 > size {
             orders.truncate(size as usize);
-            orders.last().map(|o| encode_token(o.created_at, o.order_id, &filter)).unwrap_or_default()
+            orders
+                .last()
+                .map(|o| encode_token(o.created_at, o.order_id, &filter))
+                .unwrap_or_default()
         } else {
             String::new()
         };
@@ -109,7 +128,11 @@ impl Orders {
 
     /// The order now, then every change, ending after a terminal state (or when the receiver
     /// goes away).
-    pub async fn watch(&self, caller: &Caller, id: Uuid) -> Result<mpsc::Receiver<Result<Order, OrderError>>, OrderError> {
+    pub async fn watch(
+        &self,
+        caller: &Caller,
+        id: Uuid,
+    ) -> Result<mpsc::Receiver<Result<Order, OrderError>>, OrderError> {
         let mut changes = self.watch.tx.subscribe();
         let first = self.get(caller, id).await?;
         let (tx, rx) = mpsc::channel(16);
@@ -155,28 +178,48 @@ impl Orders {
 
 fn filter_hash(filter: &str) -> u64 {
     // FNV-1a: a token is only valid for the filter it was issued with.
-    filter.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    filter.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn encode_token(at: DateTime<Utc>, id: Uuid, filter: &str) -> String {
-    format!("o1.{}.{}.{:x}", at.timestamp_micros(), id.simple(), filter_hash(filter))
+    format!(
+        "o1.{}.{}.{:x}",
+        at.timestamp_micros(),
+        id.simple(),
+        filter_hash(filter)
+    )
 }
 
 fn decode_token(token: &str, filter: &str) -> Result<Option<(DateTime<Utc>, Uuid)>, OrderError> {
     if token.is_empty() {
         return Ok(None);
     }
-    let bad = || OrderError::invalid("page_token", "not a token this server issued for this filter");
+    let bad = || {
+        OrderError::invalid(
+            "page_token",
+            "not a token this server issued for this filter",
+        )
+    };
     let mut parts = token.split('.');
-    let (Some("o1"), Some(micros), Some(id), Some(hash), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
-    else {
+    let (Some("o1"), Some(micros), Some(id), Some(hash), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
         return Err(bad());
     };
     if u64::from_str_radix(hash, 16).ok() != Some(filter_hash(filter)) {
         return Err(bad());
     }
-    let at = micros.parse::<i64>().ok().and_then(DateTime::<Utc>::from_timestamp_micros).ok_or_else(bad)?;
+    let at = micros
+        .parse::<i64>()
+        .ok()
+        .and_then(DateTime::<Utc>::from_timestamp_micros)
+        .ok_or_else(bad)?;
     let id = Uuid::try_parse(id).map_err(|_| bad())?;
     Ok(Some((at, id)))
 }

@@ -5,7 +5,8 @@
 use chrono::Utc;
 use flashsale_messaging::{envelope, inbox, outbox};
 use flashsale_proto::events::v1::{
-    Envelope, OutboundFailed, PaymentTimeout, ReservationFailureReason, StockReservationFailed, envelope::Payload,
+    Envelope, OutboundFailed, PaymentTimeout, ReservationFailureReason, StockReservationFailed,
+    envelope::Payload,
 };
 use sea_orm::{DatabaseTransaction, TransactionTrait as _};
 use uuid::Uuid;
@@ -19,8 +20,13 @@ use crate::{
 const SWEEP_BATCH: u64 = 200;
 
 impl Orders {
-    async fn claim(&self, consumer: &str, env: &Envelope) -> Result<Option<DatabaseTransaction>, OrderError> {
-        let id = envelope::message_id(env).map_err(|e| OrderError::invalid("message_id", e.to_string()))?;
+    async fn claim(
+        &self,
+        consumer: &str,
+        env: &Envelope,
+    ) -> Result<Option<DatabaseTransaction>, OrderError> {
+        let id = envelope::message_id(env)
+            .map_err(|e| OrderError::invalid("message_id", e.to_string()))?;
         let txn = self.db.begin().await?;
         Ok(inbox::claim(&txn, consumer, id).await?.then_some(txn))
     }
@@ -34,14 +40,34 @@ impl Orders {
     }
 
     /// `stock.reserved`: PENDING → AWAITING_PAYMENT with a deadline and its delayed timeout.
-    pub async fn on_stock_reserved(&self, consumer: &str, env: &Envelope, order_id: &str) -> Result<(), OrderError> {
-        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+    pub async fn on_stock_reserved(
+        &self,
+        consumer: &str,
+        env: &Envelope,
+        order_id: &str,
+    ) -> Result<(), OrderError> {
+        let Some(txn) = self.claim(consumer, env).await? else {
+            return Ok(());
+        };
         let order = Self::subject(&txn, order_id).await?;
         if order.status == Status::Pending {
-            let timeout = chrono::Duration::milliseconds(i64::try_from(self.settings.payment_timeout_ms).unwrap_or(i64::MAX));
+            let timeout = chrono::Duration::milliseconds(
+                i64::try_from(self.settings.payment_timeout_ms).unwrap_or(i64::MAX),
+            );
             let deadline = Utc::now() + timeout;
-            let change = Change { payment_deadline: Some(deadline), note: "stock.reserved", ..Change::default() };
-            db::transition(&txn, order.order_id, Status::Pending, Status::AwaitingPayment, change).await?;
+            let change = Change {
+                payment_deadline: Some(deadline),
+                note: "stock.reserved",
+                ..Change::default()
+            };
+            db::transition(
+                &txn,
+                order.order_id,
+                Status::Pending,
+                Status::AwaitingPayment,
+                change,
+            )
+            .await?;
             let timer = PaymentTimeout {
                 order_id: order.order_id.to_string(),
                 deadline: Some(prost_types::Timestamp {
@@ -58,8 +84,15 @@ impl Orders {
 
     /// `stock.reservation_failed`: PENDING → CANCELLED (OUT_OF_STOCK, or HOLD_EXPIRED when
     /// product-stock had already released the hold).
-    pub async fn on_reservation_failed(&self, consumer: &str, env: &Envelope, ev: &StockReservationFailed) -> Result<(), OrderError> {
-        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+    pub async fn on_reservation_failed(
+        &self,
+        consumer: &str,
+        env: &Envelope,
+        ev: &StockReservationFailed,
+    ) -> Result<(), OrderError> {
+        let Some(txn) = self.claim(consumer, env).await? else {
+            return Ok(());
+        };
         let order = Self::subject(&txn, &ev.order_id).await?;
         if order.status == Status::Pending {
             let reason = if ev.reason == ReservationFailureReason::OrderCancelled as i32 {
@@ -76,28 +109,51 @@ impl Orders {
     }
 
     /// The delayed payment timeout: AWAITING_PAYMENT past its deadline → CANCELLED.
-    pub async fn on_payment_timeout(&self, consumer: &str, env: &Envelope, order_id: &str) -> Result<(), OrderError> {
-        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+    pub async fn on_payment_timeout(
+        &self,
+        consumer: &str,
+        env: &Envelope,
+        order_id: &str,
+    ) -> Result<(), OrderError> {
+        let Some(txn) = self.claim(consumer, env).await? else {
+            return Ok(());
+        };
         let order = Self::subject(&txn, order_id).await?;
         self.expire_if_due(&txn, &order, Some(env)).await?;
         txn.commit().await?;
         Ok(())
     }
 
-    async fn expire_if_due(&self, txn: &DatabaseTransaction, order: &Order, cause: Option<&Envelope>) -> Result<bool, OrderError> {
+    async fn expire_if_due(
+        &self,
+        txn: &DatabaseTransaction,
+        order: &Order,
+        cause: Option<&Envelope>,
+    ) -> Result<bool, OrderError> {
         let due = order.payment_deadline.is_some_and(|d| d <= Utc::now());
         if order.status != Status::AwaitingPayment || !due {
             return Ok(false);
         }
-        self.cancel_in(txn, order, CancelReason::PaymentTimeout, cause).await
+        self.cancel_in(txn, order, CancelReason::PaymentTimeout, cause)
+            .await
     }
 
     /// `outbound.completed`: PAID → SHIPPED.
-    pub async fn on_outbound_completed(&self, consumer: &str, env: &Envelope, order_id: &str) -> Result<(), OrderError> {
-        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+    pub async fn on_outbound_completed(
+        &self,
+        consumer: &str,
+        env: &Envelope,
+        order_id: &str,
+    ) -> Result<(), OrderError> {
+        let Some(txn) = self.claim(consumer, env).await? else {
+            return Ok(());
+        };
         let order = Self::subject(&txn, order_id).await?;
         if order.status == Status::Paid {
-            let change = Change { note: "outbound.completed", ..Change::default() };
+            let change = Change {
+                note: "outbound.completed",
+                ..Change::default()
+            };
             db::transition(&txn, order.order_id, Status::Paid, Status::Shipped, change).await?;
         }
         txn.commit().await?;
@@ -106,13 +162,29 @@ impl Orders {
 
     /// `outbound.failed`: PAID → CANCELLED (OUTBOUND_FAILED), one refund, `order.refunded` and
     /// `order.cancelled` (which returns the unit).
-    pub async fn on_outbound_failed(&self, consumer: &str, env: &Envelope, ev: &OutboundFailed) -> Result<(), OrderError> {
-        let Some(txn) = self.claim(consumer, env).await? else { return Ok(()) };
+    pub async fn on_outbound_failed(
+        &self,
+        consumer: &str,
+        env: &Envelope,
+        ev: &OutboundFailed,
+    ) -> Result<(), OrderError> {
+        let Some(txn) = self.claim(consumer, env).await? else {
+            return Ok(());
+        };
         let order = Self::subject(&txn, &ev.order_id).await?;
         if order.status == Status::Paid {
-            self.cancel_in(&txn, &order, CancelReason::OutboundFailed, Some(env)).await?;
+            self.cancel_in(&txn, &order, CancelReason::OutboundFailed, Some(env))
+                .await?;
             let payment_id = order.payment_id.clone().unwrap_or_default();
-            self.refund(&txn, &order, &payment_id, order.total_cents, CancelReason::OutboundFailed, Some(env)).await?;
+            self.refund(
+                &txn,
+                &order,
+                &payment_id,
+                order.total_cents,
+                CancelReason::OutboundFailed,
+                Some(env),
+            )
+            .await?;
         }
         txn.commit().await?;
         Ok(())
@@ -145,7 +217,10 @@ impl Orders {
     }
 
     /// Runs [`Self::sweep_overdue`] every `saga.sweep_interval_ms` until `shutdown`.
-    pub async fn run_sweeper(self, shutdown: flashsale_platform::shutdown::Shutdown) -> anyhow::Result<()> {
+    pub async fn run_sweeper(
+        self,
+        shutdown: flashsale_platform::shutdown::Shutdown,
+    ) -> anyhow::Result<()> {
         let period = std::time::Duration::from_millis(self.settings.sweep_interval_ms);
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

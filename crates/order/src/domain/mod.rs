@@ -167,10 +167,19 @@ pub struct PlaceOrder {
 const ORDER_NAMESPACE: Uuid = Uuid::from_u128(0x6f3c_1d2e_8a4b_4c5d_9e6f_7a8b_9c0d_1e2f);
 
 impl PlaceOrder {
-    pub fn new(user_id: &str, request_id: &str, sku: &str, quantity: i64, max_quantity: i64) -> Result<Self, OrderError> {
+    pub fn new(
+        user_id: &str,
+        request_id: &str,
+        sku: &str,
+        quantity: i64,
+        max_quantity: i64,
+    ) -> Result<Self, OrderError> {
         let mut bad = Vec::new();
         if request_id.is_empty() || request_id.chars().count() > KEY_MAX_LEN {
-            bad.push(("request_id".to_owned(), format!("must be 1..={KEY_MAX_LEN} characters")));
+            bad.push((
+                "request_id".to_owned(),
+                format!("must be 1..={KEY_MAX_LEN} characters"),
+            ));
         }
         if let Err(e) = check_sku(sku) {
             bad.push(("sku".to_owned(), e.to_owned()));
@@ -194,7 +203,10 @@ impl PlaceOrder {
     /// lookup first; another payload under the same key gives another id, which the database's
     /// `UNIQUE (user_id, request_id)` then refuses.
     pub fn order_id(&self) -> Uuid {
-        let name = format!("{}\n{}\n{}\n{}", self.user_id, self.request_id, self.sku, self.quantity);
+        let name = format!(
+            "{}\n{}\n{}\n{}",
+            self.user_id, self.request_id, self.sku, self.quantity
+        );
         Uuid::new_v5(&ORDER_NAMESPACE, name.as_bytes())
     }
 }
@@ -204,7 +216,10 @@ pub fn check_sku(sku: &str) -> Result<(), &'static str> {
     if sku.is_empty() || sku.len() > SKU_MAX_LEN {
         return Err("must be 1..=64 characters");
     }
-    if !sku.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) {
+    if !sku
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
         return Err("may contain only ASCII letters, digits, '-', '_' and '.'");
     }
     Ok(())
@@ -214,7 +229,10 @@ pub fn check_sku(sku: &str) -> Result<(), &'static str> {
 pub fn parse_order_id(raw: &str) -> Result<Uuid, OrderError> {
     let id = Uuid::try_parse(raw).map_err(|_| OrderError::invalid("order_id", "must be a UUID"))?;
     if id.hyphenated().to_string() != raw.to_ascii_lowercase() {
-        return Err(OrderError::invalid("order_id", "must be a UUID in canonical hyphenated form"));
+        return Err(OrderError::invalid(
+            "order_id",
+            "must be a UUID in canonical hyphenated form",
+        ));
     }
     Ok(id)
 }
@@ -230,9 +248,14 @@ pub struct Payment {
 impl Payment {
     pub fn new(order_id: &str, payment_id: &str, amount_cents: i64) -> Result<Self, OrderError> {
         let mut bad = Vec::new();
-        let id = parse_order_id(order_id).map_err(|e| bad.extend(e.violations())).ok();
+        let id = parse_order_id(order_id)
+            .map_err(|e| bad.extend(e.violations()))
+            .ok();
         if payment_id.is_empty() || payment_id.chars().count() > KEY_MAX_LEN {
-            bad.push(("payment_id".to_owned(), format!("must be 1..={KEY_MAX_LEN} characters")));
+            bad.push((
+                "payment_id".to_owned(),
+                format!("must be 1..={KEY_MAX_LEN} characters"),
+            ));
         }
         if amount_cents < 0 {
             bad.push(("amount_cents".to_owned(), "must not be negative".to_owned()));

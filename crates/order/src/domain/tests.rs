@@ -8,7 +8,10 @@ fn state_machine_allows_only_the_saga_transitions() {
     assert!(Paid.can_become(Shipped));
     assert!(Paid.can_become(Cancelled));
     for terminal in [Shipped, Cancelled] {
-        assert!(Status::ALL.iter().all(|&to| !terminal.can_become(to)), "{terminal} moved");
+        assert!(
+            Status::ALL.iter().all(|&to| !terminal.can_become(to)),
+            "{terminal} moved"
+        );
     }
     assert!(!Pending.can_become(Paid));
     assert!(!AwaitingPayment.can_become(Shipped));
@@ -17,14 +20,31 @@ fn state_machine_allows_only_the_saga_transitions() {
 #[test]
 fn same_key_and_payload_give_the_same_order_id_and_another_payload_another() {
     let a = PlaceOrder::new("alice", "k1", "SKU", 1, 10).unwrap();
-    assert_eq!(a.order_id(), PlaceOrder::new("alice", "k1", "SKU", 1, 10).unwrap().order_id());
-    assert_ne!(a.order_id(), PlaceOrder::new("alice", "k1", "SKU", 2, 10).unwrap().order_id());
-    assert_ne!(a.order_id(), PlaceOrder::new("bob", "k1", "SKU", 1, 10).unwrap().order_id());
+    assert_eq!(
+        a.order_id(),
+        PlaceOrder::new("alice", "k1", "SKU", 1, 10)
+            .unwrap()
+            .order_id()
+    );
+    assert_ne!(
+        a.order_id(),
+        PlaceOrder::new("alice", "k1", "SKU", 2, 10)
+            .unwrap()
+            .order_id()
+    );
+    assert_ne!(
+        a.order_id(),
+        PlaceOrder::new("bob", "k1", "SKU", 1, 10)
+            .unwrap()
+            .order_id()
+    );
 }
 
 #[test]
 fn bad_orders_and_payments_name_every_field() {
-    let e = PlaceOrder::new("u", "", "bad sku", 0, 10).unwrap_err().violations();
+    let e = PlaceOrder::new("u", "", "bad sku", 0, 10)
+        .unwrap_err()
+        .violations();
     let fields: Vec<_> = e.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(fields, ["request_id", "sku", "quantity"]);
     assert!(PlaceOrder::new("u", &"k".repeat(65), "S", 1, 10).is_err());

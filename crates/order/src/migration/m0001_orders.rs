@@ -82,6 +82,10 @@ CREATE TRIGGER refunds_notify AFTER INSERT OR UPDATE ON refunds
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager.get_connection().execute_unprepared(UP).await.map(drop)
+        manager
+            .get_connection()
+            .execute_unprepared(UP)
+            .await
+            .map(drop)
     }
 }

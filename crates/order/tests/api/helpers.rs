@@ -1,41 +1,327 @@
-//! `spawn_app`: the order service in-process on free ports with its own database.
+//! `spawn_stack`: product-stock and order in-process on free ports, each with its own database,
+//! sharing one test exchange (their own queues), as in production; `spawn_app` is order alone.
 
+use std::time::Duration;
+
+use flashsale_messaging::{Broker, Publisher, QueueType, envelope};
 use flashsale_order::config::Settings;
-use flashsale_platform::shutdown::Shutdown;
-use flashsale_test_support::{TestDatabase, amqp_url, unique_name};
+use flashsale_platform::{auth::Role, failpoint::Failpoints, shutdown::Shutdown};
+use flashsale_proto::{
+    events::v1::{Envelope, envelope::Payload},
+    order::v1::{
+        CreateOrderRequest, GetOrderRequest, Order, OrderStatus,
+        order_service_client::OrderServiceClient,
+    },
+    product::v1::{
+        CreateProductRequest, DeductionPolicy, GetProductRequest, Product,
+        product_stock_service_client::ProductStockServiceClient,
+    },
+};
+use flashsale_test_support::{
+    TestDatabase, amqp_url, eventually,
+    grpc::{channel, token, with_token},
+    redis_url, unique_name,
+};
+use sea_orm::{DatabaseConnection, FromQueryResult, Statement};
+use tonic::transport::Channel;
+
+pub type Client = OrderServiceClient<Channel>;
 
 pub struct TestApp {
     pub grpc_port: u16,
     pub metrics_port: u16,
     pub shutdown: Shutdown,
-    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     pub db: TestDatabase,
+    pub conn: DatabaseConnection,
+    pub settings: Settings,
+    pub failpoints: Failpoints,
+    pub stock_port: u16,
+    stock_stop: Option<Shutdown>,
+    _stock_db: Option<TestDatabase>,
+    publisher: Publisher,
+    _broker: Broker,
 }
 
-pub fn test_settings(db: &TestDatabase) -> Settings {
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+        if let Some(s) = &self.stock_stop {
+            s.trigger();
+        }
+    }
+}
+
+fn amqp_for_test(exchange: &str) -> flashsale_messaging::AmqpConfig {
+    flashsale_messaging::AmqpConfig {
+        url: amqp_url(),
+        exchange: exchange.to_owned(),
+        queue_prefix: format!("{}.", unique_name("fs_test_q")),
+        queue_expires_ms: 60_000,
+        queue_type: QueueType::Classic,
+        retry_base_ms: 50,
+        max_attempts: 3,
+        ..Default::default()
+    }
+}
+
+pub fn test_settings(db: &TestDatabase, exchange: &str, stock_port: u16) -> Settings {
     let mut s = Settings::default();
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();
-    s.database.max_connections = 5;
-    s.amqp.url = amqp_url();
-    s.amqp.exchange = unique_name("fs_test_ex");
-    s.amqp.queue_prefix = format!("{}.", unique_name("fs_test_q"));
+    s.database.max_connections = 20;
+    s.amqp = amqp_for_test(exchange);
+    s.upstream.product_stock_url = format!("http://127.0.0.1:{stock_port}");
+    s.saga.sweep_interval_ms = 200;
     s
 }
 
+/// product-stock on a free port sharing `exchange`.
+async fn spawn_stock(exchange: &str) -> (u16, Shutdown, TestDatabase) {
+    let db = TestDatabase::create().await.unwrap();
+    let mut s = flashsale_product_stock::config::Settings::default();
+    s.grpc.addr = "127.0.0.1:0".into();
+    s.metrics.addr = "127.0.0.1:0".into();
+    s.database.url = db.url.clone();
+    s.database.max_connections = 20;
+    s.redis.url = redis_url();
+    s.redis.key_prefix = format!("{}:", unique_name("fs_test"));
+    s.amqp = amqp_for_test(exchange);
+    let app = flashsale_product_stock::startup::build(s).await.unwrap();
+    let (port, stop) = (app.grpc_port(), app.shutdown());
+    tokio::spawn(app.run_until_stopped());
+    (port, stop, db)
+}
+
+/// Both services; `tune` adjusts the order settings.
+pub async fn spawn_stack(tune: impl FnOnce(&mut Settings)) -> TestApp {
+    let exchange = unique_name("fs_test_ex");
+    let (stock_port, stock_stop, stock_db) = spawn_stock(&exchange).await;
+    let db = TestDatabase::create().await.unwrap();
+    let mut settings = test_settings(&db, &exchange, stock_port);
+    tune(&mut settings);
+    let mut app = spawn_order(settings, db).await;
+    app.stock_stop = Some(stock_stop);
+    app._stock_db = Some(stock_db);
+    app
+}
+
+/// The order service alone (its calls to product-stock fail UNAVAILABLE).
 pub async fn spawn_app() -> TestApp {
-    let db = TestDatabase::create().await.expect("create test database");
-    let app = flashsale_order::startup::build(test_settings(&db))
+    let db = TestDatabase::create().await.unwrap();
+    let settings = test_settings(&db, &unique_name("fs_test_ex"), 1);
+    spawn_order(settings, db).await
+}
+
+async fn spawn_order(settings: Settings, db: TestDatabase) -> TestApp {
+    let failpoints = Failpoints::default();
+    let app = flashsale_order::startup::build_with(settings.clone(), failpoints.clone())
         .await
-        .expect("build app");
+        .unwrap();
     let (grpc_port, metrics_port, shutdown) = (app.grpc_port(), app.metrics_port(), app.shutdown());
     let task = tokio::spawn(app.run_until_stopped());
+    let broker = Broker::connect(settings.amqp.clone()).await.unwrap();
+    let stock_port = settings
+        .upstream
+        .product_stock_url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
     TestApp {
         grpc_port,
         metrics_port,
         shutdown,
-        task,
+        task: Some(task),
+        conn: db.connect().await.unwrap(),
         db,
+        settings,
+        failpoints,
+        stock_port,
+        stock_stop: None,
+        _stock_db: None,
+        publisher: Publisher::new(&broker),
+        _broker: broker,
+    }
+}
+
+pub fn as_user<T>(user: &str, msg: T) -> tonic::Request<T> {
+    with_token(msg, &token(user, Role::User))
+}
+
+pub fn as_admin<T>(msg: T) -> tonic::Request<T> {
+    with_token(msg, &token("root", Role::Admin))
+}
+
+pub fn reason(s: &tonic::Status) -> String {
+    flashsale_platform::error::reason_of(s).unwrap_or_default()
+}
+
+pub fn create_req(request_id: &str, sku: &str, quantity: i64) -> CreateOrderRequest {
+    CreateOrderRequest {
+        request_id: request_id.into(),
+        sku: sku.into(),
+        quantity,
+    }
+}
+
+// === impl TestApp ===
+
+impl TestApp {
+    pub async fn client(&self) -> Client {
+        OrderServiceClient::new(channel(self.grpc_port).await.unwrap())
+    }
+
+    pub async fn stock(&self) -> ProductStockServiceClient<Channel> {
+        ProductStockServiceClient::new(channel(self.stock_port).await.unwrap())
+    }
+
+    pub async fn product(&self, sku: &str, stock: i64, limit: u32) -> Product {
+        let req = CreateProductRequest {
+            sku: sku.into(),
+            name: format!("{sku} bottle"),
+            price_cents: 2500,
+            initial_stock: stock,
+            per_user_limit: limit,
+            deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
+        };
+        self.stock()
+            .await
+            .create_product(as_admin(req))
+            .await
+            .unwrap()
+            .into_inner()
+            .product
+            .unwrap()
+    }
+
+    pub async fn get_product(&self, sku: &str) -> Product {
+        let req = GetProductRequest { sku: sku.into() };
+        self.stock()
+            .await
+            .get_product(as_admin(req))
+            .await
+            .unwrap()
+            .into_inner()
+            .product
+            .unwrap()
+    }
+
+    pub async fn order(
+        &self,
+        user: &str,
+        request_id: &str,
+        sku: &str,
+        q: i64,
+    ) -> Result<Order, tonic::Status> {
+        self.client()
+            .await
+            .create_order(as_user(user, create_req(request_id, sku, q)))
+            .await
+            .map(|r| r.into_inner().order.unwrap())
+    }
+
+    pub async fn get(&self, user: &str, order_id: &str) -> Order {
+        self.client()
+            .await
+            .get_order(as_user(
+                user,
+                GetOrderRequest {
+                    order_id: order_id.into(),
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .order
+            .unwrap()
+    }
+
+    /// Polls until the order reaches `status`.
+    pub async fn wait_status(&self, user: &str, order_id: &str, status: OrderStatus) -> Order {
+        let found = eventually(Duration::from_secs(20), "order status", || async {
+            let o = self.get(user, order_id).await;
+            (o.status == status as i32).then_some(o)
+        })
+        .await;
+        match found {
+            Ok(o) => o,
+            Err(_) => panic!(
+                "order {order_id} never reached {status:?}: {:?}",
+                self.get(user, order_id).await
+            ),
+        }
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        #[derive(FromQueryResult)]
+        struct N {
+            n: i64,
+        }
+        N::find_by_statement(Statement::from_string(
+            sea_orm::DatabaseBackend::Postgres,
+            sql,
+        ))
+        .one(&self.conn)
+        .await
+        .unwrap()
+        .map_or(0, |r| r.n)
+    }
+
+    pub async fn wait_count(&self, sql: &str, want: i64) {
+        let ok = eventually(Duration::from_secs(20), sql, || async {
+            (self.count(sql).await == want).then_some(())
+        })
+        .await;
+        if ok.is_err() {
+            panic!(
+                "waited for {want} from `{sql}`; last {}",
+                self.count(sql).await
+            );
+        }
+    }
+
+    pub async fn exec(&self, sql: &str) {
+        sea_orm::ConnectionTrait::execute_unprepared(&self.conn, sql)
+            .await
+            .unwrap();
+    }
+
+    pub async fn outbox_of(&self, kind: &str) -> Vec<Envelope> {
+        #[derive(FromQueryResult)]
+        struct Row {
+            payload: Vec<u8>,
+        }
+        Row::find_by_statement(Statement::from_sql_and_values(
+            sea_orm::DatabaseBackend::Postgres,
+            "SELECT payload FROM outbox WHERE routing_key = $1 OR message_type = $1 ORDER BY id",
+            [kind.into()],
+        ))
+        .all(&self.conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| envelope::decode(&r.payload).unwrap())
+        .collect()
+    }
+
+    pub async fn publish(&self, payload: Payload, correlation: &str) -> Envelope {
+        let env = envelope::new(payload, correlation, "", "test");
+        self.publisher.publish_envelope(&env).await.unwrap();
+        env
+    }
+
+    pub async fn publish_envelope(&self, env: &Envelope) {
+        self.publisher.publish_envelope(env).await.unwrap();
+    }
+
+    /// Messages parked from the order service's consumer queue (in `dead_letters`).
+    pub async fn parked(&self) -> u32 {
+        let t = flashsale_order::adapters::amqp::topology(&self.settings.amqp);
+        let n = flashsale_messaging::dead_letter::count_parked(&self.conn, t.queue())
+            .await
+            .unwrap();
+        u32::try_from(n).unwrap()
     }
 }

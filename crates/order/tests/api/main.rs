@@ -1,6 +1,14 @@
-//! Integration tests of the order service against real PostgreSQL (one fresh database per test).
+//! Integration tests of the order service against real PostgreSQL, Redis and RabbitMQ, with
+//! product-stock running beside it: each test gets its own databases, key prefix, exchange and
+//! queues.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod contract;
+mod create;
 mod foundation;
 mod helpers;
+mod load;
+mod pay;
+mod query;
+mod saga;

@@ -11,6 +11,7 @@ impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         vec![
             Box::new(flashsale_messaging::migration::CreateOutboxAndInbox),
+            Box::new(flashsale_messaging::migration::CreateDeadLetters),
             Box::new(m0001_stock::Migration),
         ]
     }

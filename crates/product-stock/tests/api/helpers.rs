@@ -197,22 +197,13 @@ impl TestApp {
             .collect()
     }
 
-    /// Messages waiting in the parking lot of consumer queue `name`.
+    /// Messages parked from consumer queue `name` (moved into `dead_letters` by the drainer).
     pub async fn parked(&self, name: &str) -> u32 {
         let topology = flashsale_messaging::QueueTopology::new(&self.settings.amqp, name, &[]);
-        let ch = self._broker.channel().await.unwrap();
-        let q = ch
-            .queue_declare(
-                topology.dead_letter_queue().as_str().into(),
-                lapin::options::QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                lapin::types::FieldTable::default(),
-            )
+        let n = flashsale_messaging::dead_letter::count_parked(&self.conn, topology.queue())
             .await
             .unwrap();
-        q.message_count()
+        u32::try_from(n).unwrap()
     }
 
     pub async fn exec(&self, sql: &str) {
