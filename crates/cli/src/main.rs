@@ -1,11 +1,12 @@
 //! `flashsale`: the command-line face of the platform — mint tokens, check health, administer
-//! products (and, in later issues, place orders and run load).
+//! products, place and follow orders (and, in later issues, run load).
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 mod health;
+mod order;
 mod output;
 mod product;
 mod token;
@@ -29,6 +30,8 @@ enum Command {
     Health(health::Args),
     /// Products and their stock (product-stock service).
     Product(product::Args),
+    /// Buyers' orders: place, follow, pay, cancel (order service).
+    Order(order::Args),
 }
 
 #[tokio::main]
@@ -37,6 +40,7 @@ async fn main() -> ExitCode {
         Command::Token(args) => token::run(args),
         Command::Health(args) => health::run(args).await,
         Command::Product(args) => product::run(args).await,
+        Command::Order(args) => order::run(args).await,
     };
     match result {
         Ok(code) => code,

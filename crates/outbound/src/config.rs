@@ -3,7 +3,7 @@
 
 use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
-    config::{ConfigError, Validate},
+    config::{ConfigError, Validate, check_range},
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
         TelemetrySettings, UpstreamSettings, validate_common,
@@ -23,6 +23,102 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
     pub amqp: AmqpConfig,
     pub upstream: UpstreamSettings,
+    pub shipping: ShippingSettings,
+    pub warehouse: WarehouseSettings,
+}
+
+/// `shipping.*`: how hard a shipment is tried before it fails (and the order is refunded).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShippingSettings {
+    /// Attempts (warehouse + commit) before a shipment fails for good.
+    pub max_attempts: i32,
+    /// First backoff between commit retries inside one attempt; doubles each time.
+    pub retry_base_ms: u64,
+    /// A shipment still PICKING after this long is taken up again by the sweeper.
+    pub stuck_after_ms: u64,
+    /// How often the sweeper looks.
+    pub sweep_interval_ms: u64,
+    /// Deadline of one CommitReservation call.
+    pub commit_timeout_ms: u64,
+}
+
+impl Default for ShippingSettings {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            retry_base_ms: 200,
+            stuck_after_ms: 30_000,
+            sweep_interval_ms: 5_000,
+            commit_timeout_ms: 3_000,
+        }
+    }
+}
+
+impl Validate for ShippingSettings {
+    fn validate(&self, p: &str) -> Result<(), ConfigError> {
+        check_range(&format!("{p}.max_attempts"), self.max_attempts, 1, 100)?;
+        check_range(&format!("{p}.retry_base_ms"), self.retry_base_ms, 1, 60_000)?;
+        check_range(
+            &format!("{p}.stuck_after_ms"),
+            self.stuck_after_ms,
+            100,
+            86_400_000,
+        )?;
+        check_range(
+            &format!("{p}.sweep_interval_ms"),
+            self.sweep_interval_ms,
+            10,
+            3_600_000,
+        )?;
+        check_range(
+            &format!("{p}.commit_timeout_ms"),
+            self.commit_timeout_ms,
+            10,
+            60_000,
+        )
+    }
+}
+
+/// `warehouse.*`: the built-in warehouse adapter (a real integration replaces it).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct WarehouseSettings {
+    /// Share of shipments the warehouse fails, 0.0..=1.0 (demos and compensation tests).
+    pub fail_fraction: f64,
+    /// Comma-separated SKUs whose every shipment fails.
+    pub fail_skus: String,
+}
+
+impl WarehouseSettings {
+    pub fn skus(&self) -> Vec<String> {
+        self.fail_skus
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Validate for WarehouseSettings {
+    fn validate(&self, p: &str) -> Result<(), ConfigError> {
+        if !(0.0..=1.0).contains(&self.fail_fraction) {
+            return Err(ConfigError::invalid(
+                format!("{p}.fail_fraction"),
+                "must be within 0.0..=1.0",
+            ));
+        }
+        if self
+            .skus()
+            .iter()
+            .any(|s| flashsale_platform::config::check_sku_like(s).is_err())
+        {
+            return Err(ConfigError::invalid(
+                format!("{p}.fail_skus"),
+                "comma-separated SKUs of [A-Za-z0-9._-]{1,64}",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for Settings {
@@ -36,6 +132,8 @@ impl Default for Settings {
             telemetry: c.telemetry,
             amqp: AmqpConfig::default(),
             upstream: UpstreamSettings::default(),
+            shipping: ShippingSettings::default(),
+            warehouse: WarehouseSettings::default(),
         }
     }
 }
@@ -53,11 +151,55 @@ impl Validate for Settings {
         self.amqp
             .validate()
             .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;
-        self.upstream.validate(&format!("{p}.upstream"))
+        self.upstream.validate(&format!("{p}.upstream"))?;
+        self.shipping.validate(&format!("{p}.shipping"))?;
+        self.warehouse.validate(&format!("{p}.warehouse"))
     }
 }
 
 /// Loads the settings from defaults, files and environment.
 pub fn load() -> Result<Settings, ConfigError> {
     flashsale_platform::config::load(SERVICE_KEY, &Settings::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_shipping_and_warehouse_values_name_their_key() {
+        type Case = (&'static str, fn(&mut Settings));
+        let cases: [Case; 5] = [
+            ("outbound.shipping.max_attempts", |s| {
+                s.shipping.max_attempts = 0
+            }),
+            ("outbound.shipping.stuck_after_ms", |s| {
+                s.shipping.stuck_after_ms = 1
+            }),
+            ("outbound.warehouse.fail_fraction", |s| {
+                s.warehouse.fail_fraction = 1.5
+            }),
+            ("outbound.warehouse.fail_skus", |s| {
+                s.warehouse.fail_skus = "OK, bad sku".into()
+            }),
+            ("outbound.upstream.product_stock_url", |s| {
+                s.upstream.product_stock_url = "nope".into()
+            }),
+        ];
+        assert!(Settings::default().validate(SERVICE_KEY).is_ok());
+        for (key, mutate) in cases {
+            let mut s = Settings::default();
+            mutate(&mut s);
+            let e = s
+                .validate(SERVICE_KEY)
+                .map(|()| String::new())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains(key), "`{e}` does not name {key}");
+        }
+        let w = WarehouseSettings {
+            fail_fraction: 0.0,
+            fail_skus: " A, B ,,".into(),
+        };
+        assert_eq!(w.skus(), ["A", "B"]);
+    }
 }

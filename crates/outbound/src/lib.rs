@@ -3,6 +3,8 @@
 //! `main.rs` only loads settings and runs what [`startup::build`] returns.
 
 pub mod adapters;
+pub mod app;
 pub mod config;
+pub mod domain;
 pub mod migration;
 pub mod startup;

@@ -1,8 +1,17 @@
-//! Builds the outbound service from its settings.
+//! Builds the outbound service from its settings: database, the product-stock client, the
+//! warehouse adapter, broker, outbox relay, the `order.paid` consumer, the stuck-shipment
+//! sweeper, the dead-letter admin and the gRPC services.
 
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use flashsale_messaging::{
+    Broker, Consumer, DeadLetterAdmin, DeadLetterDrainer, OutboxRelay, Publisher,
+};
 use flashsale_platform::{
     app::{Application, Foundation},
-    dead_letter::PendingDeadLetters,
+    auth::{JwtKeys, ServiceToken},
+    failpoint::Failpoints,
     grpc::ServerRoutes,
 };
 use flashsale_proto::{
@@ -11,11 +20,25 @@ use flashsale_proto::{
 };
 use tonic::service::interceptor::InterceptedService;
 
-use crate::{adapters::grpc::OutboundApi, config::Settings, migration::Migrator};
+use crate::{
+    adapters::{
+        amqp,
+        grpc::OutboundApi,
+        stock::GrpcCommitter,
+        warehouse::{AlwaysShips, FlakyWarehouse, Warehouse},
+    },
+    app::Shipping,
+    config::Settings,
+    migration::Migrator,
+};
 
-/// Connects and migrates the database, binds the listeners and wires the gRPC services.
+/// [`build_with`] with failpoints from `FLASHSALE_FAILPOINTS`.
 pub async fn build(settings: Settings) -> anyhow::Result<Application> {
-    let f = Foundation::build::<Migrator>(
+    build_with(settings, flashsale_platform::failpoint::from_env()?).await
+}
+
+pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::Result<Application> {
+    let mut f = Foundation::build::<Migrator>(
         "outbound",
         &settings.grpc,
         &settings.metrics,
@@ -23,16 +46,80 @@ pub async fn build(settings: Settings) -> anyhow::Result<Application> {
         &settings.auth,
     )
     .await?;
+    let keys = JwtKeys::from_settings(&settings.auth, "outbound")?;
+    let token = Arc::new(
+        ServiceToken::new(keys, "outbound")
+            .map_err(|e| anyhow::anyhow!("mint service token: {e}"))?,
+    );
+    let stock = GrpcCommitter::new(
+        &settings.upstream.product_stock_url,
+        token,
+        Duration::from_millis(settings.shipping.commit_timeout_ms),
+    )?;
+    let warehouse: Arc<dyn Warehouse> =
+        if settings.warehouse.fail_fraction > 0.0 || !settings.warehouse.skus().is_empty() {
+            Arc::new(FlakyWarehouse::new(
+                settings.warehouse.fail_fraction,
+                settings.warehouse.skus(),
+            ))
+        } else {
+            Arc::new(AlwaysShips)
+        };
+    let shipping = Shipping::new(
+        f.db.clone(),
+        Arc::new(stock),
+        warehouse,
+        settings.shipping.clone(),
+    );
+
+    let broker = Broker::connect(settings.amqp.clone())
+        .await
+        .context("connect to RabbitMQ")?;
+    let topologies = [amqp::topology(&settings.amqp)];
+    let channel = broker.channel().await.context("open AMQP channel")?;
+    topologies[0]
+        .declare(&channel)
+        .await
+        .context("declare queues")?;
+    let shutdown = f.runner.shutdown();
+
+    let relay =
+        OutboxRelay::new(&f.db, Publisher::new(&broker))?.with_failpoints(failpoints.clone());
+    let s = shutdown.clone();
+    f.runner
+        .spawn(async move { relay.run(async move { s.wait().await }).await });
+    let sh = shipping.clone();
+    let consumer = Consumer::new(&broker, topologies[0].clone(), move |msg| {
+        amqp::handle(sh.clone(), msg)
+    })
+    .with_failpoints(failpoints);
+    let s = shutdown.clone();
+    f.runner
+        .spawn(async move { consumer.run(async move { s.wait().await }).await });
+    let drainer = DeadLetterDrainer::new(&broker, &f.db, &topologies)?;
+    let s = shutdown.clone();
+    f.runner
+        .spawn(async move { drainer.run(async move { s.wait().await }).await });
+    let dead_letters = DeadLetterAdmin::new(&f.db, Publisher::new(&broker), &topologies)?;
+    f.runner
+        .spawn(shipping.clone().run_sweeper(shutdown.clone()));
+    let b = broker.clone();
+    f.runner.spawn(async move {
+        shutdown.wait().await;
+        b.close().await;
+        Ok(())
+    });
+
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
-            OutboundServiceServer::new(OutboundApi)
+            OutboundServiceServer::new(OutboundApi::new(shipping))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             f.auth.clone(),
         ))
         .with_service(InterceptedService::new(
-            DeadLetterServiceServer::new(PendingDeadLetters)
+            DeadLetterServiceServer::new(dead_letters)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             f.auth.clone(),

@@ -139,3 +139,28 @@ pub fn not_yet<T>(
         Ok(()) => tonic::Status::unimplemented(format!("{rpc} is not implemented yet")),
     }
 }
+
+/// A channel to another service that connects on first use (so a service starts even while
+/// the one it calls is down; calls then fail `UNAVAILABLE`).
+pub fn lazy_channel(url: &str, timeout: Duration) -> anyhow::Result<tonic::transport::Channel> {
+    Ok(tonic::transport::Endpoint::from_shared(url.to_owned())
+        .with_context(|| format!("parse upstream URL `{url}`"))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(timeout)
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+/// `message` as a call to another service: its service token and the current trace context.
+pub fn service_request<T>(
+    message: T,
+    token: &crate::auth::ServiceToken,
+) -> Result<tonic::Request<T>, crate::ApiError> {
+    let mut req = tonic::Request::new(message);
+    let bearer = format!("Bearer {}", token.get()?).parse().map_err(|_| {
+        crate::ApiError::internal(anyhow::anyhow!("service token is not valid metadata"))
+    })?;
+    req.metadata_mut().insert("authorization", bearer);
+    crate::trace::inject_current(req.metadata_mut());
+    Ok(req)
+}

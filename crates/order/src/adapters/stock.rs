@@ -45,13 +45,10 @@ impl GrpcStock {
     /// A lazily connecting client of `url` (the order service starts even if product-stock is
     /// not up yet; calls then fail `UNAVAILABLE`).
     pub fn new(url: &str, token: Arc<ServiceToken>, timeout: Duration) -> anyhow::Result<Self> {
-        let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
         Ok(Self {
-            client: ProductStockServiceClient::new(channel),
+            client: ProductStockServiceClient::new(flashsale_platform::grpc::lazy_channel(
+                url, timeout,
+            )?),
             token,
         })
     }
@@ -66,21 +63,14 @@ impl StockPort for GrpcStock {
         sku: &str,
         quantity: i64,
     ) -> Result<Granted, OrderError> {
-        let mut req = tonic::Request::new(ReserveStockRequest {
+        let msg = ReserveStockRequest {
             order_id: order_id.to_string(),
             user_id: user_id.to_owned(),
             sku: sku.to_owned(),
             quantity,
-        });
-        let token = self
-            .token
-            .get()
-            .map_err(|e| OrderError::Internal(anyhow::anyhow!("mint service token: {e}")))?;
-        let bearer = format!("Bearer {token}").parse().map_err(|_| {
-            OrderError::Internal(anyhow::anyhow!("service token is not valid metadata"))
-        })?;
-        req.metadata_mut().insert("authorization", bearer);
-        flashsale_platform::trace::inject_current(req.metadata_mut());
+        };
+        let req = flashsale_platform::grpc::service_request(msg, &self.token)
+            .map_err(|e| OrderError::Internal(anyhow::anyhow!("service request: {e}")))?;
         match self.client.clone().reserve_stock(req).await {
             Ok(resp) => {
                 let r = resp.into_inner();

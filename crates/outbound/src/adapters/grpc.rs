@@ -1,16 +1,84 @@
-//! `flashsale.outbound.v1.OutboundService` over tonic. The business RPCs arrive with shipping
-//! (issue #5); until then each one checks the caller's role and answers `UNIMPLEMENTED`.
+//! `flashsale.outbound.v1.OutboundService` over tonic.
 
-use flashsale_platform::{auth::Role, grpc::not_yet};
+use flashsale_platform::{
+    ApiError,
+    auth::{Caller, Role},
+};
 use flashsale_proto::outbound::v1::{
-    GetShipmentRequest, GetShipmentResponse, ListShipmentsRequest, ListShipmentsResponse,
-    outbound_service_server::OutboundService,
+    self as pb, GetShipmentRequest, GetShipmentResponse, ListShipmentsRequest,
+    ListShipmentsResponse, outbound_service_server::OutboundService,
 };
 use tonic::{Request, Response, Status};
 
+use crate::{
+    app::Shipping,
+    domain::{OutboundError, Shipment, ShipmentStatus, parse_uuid},
+};
+
 /// The gRPC face of the outbound service.
-#[derive(Clone, Debug, Default)]
-pub struct OutboundApi;
+#[derive(Clone)]
+pub struct OutboundApi {
+    shipping: Shipping,
+}
+
+impl OutboundApi {
+    pub fn new(shipping: Shipping) -> Self {
+        Self { shipping }
+    }
+}
+
+fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
+    let caller = Caller::of(req)?;
+    caller.require(roles)?;
+    Ok(caller)
+}
+
+fn ts(t: chrono::DateTime<chrono::Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: i32::try_from(t.timestamp_subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn to_proto(s: Shipment) -> pb::Shipment {
+    let status = match s.status {
+        ShipmentStatus::Picking => pb::ShipmentStatus::Picking,
+        ShipmentStatus::Shipped => pb::ShipmentStatus::Shipped,
+        ShipmentStatus::Failed => pb::ShipmentStatus::Failed,
+    };
+    pb::Shipment {
+        shipment_id: s.shipment_id.to_string(),
+        order_id: s.order_id.to_string(),
+        user_id: s.user_id,
+        sku: s.sku,
+        quantity: s.quantity,
+        status: status as i32,
+        failure_reason: s.failure_reason.unwrap_or_default(),
+        attempts: s.attempts,
+        create_time: Some(ts(s.created_at)),
+        update_time: Some(ts(s.updated_at)),
+    }
+}
+
+/// The one mapping from outbound errors to the API.
+impl From<OutboundError> for ApiError {
+    fn from(e: OutboundError) -> Self {
+        let message = e.to_string();
+        match e {
+            OutboundError::Invalid(v) => ApiError::InvalidArgument(v),
+            OutboundError::NotFound(_) => ApiError::NotFound(message),
+            OutboundError::Transient(_) => ApiError::Unavailable {
+                reason: "DEPENDENCY_UNAVAILABLE",
+                message,
+            },
+            OutboundError::Internal(e) => ApiError::Internal(e),
+        }
+    }
+}
+
+fn status(e: OutboundError) -> Status {
+    ApiError::from(e).into()
+}
 
 #[tonic::async_trait]
 impl OutboundService for OutboundApi {
@@ -18,13 +86,35 @@ impl OutboundService for OutboundApi {
         &self,
         req: Request<GetShipmentRequest>,
     ) -> Result<Response<GetShipmentResponse>, Status> {
-        Err(not_yet(&req, &[Role::User, Role::Admin], "GetShipment"))
+        let caller = authorize(&req, &[Role::User, Role::Admin])?;
+        let order_id = parse_uuid("order_id", &req.get_ref().order_id).map_err(status)?;
+        let s = self.shipping.get(&caller, order_id).await.map_err(status)?;
+        Ok(Response::new(GetShipmentResponse {
+            shipment: Some(to_proto(s)),
+        }))
     }
 
     async fn list_shipments(
         &self,
         req: Request<ListShipmentsRequest>,
     ) -> Result<Response<ListShipmentsResponse>, Status> {
-        Err(not_yet(&req, &[Role::Admin], "ListShipments"))
+        authorize(&req, &[Role::Admin])?;
+        let r = req.into_inner();
+        let filter = match pb::ShipmentStatus::try_from(r.status) {
+            Ok(pb::ShipmentStatus::Unspecified) => None,
+            Ok(pb::ShipmentStatus::Picking) => Some(ShipmentStatus::Picking),
+            Ok(pb::ShipmentStatus::Shipped) => Some(ShipmentStatus::Shipped),
+            Ok(pb::ShipmentStatus::Failed) => Some(ShipmentStatus::Failed),
+            Err(_) => return Err(status(OutboundError::invalid("status", "unknown status"))),
+        };
+        let (page, next) = self
+            .shipping
+            .list(filter, r.page_size, &r.page_token)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(ListShipmentsResponse {
+            shipments: page.into_iter().map(to_proto).collect(),
+            next_page_token: next,
+        }))
     }
 }

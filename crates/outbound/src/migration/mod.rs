@@ -1,14 +1,18 @@
-//! The order database's schema, applied at start-up.
+//! The outbound database's schema, applied at start-up.
 
 use sea_orm_migration::{MigrationTrait, MigratorTrait, async_trait::async_trait};
+
+mod m0001_shipments;
 
 pub struct Migrator;
 
 #[async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(
-            flashsale_messaging::migration::CreateOutboxAndInbox,
-        )]
+        vec![
+            Box::new(flashsale_messaging::migration::CreateOutboxAndInbox),
+            Box::new(flashsale_messaging::migration::CreateDeadLetters),
+            Box::new(m0001_shipments::Migration),
+        ]
     }
 }

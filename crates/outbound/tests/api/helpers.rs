@@ -21,6 +21,10 @@ pub fn test_settings(db: &TestDatabase) -> Settings {
     s.amqp.url = amqp_url();
     s.amqp.exchange = unique_name("fs_test_ex");
     s.amqp.queue_prefix = format!("{}.", unique_name("fs_test_q"));
+    s.amqp.queue_expires_ms = 60_000;
+    s.amqp.queue_type = flashsale_messaging::QueueType::Classic;
+    s.amqp.retry_base_ms = 50;
+    s.amqp.max_attempts = 3;
     s
 }
 

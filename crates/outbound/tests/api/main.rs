@@ -1,6 +1,9 @@
-//! Integration tests of the outbound service against real PostgreSQL (one fresh database per test).
+//! Integration tests of the outbound service against real PostgreSQL, Redis and RabbitMQ, with
+//! product-stock beside it: each test gets its own databases, key prefix, exchange and queues.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod foundation;
 mod helpers;
+mod shipping;
+mod stack;

@@ -1,0 +1,243 @@
+//! `flashsale order create|get|list|watch|pay|cancel` against the order service. Commands act
+//! as the buyer `--user` (a user token minted from the shared secret) unless `--admin` or
+//! `--token` is given; answers print as JSON, a watch as one compact JSON line per update.
+
+use std::{process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::{Subcommand, ValueEnum};
+use flashsale_platform::auth::Role;
+use flashsale_proto::order::v1::{
+    CancelOrderRequest, CreateOrderRequest, GetOrderRequest, ListOrdersRequest, OrderStatus,
+    PayOrderRequest, WatchOrderRequest, order_service_client::OrderServiceClient,
+};
+use tonic::transport::Channel;
+
+use crate::{
+    output::{authorized, connect, print, status_error, to_json},
+    token::Secret,
+};
+
+/// Lifetime of a minted token; the service checks it once per call, so a long watch is fine.
+const TOKEN_TTL: Duration = Duration::from_secs(600);
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The order gRPC endpoint.
+    #[arg(
+        long,
+        env = "FLASHSALE_ORDER_URL",
+        default_value = "http://127.0.0.1:50052",
+        global = true
+    )]
+    url: String,
+    /// Bearer token to send; minted from the secret (see --user, --admin) when unset.
+    #[arg(long, env = "FLASHSALE_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+    /// The buyer: subject of the minted token.
+    #[arg(long, default_value = "cli-user", global = true)]
+    user: String,
+    /// Mint an admin token (subject --user) instead of a user token: for get, list, watch and
+    /// cancel of anyone's orders.
+    #[arg(long, global = true)]
+    admin: bool,
+    #[command(flatten)]
+    secret: Secret,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Status {
+    Pending,
+    AwaitingPayment,
+    Paid,
+    Shipped,
+    Cancelled,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Place an order; it answers PENDING at once (follow it with `watch`).
+    Create {
+        #[arg(long)]
+        sku: String,
+        /// Units to buy.
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+        quantity: i64,
+        /// Idempotency key; a fresh one when unset.
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Show one order.
+    Get { order_id: String },
+    /// List orders, newest first (every page unless --page-size is given).
+    List {
+        /// Whose orders (admin only; default: the caller, or everyone's for an admin).
+        #[arg(long)]
+        user_id: Option<String>,
+        #[arg(long, value_enum)]
+        status: Option<Status>,
+        #[arg(long, allow_negative_numbers = true)]
+        page_size: Option<i32>,
+    },
+    /// Print the order, then every change, one JSON line each, until it is shipped or
+    /// cancelled.
+    Watch {
+        order_id: String,
+        /// Give up (and fail) after this many seconds.
+        #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=604_800))]
+        timeout_secs: u64,
+    },
+    /// Pay an order awaiting payment; idempotent on --payment-id.
+    Pay {
+        order_id: String,
+        /// Must equal the order's total_cents.
+        #[arg(long, allow_negative_numbers = true)]
+        amount_cents: i64,
+        /// The payment's identifier; a fresh one when unset.
+        #[arg(long)]
+        payment_id: Option<String>,
+    },
+    /// Cancel an order that is not yet paid.
+    Cancel { order_id: String },
+}
+
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let token = match args.token.clone() {
+        Some(t) => t,
+        None => {
+            let role = if args.admin { Role::Admin } else { Role::User };
+            args.secret.mint(&args.user, role, TOKEN_TTL)?
+        }
+    };
+    let mut client = OrderServiceClient::new(connect(&args.url, Duration::from_secs(10)).await?);
+    match args.command {
+        Command::Create {
+            sku,
+            quantity,
+            request_id,
+        } => {
+            let req = CreateOrderRequest {
+                request_id: request_id.unwrap_or_else(fresh_id),
+                sku,
+                quantity,
+            };
+            let resp = client
+                .create_order(authorized(req, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(&resp.into_inner(), "flashsale.order.v1.CreateOrderResponse")?;
+        }
+        Command::Get { order_id } => {
+            let resp = client
+                .get_order(authorized(GetOrderRequest { order_id }, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(&resp.into_inner(), "flashsale.order.v1.GetOrderResponse")?;
+        }
+        Command::List {
+            user_id,
+            status,
+            page_size,
+        } => {
+            let mut page_token = String::new();
+            loop {
+                let req = ListOrdersRequest {
+                    user_id: user_id.clone().unwrap_or_default(),
+                    status: status.map_or(OrderStatus::Unspecified, Status::to_proto) as i32,
+                    page_size: page_size.unwrap_or(0),
+                    page_token,
+                };
+                let page = client
+                    .list_orders(authorized(req, &token)?)
+                    .await
+                    .map_err(status_error)?
+                    .into_inner();
+                print(&page, "flashsale.order.v1.ListOrdersResponse")?;
+                if page_size.is_some() || page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
+        }
+        Command::Watch {
+            order_id,
+            timeout_secs,
+        } => {
+            let limit = Duration::from_secs(timeout_secs);
+            tokio::time::timeout(limit, watch(&mut client, order_id.clone(), &token, limit))
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!("order {order_id} did not end within {timeout_secs} s")
+                })??;
+        }
+        Command::Pay {
+            order_id,
+            amount_cents,
+            payment_id,
+        } => {
+            let req = PayOrderRequest {
+                order_id,
+                payment_id: payment_id.unwrap_or_else(fresh_id),
+                amount_cents,
+            };
+            let resp = client
+                .pay_order(authorized(req, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(&resp.into_inner(), "flashsale.order.v1.PayOrderResponse")?;
+        }
+        Command::Cancel { order_id } => {
+            let resp = client
+                .cancel_order(authorized(CancelOrderRequest { order_id }, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(&resp.into_inner(), "flashsale.order.v1.CancelOrderResponse")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints each message of the WatchOrder stream as a JSON line until the server ends it.
+async fn watch(
+    client: &mut OrderServiceClient<Channel>,
+    order_id: String,
+    token: &str,
+    deadline: Duration,
+) -> anyhow::Result<()> {
+    let mut req = authorized(WatchOrderRequest { order_id }, token)?;
+    // The server learns the deadline too (`grpc-timeout`), so it can drop the watch with us.
+    req.set_timeout(deadline);
+    let mut stream = client
+        .watch_order(req)
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    while let Some(update) = stream.message().await.map_err(status_error)? {
+        let json = to_json(&update, "flashsale.order.v1.WatchOrderResponse")?;
+        println!(
+            "{}",
+            serde_json::to_string(&json).context("encode an update")?
+        );
+    }
+    Ok(())
+}
+
+fn fresh_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+// === impl Status ===
+
+impl Status {
+    fn to_proto(self) -> OrderStatus {
+        match self {
+            Status::Pending => OrderStatus::Pending,
+            Status::AwaitingPayment => OrderStatus::AwaitingPayment,
+            Status::Paid => OrderStatus::Paid,
+            Status::Shipped => OrderStatus::Shipped,
+            Status::Cancelled => OrderStatus::Cancelled,
+        }
+    }
+}

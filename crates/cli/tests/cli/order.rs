@@ -1,0 +1,246 @@
+//! `flashsale order …` against product-stock and order running in-process: placing, listing,
+//! following, paying and cancelling orders, and the server's refusals on stderr.
+
+use std::time::Duration;
+
+use flashsale_proto::order::v1::OrderStatus;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+use crate::helpers::{Stack, piped};
+
+/// Longest wait for one line of a watch or for the watch to exit.
+const WAIT: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn order_create_answers_pending_and_list_shows_the_buyers_orders() {
+    let stack = Stack::spawn().await;
+    stack.product("ORD-1", 1500, 10).await;
+    let create = stack
+        .order(
+            "ann",
+            &[
+                "create",
+                "--sku",
+                "ORD-1",
+                "--quantity",
+                "2",
+                "--request-id",
+                "r-1",
+            ],
+        )
+        .await
+        .json();
+    let order = &create["order"];
+    assert_eq!(order["status"], "ORDER_STATUS_PENDING", "{create}");
+    assert_eq!(
+        (
+            order["userId"].as_str(),
+            order["sku"].as_str(),
+            order["quantity"].as_str(),
+            order["totalCents"].as_str(),
+            order["requestId"].as_str(),
+        ),
+        (
+            Some("ann"),
+            Some("ORD-1"),
+            Some("2"),
+            Some("3000"),
+            Some("r-1")
+        )
+    );
+    let id = order["orderId"].as_str().unwrap().to_owned();
+    let other = stack.place("ann", "ORD-1", 1).await;
+    stack.place("bob", "ORD-1", 1).await;
+
+    let list = stack.order("ann", &["list"]).await.json();
+    let ids: Vec<&str> = list["orders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["orderId"].as_str())
+        .collect();
+    assert_eq!(ids, [other.as_str(), id.as_str()], "newest first: {list}");
+
+    // One order a page still walks every page.
+    let paged = stack
+        .order("ann", &["list", "--page-size", "1"])
+        .await
+        .json();
+    assert_eq!(paged["orders"].as_array().unwrap().len(), 1, "{paged}");
+    assert!(!paged["nextPageToken"].as_str().unwrap_or("").is_empty());
+
+    let all = stack.order("root", &["--admin", "list"]).await;
+    assert!(all.ok, "{}", all.stderr);
+    assert_eq!(
+        all.stdout.matches("\"orderId\"").count(),
+        3,
+        "{}",
+        all.stdout
+    );
+    let bobs = stack
+        .order("root", &["--admin", "list", "--user-id", "bob"])
+        .await
+        .json();
+    assert_eq!(bobs["orders"].as_array().unwrap().len(), 1, "{bobs}");
+    let cancelled = stack
+        .order("ann", &["list", "--status", "cancelled"])
+        .await
+        .json();
+    assert!(cancelled["orders"].as_array().is_none_or(Vec::is_empty));
+
+    let get = stack.order("ann", &["get", &id]).await.json();
+    assert_eq!(get["order"]["orderId"], id.as_str());
+    let admin = stack.order("root", &["--admin", "get", &id]).await;
+    assert!(admin.ok, "{}", admin.stderr);
+}
+
+#[tokio::test]
+async fn order_watch_prints_each_update_until_the_order_is_cancelled() {
+    let stack = Stack::spawn().await;
+    stack.product("ORD-W", 900, 5).await;
+    let id = stack.place("ann", "ORD-W", 1).await;
+
+    let mut watch = piped(stack.order_command("ann", &["watch", &id]));
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .expect("watch printed nothing")
+        .unwrap()
+        .expect("watch ended before its first update");
+    // One compact JSON document per line.
+    let first: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(first["order"]["orderId"], id.as_str(), "{first}");
+    assert!(
+        ["ORDER_STATUS_PENDING", "ORDER_STATUS_AWAITING_PAYMENT"]
+            .contains(&first["order"]["status"].as_str().unwrap_or("")),
+        "{first}"
+    );
+
+    let cancel = stack.order("ann", &["cancel", &id]).await.json();
+    assert_eq!(cancel["order"]["status"], "ORDER_STATUS_CANCELLED");
+
+    let mut last = first;
+    while let Some(line) = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .expect("watch did not end after the cancel")
+        .unwrap()
+    {
+        last = serde_json::from_str(&line).unwrap();
+    }
+    assert_eq!(last["order"]["status"], "ORDER_STATUS_CANCELLED", "{last}");
+    assert_eq!(
+        last["order"]["cancelReason"],
+        "CANCEL_REASON_USER_CANCELLED"
+    );
+    let status = tokio::time::timeout(WAIT, watch.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "watch exited with {status}");
+}
+
+#[tokio::test]
+async fn order_pay_refuses_a_wrong_amount_and_pays_the_total() {
+    let stack = Stack::spawn().await;
+    stack.product("ORD-P", 1250, 5).await;
+    let id = stack.place("ann", "ORD-P", 2).await;
+    stack
+        .wait_status("ann", &id, OrderStatus::AwaitingPayment)
+        .await;
+
+    // A watch of an order that does not end gives up at its timeout, having printed the state.
+    let watch = stack
+        .order("ann", &["watch", &id, "--timeout-secs", "1"])
+        .await;
+    assert!(!watch.ok, "{}", watch.stdout);
+    assert!(watch.stderr.contains("did not end"), "{}", watch.stderr);
+    let seen: Value = serde_json::from_str(watch.stdout.lines().next().unwrap_or("")).unwrap();
+    assert_eq!(seen["order"]["status"], "ORDER_STATUS_AWAITING_PAYMENT");
+
+    let wrong = stack
+        .order("ann", &["pay", &id, "--amount-cents", "1250"])
+        .await;
+    assert!(
+        !wrong.ok
+            && wrong.stderr.contains("InvalidArgument")
+            && wrong.stderr.contains("amount_cents"),
+        "{}",
+        wrong.stderr
+    );
+
+    let paid = stack
+        .order(
+            "ann",
+            &["pay", &id, "--amount-cents", "2500", "--payment-id", "p-1"],
+        )
+        .await
+        .json();
+    assert_eq!(paid["order"]["status"], "ORDER_STATUS_PAID", "{paid}");
+    assert_eq!(paid["order"]["paymentId"], "p-1");
+    let again = stack
+        .order(
+            "ann",
+            &["pay", &id, "--amount-cents", "2500", "--payment-id", "p-1"],
+        )
+        .await
+        .json();
+    assert_eq!(again["replayed"], true, "{again}");
+
+    let listed = stack
+        .order("ann", &["list", "--status", "paid"])
+        .await
+        .json();
+    assert_eq!(listed["orders"][0]["orderId"], id.as_str(), "{listed}");
+}
+
+#[tokio::test]
+async fn order_commands_report_the_servers_refusal() {
+    let stack = Stack::spawn().await;
+    stack.product("ORD-R", 700, 5).await;
+
+    let zero = stack
+        .order("ann", &["create", "--sku", "ORD-R", "--quantity", "0"])
+        .await;
+    assert!(
+        !zero.ok && zero.stderr.contains("InvalidArgument") && zero.stderr.contains("quantity"),
+        "{}",
+        zero.stderr
+    );
+
+    let id = stack.place("ann", "ORD-R", 1).await;
+    let foreign = stack.order("bob", &["get", &id]).await;
+    assert!(
+        !foreign.ok && foreign.stderr.contains("NotFound"),
+        "{}",
+        foreign.stderr
+    );
+    let not_bobs = stack.order("bob", &["cancel", &id]).await;
+    assert!(
+        !not_bobs.ok && not_bobs.stderr.contains("NotFound"),
+        "{}",
+        not_bobs.stderr
+    );
+    let snoop = stack.order("bob", &["list", "--user-id", "ann"]).await;
+    assert!(
+        !snoop.ok && snoop.stderr.contains("PermissionDenied"),
+        "{}",
+        snoop.stderr
+    );
+    let forged = stack.order("ann", &["list", "--token", "forged"]).await;
+    assert!(
+        !forged.ok && forged.stderr.contains("Unauthenticated"),
+        "{}",
+        forged.stderr
+    );
+    let sold = stack
+        .order("ann", &["create", "--sku", "ORD-R", "--quantity", "9"])
+        .await;
+    assert!(
+        !sold.ok
+            && sold.stderr.contains("FailedPrecondition")
+            && sold.stderr.contains("INSUFFICIENT_STOCK"),
+        "{}",
+        sold.stderr
+    );
+}

@@ -1,0 +1,108 @@
+//! `flashsale product …` against product-stock, including the server's refusals.
+
+use crate::helpers::{flashsale, product_stock};
+
+#[tokio::test]
+async fn product_commands_create_restock_list_and_reconcile() {
+    let (url, stop, _db) = product_stock().await;
+    let create = flashsale(
+        &[
+            "product",
+            "create",
+            "--sku",
+            "CLI-1",
+            "--name",
+            "Cli wine",
+            "--price-cents",
+            "1200",
+            "--stock",
+            "5",
+            "--per-user-limit",
+            "1",
+            "--policy",
+            "commit-at-order",
+        ],
+        &url,
+    )
+    .await;
+    assert!(create.ok, "{}", create.stderr);
+    let json: serde_json::Value = serde_json::from_str(&create.stdout).unwrap();
+    assert_eq!(json["product"]["onHand"], "5");
+    assert_eq!(
+        json["product"]["deductionPolicy"],
+        "DEDUCTION_POLICY_COMMIT_AT_ORDER"
+    );
+
+    let restock = flashsale(
+        &[
+            "product",
+            "restock",
+            "--sku",
+            "CLI-1",
+            "--delta",
+            "3",
+            "--request-id",
+            "r1",
+        ],
+        &url,
+    )
+    .await;
+    assert!(restock.ok, "{}", restock.stderr);
+    let get = flashsale(&["product", "get", "CLI-1"], &url).await;
+    let json: serde_json::Value = serde_json::from_str(&get.stdout).unwrap();
+    assert_eq!(
+        (
+            json["product"]["onHand"].as_str(),
+            json["product"]["gateAvailable"].as_str()
+        ),
+        (Some("8"), Some("8"))
+    );
+
+    let list = flashsale(&["product", "list"], &url).await;
+    assert!(list.ok && list.stdout.contains("CLI-1"), "{}", list.stderr);
+    let rec = flashsale(&["product", "reconcile", "--sku", "CLI-1"], &url).await;
+    assert!(rec.ok, "{}", rec.stderr);
+    let json: serde_json::Value = serde_json::from_str(&rec.stdout).unwrap();
+    assert_eq!(json["reports"][0]["sku"], "CLI-1");
+    stop.trigger();
+}
+
+#[tokio::test]
+async fn product_commands_report_the_servers_refusal() {
+    let (url, stop, _db) = product_stock().await;
+    let bad = flashsale(
+        &[
+            "product",
+            "create",
+            "--sku",
+            "BAD",
+            "--name",
+            "x",
+            "--price-cents",
+            "-5",
+            "--stock",
+            "1",
+        ],
+        &url,
+    )
+    .await;
+    assert!(!bad.ok);
+    assert!(
+        bad.stderr.contains("InvalidArgument") && bad.stderr.contains("price_cents"),
+        "{}",
+        bad.stderr
+    );
+    let missing = flashsale(&["product", "get", "NOPE"], &url).await;
+    assert!(
+        !missing.ok && missing.stderr.contains("NotFound"),
+        "{}",
+        missing.stderr
+    );
+    let wrong = flashsale(&["product", "list", "--token", "forged"], &url).await;
+    assert!(
+        !wrong.ok && wrong.stderr.contains("Unauthenticated"),
+        "{}",
+        wrong.stderr
+    );
+    stop.trigger();
+}

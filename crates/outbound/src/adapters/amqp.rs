@@ -1,0 +1,34 @@
+//! The event the outbound service consumes: `order.paid`.
+
+use flashsale_messaging::{AmqpConfig, HandlerError, Incoming, QueueTopology};
+use flashsale_proto::events::v1::envelope::Payload;
+
+use crate::{app::Shipping, domain::OutboundError};
+
+/// The outbound service's consumer queue (competing consumers across replicas).
+pub const PAID_ORDERS_QUEUE: &str = "outbound.paid-orders";
+
+pub fn topology(config: &AmqpConfig) -> QueueTopology {
+    QueueTopology::new(config, PAID_ORDERS_QUEUE, &["order.paid"])
+}
+
+/// Handles one delivery.
+pub async fn handle(shipping: Shipping, msg: Incoming) -> Result<(), HandlerError> {
+    let Some(Payload::OrderPaid(ev)) = &msg.envelope.payload else {
+        let kind = msg
+            .envelope
+            .payload
+            .as_ref()
+            .map_or("none", flashsale_messaging::envelope::routing_key);
+        return Err(HandlerError::permanent(anyhow::anyhow!(
+            "the outbound service does not handle `{kind}`"
+        )));
+    };
+    match shipping.on_order_paid(&msg.envelope, ev).await {
+        Ok(_) => Ok(()),
+        Err(OutboundError::Invalid(v)) => Err(HandlerError::permanent(anyhow::anyhow!(
+            "invalid event: {v:?}"
+        ))),
+        Err(e) => Err(HandlerError::transient(anyhow::Error::new(e))),
+    }
+}

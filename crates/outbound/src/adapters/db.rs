@@ -1,0 +1,214 @@
+//! The outbound database in SQL through sea-orm.
+
+use chrono::{DateTime, Utc};
+use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement, Value};
+use uuid::Uuid;
+
+use crate::domain::{OutboundError, Policy, Shipment, ShipmentStatus};
+
+fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
+    Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
+}
+
+impl From<sea_orm::DbErr> for OutboundError {
+    fn from(e: sea_orm::DbErr) -> Self {
+        Self::Internal(anyhow::Error::new(e))
+    }
+}
+
+#[derive(FromQueryResult)]
+struct Row {
+    shipment_id: Uuid,
+    order_id: Uuid,
+    user_id: String,
+    sku: String,
+    quantity: i64,
+    policy: String,
+    status: String,
+    failure_reason: Option<String>,
+    attempts: i32,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl TryFrom<Row> for Shipment {
+    type Error = OutboundError;
+    fn try_from(r: Row) -> Result<Self, OutboundError> {
+        let bad = |what: &str, v: &str| {
+            OutboundError::Internal(anyhow::anyhow!("unexpected {what} `{v}` in the database"))
+        };
+        Ok(Shipment {
+            policy: Policy::from_db(&r.policy).ok_or_else(|| bad("policy", &r.policy))?,
+            status: ShipmentStatus::from_db(&r.status).ok_or_else(|| bad("status", &r.status))?,
+            shipment_id: r.shipment_id,
+            order_id: r.order_id,
+            user_id: r.user_id,
+            sku: r.sku,
+            quantity: r.quantity,
+            failure_reason: r.failure_reason,
+            attempts: r.attempts,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+const SELECT: &str = "SELECT shipment_id, order_id, user_id, sku, quantity, policy, status, failure_reason, attempts, \
+     created_at, updated_at FROM shipments";
+
+/// A paid order to ship.
+pub struct NewShipment<'a> {
+    pub order_id: Uuid,
+    pub user_id: &'a str,
+    pub sku: &'a str,
+    pub quantity: i64,
+    pub policy: Policy,
+    pub payment_id: &'a str,
+}
+
+/// Creates the order's shipment unless it has one; returns the shipment id either way.
+pub async fn create<C: ConnectionTrait>(c: &C, s: &NewShipment<'_>) -> Result<Uuid, OutboundError> {
+    c.execute_raw(stmt(
+        "INSERT INTO shipments (shipment_id, order_id, user_id, sku, quantity, policy, payment_id, status) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'PICKING') ON CONFLICT (order_id) DO NOTHING",
+        [
+            Uuid::now_v7().into(),
+            s.order_id.into(),
+            s.user_id.into(),
+            s.sku.into(),
+            s.quantity.into(),
+            s.policy.as_db().into(),
+            s.payment_id.into(),
+        ],
+    ))
+    .await?;
+    by_order(c, s.order_id)
+        .await?
+        .map(|x| x.shipment_id)
+        .ok_or(OutboundError::NotFound(s.order_id))
+}
+
+pub async fn by_order<C: ConnectionTrait>(
+    c: &C,
+    order_id: Uuid,
+) -> Result<Option<Shipment>, OutboundError> {
+    let sql = format!("{SELECT} WHERE order_id = $1");
+    Row::find_by_statement(stmt(&sql, [order_id.into()]))
+        .one(c)
+        .await?
+        .map(Shipment::try_from)
+        .transpose()
+}
+
+/// The shipment, locked for this transaction, or `None` when another worker holds it.
+pub async fn lock<C: ConnectionTrait>(
+    c: &C,
+    shipment_id: Uuid,
+) -> Result<Option<Shipment>, OutboundError> {
+    let sql = format!("{SELECT} WHERE shipment_id = $1 FOR UPDATE SKIP LOCKED");
+    Row::find_by_statement(stmt(&sql, [shipment_id.into()]))
+        .one(c)
+        .await?
+        .map(Shipment::try_from)
+        .transpose()
+}
+
+/// Counts one more attempt and records how its step went.
+pub async fn attempt<C: ConnectionTrait>(
+    c: &C,
+    shipment_id: Uuid,
+    attempt: i32,
+    step: &str,
+    outcome: &str,
+    detail: &str,
+) -> Result<(), OutboundError> {
+    c.execute_raw(stmt(
+        "INSERT INTO shipment_attempts (shipment_id, attempt, step, outcome, detail) VALUES ($1, $2, $3, $4, $5)",
+        [shipment_id.into(), attempt.into(), step.into(), outcome.into(), detail.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+pub async fn set_attempts<C: ConnectionTrait>(
+    c: &C,
+    shipment_id: Uuid,
+    attempts: i32,
+) -> Result<(), OutboundError> {
+    c.execute_raw(stmt(
+        "UPDATE shipments SET attempts = $2, updated_at = now() WHERE shipment_id = $1",
+        [shipment_id.into(), attempts.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// PICKING → `to` (compare-and-set); returns whether it was still PICKING.
+pub async fn finish<C: ConnectionTrait>(
+    c: &C,
+    shipment_id: Uuid,
+    to: ShipmentStatus,
+    reason: Option<&str>,
+) -> Result<bool, OutboundError> {
+    let res = c
+        .execute_raw(stmt(
+            "UPDATE shipments SET status = $2, failure_reason = $3, updated_at = now() \
+             WHERE shipment_id = $1 AND status = 'PICKING'",
+            [
+                shipment_id.into(),
+                to.as_db().into(),
+                reason.map(str::to_owned).into(),
+            ],
+        ))
+        .await?;
+    Ok(res.rows_affected() == 1)
+}
+
+/// Shipments still PICKING whose last change is older than `older_than`.
+pub async fn stuck<C: ConnectionTrait>(
+    c: &C,
+    older_than: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<Uuid>, OutboundError> {
+    #[derive(FromQueryResult)]
+    struct Id {
+        shipment_id: Uuid,
+    }
+    Ok(Id::find_by_statement(stmt(
+        "SELECT shipment_id FROM shipments WHERE status = 'PICKING' AND updated_at < $1 ORDER BY updated_at LIMIT $2",
+        [older_than.into(), limit.into()],
+    ))
+    .all(c)
+    .await?
+    .into_iter()
+    .map(|r| r.shipment_id)
+    .collect())
+}
+
+/// A page of shipments, newest first, after the `(created_at, shipment_id)` cursor.
+pub async fn list<C: ConnectionTrait>(
+    c: &C,
+    status: Option<ShipmentStatus>,
+    after: Option<(DateTime<Utc>, Uuid)>,
+    limit: i64,
+) -> Result<Vec<Shipment>, OutboundError> {
+    let (at, id) = after.map_or((None, None), |(t, i)| (Some(t), Some(i)));
+    let sql = format!(
+        "{SELECT} WHERE ($1::text IS NULL OR status = $1) AND ($2::timestamptz IS NULL OR (created_at, shipment_id) < ($2, $3)) \
+         ORDER BY created_at DESC, shipment_id DESC LIMIT $4"
+    );
+    Row::find_by_statement(stmt(
+        &sql,
+        [
+            status.map(ShipmentStatus::as_db).into(),
+            at.into(),
+            id.into(),
+            limit.into(),
+        ],
+    ))
+    .all(c)
+    .await?
+    .into_iter()
+    .map(Shipment::try_from)
+    .collect()
+}

@@ -1,0 +1,77 @@
+//! Committing a reservation on product-stock at shipment: one port trait and its gRPC adapter.
+
+use std::{sync::Arc, time::Duration};
+
+use flashsale_platform::auth::ServiceToken;
+use flashsale_proto::product::v1::{
+    CommitReservationRequest, product_stock_service_client::ProductStockServiceClient,
+};
+use tonic::{Code, transport::Channel};
+use uuid::Uuid;
+
+/// Why a commit did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// product-stock refused (`FAILED_PRECONDITION` / `NOT_FOUND`): retrying cannot help.
+    #[error("{0}")]
+    Permanent(String),
+    /// Unreachable, overloaded, or the reservation is not persisted yet: retry later.
+    #[error("{0}")]
+    Transient(String),
+}
+
+#[tonic::async_trait]
+pub trait StockCommitter: Send + Sync + 'static {
+    /// Deducts the order's reserved units from on_hand; idempotent.
+    async fn commit(&self, order_id: Uuid) -> Result<(), CommitError>;
+}
+
+/// [`StockCommitter`] over product-stock's gRPC API, with a service token.
+#[derive(Clone)]
+pub struct GrpcCommitter {
+    client: ProductStockServiceClient<Channel>,
+    token: Arc<ServiceToken>,
+}
+
+impl GrpcCommitter {
+    pub fn new(url: &str, token: Arc<ServiceToken>, timeout: Duration) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: ProductStockServiceClient::new(flashsale_platform::grpc::lazy_channel(
+                url, timeout,
+            )?),
+            token,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl StockCommitter for GrpcCommitter {
+    async fn commit(&self, order_id: Uuid) -> Result<(), CommitError> {
+        let msg = CommitReservationRequest {
+            order_id: order_id.to_string(),
+        };
+        let req = flashsale_platform::grpc::service_request(msg, &self.token)
+            .map_err(|e| CommitError::Transient(format!("service request: {e}")))?;
+        match self.client.clone().commit_reservation(req).await {
+            Ok(_) => Ok(()),
+            Err(s) => {
+                let reason = flashsale_platform::error::reason_of(&s).unwrap_or_default();
+                let text = format!("CommitReservation: {:?} {reason} {}", s.code(), s.message());
+                match (s.code(), reason.as_str()) {
+                    // Still HELD in the gate: order.created has not been persisted yet.
+                    (Code::FailedPrecondition, "RESERVATION_NOT_RESERVED") => {
+                        Err(CommitError::Transient(text))
+                    }
+                    (
+                        Code::FailedPrecondition
+                        | Code::NotFound
+                        | Code::InvalidArgument
+                        | Code::PermissionDenied,
+                        _,
+                    ) => Err(CommitError::Permanent(text)),
+                    _ => Err(CommitError::Transient(text)),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! GetShipment and ListShipments.
+
+use chrono::{DateTime, Utc};
+use flashsale_platform::auth::{Caller, Role};
+use uuid::Uuid;
+
+use super::Shipping;
+use crate::{
+    adapters::db,
+    domain::{OutboundError, Shipment, ShipmentStatus},
+};
+
+pub const DEFAULT_PAGE_SIZE: i64 = 50;
+pub const MAX_PAGE_SIZE: i64 = 500;
+
+impl Shipping {
+    /// The shipment of an order the caller may see (another user's is NOT_FOUND).
+    pub async fn get(&self, caller: &Caller, order_id: Uuid) -> Result<Shipment, OutboundError> {
+        match db::by_order(&self.db, order_id).await? {
+            Some(s) if caller.role == Role::Admin || s.user_id == caller.subject => Ok(s),
+            _ => Err(OutboundError::NotFound(order_id)),
+        }
+    }
+
+    /// A page of shipments, newest first, and the next page's token.
+    pub async fn list(
+        &self,
+        status: Option<ShipmentStatus>,
+        page_size: i32,
+        token: &str,
+    ) -> Result<(Vec<Shipment>, String), OutboundError> {
+        let size = match page_size {
+            n if n < 0 => return Err(OutboundError::invalid("page_size", "must not be negative")),
+            0 => DEFAULT_PAGE_SIZE,
+            n => i64::from(n).min(MAX_PAGE_SIZE),
+        };
+        let filter = status.map_or("*", ShipmentStatus::as_db);
+        let after = decode(token, filter)?;
+        let mut page = db::list(&self.db, status, after, size + 1).await?;
+        let next = if page.len() as i64 > size {
+            page.truncate(size as usize);
+            page.last()
+                .map(|s| encode(s.created_at, s.shipment_id, filter))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok((page, next))
+    }
+}
+
+fn encode(at: DateTime<Utc>, id: Uuid, filter: &str) -> String {
+    format!("s1.{}.{}.{filter}", at.timestamp_micros(), id.simple())
+}
+
+fn decode(token: &str, filter: &str) -> Result<Option<(DateTime<Utc>, Uuid)>, OutboundError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || {
+        OutboundError::invalid(
+            "page_token",
+            "not a token this server issued for this filter",
+        )
+    };
+    let mut parts = token.splitn(4, '.');
+    let (Some("s1"), Some(micros), Some(id), Some(f)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    if f != filter {
+        return Err(bad());
+    }
+    let at = micros
+        .parse::<i64>()
+        .ok()
+        .and_then(DateTime::<Utc>::from_timestamp_micros)
+        .ok_or_else(bad)?;
+    Ok(Some((at, Uuid::try_parse(id).map_err(|_| bad())?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_round_trip_and_only_for_their_filter() {
+        let (at, id) = (Utc::now(), Uuid::new_v4());
+        let t = encode(at, id, "FAILED");
+        assert_eq!(decode(&t, "FAILED").unwrap().unwrap().1, id);
+        assert!(decode(&t, "*").is_err());
+        assert!(decode("junk", "*").is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! Pure outbound types: a shipment and its life (PICKING → SHIPPED | FAILED). No tonic,
+//! sea-orm, lapin or redis here.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// Where a shipment is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShipmentStatus {
+    Picking,
+    Shipped,
+    Failed,
+}
+
+impl ShipmentStatus {
+    pub fn as_db(self) -> &'static str {
+        match self {
+            Self::Picking => "PICKING",
+            Self::Shipped => "SHIPPED",
+            Self::Failed => "FAILED",
+        }
+    }
+
+    pub fn from_db(s: &str) -> Option<Self> {
+        match s {
+            "PICKING" => Some(Self::Picking),
+            "SHIPPED" => Some(Self::Shipped),
+            "FAILED" => Some(Self::Failed),
+            _ => None,
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Self::Picking)
+    }
+}
+
+/// Whether the stock is committed at shipment (retail) or was already at order (ticketing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    ReserveThenCommit,
+    CommitAtOrder,
+}
+
+impl Policy {
+    pub fn as_db(self) -> &'static str {
+        match self {
+            Self::ReserveThenCommit => "RESERVE_THEN_COMMIT",
+            Self::CommitAtOrder => "COMMIT_AT_ORDER",
+        }
+    }
+
+    pub fn from_db(s: &str) -> Option<Self> {
+        match s {
+            "RESERVE_THEN_COMMIT" => Some(Self::ReserveThenCommit),
+            "COMMIT_AT_ORDER" => Some(Self::CommitAtOrder),
+            _ => None,
+        }
+    }
+}
+
+/// One paid order's shipment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shipment {
+    pub shipment_id: Uuid,
+    pub order_id: Uuid,
+    pub user_id: String,
+    pub sku: String,
+    pub quantity: i64,
+    pub policy: Policy,
+    pub status: ShipmentStatus,
+    pub failure_reason: Option<String>,
+    pub attempts: i32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What the outbound use cases can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboundError {
+    #[error("invalid argument")]
+    Invalid(Vec<(String, String)>),
+    #[error("no shipment for order {0}")]
+    NotFound(Uuid),
+    /// Worth retrying later (product-stock or the warehouse unreachable, a database hiccup).
+    #[error("{0}")]
+    Transient(String),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl OutboundError {
+    pub fn invalid(field: &str, description: impl Into<String>) -> Self {
+        Self::Invalid(vec![(field.to_owned(), description.into())])
+    }
+}
+
+/// A canonical hyphenated UUID.
+pub fn parse_uuid(field: &str, raw: &str) -> Result<Uuid, OutboundError> {
+    let id = Uuid::try_parse(raw).map_err(|_| OutboundError::invalid(field, "must be a UUID"))?;
+    if id.hyphenated().to_string() != raw.to_ascii_lowercase() {
+        return Err(OutboundError::invalid(
+            field,
+            "must be a UUID in canonical hyphenated form",
+        ));
+    }
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_picking_is_open() {
+        assert!(!ShipmentStatus::Picking.is_terminal());
+        assert!(ShipmentStatus::Shipped.is_terminal() && ShipmentStatus::Failed.is_terminal());
+        for s in [
+            ShipmentStatus::Picking,
+            ShipmentStatus::Shipped,
+            ShipmentStatus::Failed,
+        ] {
+            assert_eq!(ShipmentStatus::from_db(s.as_db()), Some(s));
+        }
+    }
+
+    #[test]
+    fn ids_must_be_canonical_uuids() {
+        let id = Uuid::new_v4();
+        assert_eq!(parse_uuid("order_id", &id.to_string()).unwrap(), id);
+        assert!(parse_uuid("order_id", &id.simple().to_string()).is_err());
+        assert!(parse_uuid("order_id", "x").is_err());
+    }
+}
