@@ -116,6 +116,7 @@ impl Shipping {
         let attempt = s.attempts + 1;
         db::set_attempts(&txn, s.shipment_id, attempt).await?;
 
+        let mut step = "warehouse";
         let outcome = match self.warehouse.ship(&s).await {
             Err(WarehouseError::Permanent(r)) => Err(CommitError::Permanent(r)),
             Err(WarehouseError::Transient(r)) => Err(CommitError::Transient(r)),
@@ -124,18 +125,16 @@ impl Shipping {
                 match s.policy {
                     // Ticketing: the units were deducted when the order was persisted.
                     Policy::CommitAtOrder => Ok(()),
-                    Policy::ReserveThenCommit => self.commit_with_retries(s.order_id).await,
+                    Policy::ReserveThenCommit => {
+                        step = "commit";
+                        self.commit_with_retries(s.order_id).await
+                    }
                 }
             }
         };
-        let step = if matches!(outcome, Err(_)) && s.policy == Policy::ReserveThenCommit {
-            "commit"
-        } else {
-            "warehouse"
-        };
         match outcome {
             Ok(()) => {
-                db::attempt(&txn, s.shipment_id, attempt, "ship", "OK", "").await?;
+                db::attempt(&txn, s.shipment_id, attempt, step, "OK", "").await?;
                 self.finish(txn, &s, ShipmentStatus::Shipped, None, cause)
                     .await?;
                 Ok(Processed::Shipped)
