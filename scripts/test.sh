@@ -2,7 +2,8 @@
 # Runs the whole test suite against real servers:
 #   1. scripts/dev-infra.sh (PostgreSQL, Redis, RabbitMQ reachable at FLASHSALE_TEST_*_URL),
 #   2. drops fs_test_* databases that earlier runs left behind (ones still in use are kept),
-#   3. cargo nextest run --workspace "$@"   (cargo test --workspace "$@" without nextest).
+#   3. cargo build --workspace --bins (the end-to-end tests start the service binaries),
+#   4. cargo nextest run --workspace "$@"   (cargo test --workspace "$@" without nextest).
 # Extra arguments go to the test runner (e.g. a filter: scripts/test.sh reserve_fails).
 # The exit code is the test runner's.
 set -euo pipefail
@@ -37,6 +38,9 @@ drop_leftover_test_databases() {
 main() {
     scripts/dev-infra.sh
     drop_leftover_test_databases
+    # The end-to-end tests (crates/e2e) run the service binaries as separate processes.
+    log "cargo build --workspace --bins"
+    cargo build --workspace --bins
     if cargo nextest --version >/dev/null 2>&1; then
         log "cargo nextest run --workspace $*"
         exec cargo nextest run --workspace "$@"

@@ -21,6 +21,12 @@ pub mod keys {
     pub const OUTBOUND_FAILED: &str = "outbound.failed";
     pub const ORDER_PAYMENT_TIMEOUT: &str = "order.payment_timeout";
 
+    /// Events published for whoever may listen (audit, analytics, later features): no service
+    /// of the saga needs them, so "no queue bound" is not an error for these. Every other key
+    /// has a consumer in the design, and an unroutable message for it is retried until that
+    /// consumer's queue exists (never dropped).
+    pub const NOTIFICATIONS: &[&str] = &[ORDER_REFUNDED, STOCK_RELEASED, STOCK_COMMITTED];
+
     /// Every routing key, in the order of the payload's field numbers.
     pub const ALL: &[&str] = &[
         ORDER_CREATED,

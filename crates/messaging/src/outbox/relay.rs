@@ -213,6 +213,14 @@ impl OutboxRelay {
         for ((id, msg), res) in ids.iter().zip(&msgs).zip(results) {
             match res {
                 Ok(()) => sent.push(*id),
+                Err(PublishError::Unroutable {
+                    ref routing_key, ..
+                }) if crate::envelope::keys::NOTIFICATIONS.contains(&routing_key.as_str()) => {
+                    debug!(outbox_id = id, %routing_key, "notification with no subscriber");
+                    metrics::counter!("flashsale_outbox_unsubscribed_total", "routing_key" => routing_key.clone())
+                        .increment(1);
+                    sent.push(*id);
+                }
                 // Refused for this message alone: back off on this row, go on with the others.
                 Err(
                     e @ (PublishError::Unroutable { .. }

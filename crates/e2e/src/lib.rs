@@ -1,0 +1,228 @@
+//! Runs the three flashsale service binaries as separate processes, each with its own database,
+//! one shared test exchange, and its own Redis key prefix and queue names, for end-to-end tests.
+//! The binaries must be built (`cargo build --workspace --bins`; `scripts/test.sh` does it).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use flashsale_test_support::{TestDatabase, amqp_url, eventually, redis_url, unique_name};
+use tokio::process::{Child, Command};
+
+/// One running service process; killed when dropped.
+pub struct Service {
+    pub name: &'static str,
+    pub port: u16,
+    child: Child,
+    log: PathBuf,
+    _db: TestDatabase,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+impl Service {
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The last lines of its log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+/// Where cargo put the binaries: next to the directory of this test executable.
+pub fn bin_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("current exe")?;
+    let deps = exe.parent().context("exe dir")?;
+    let dir = if deps.ends_with("deps") {
+        deps.parent().context("target dir")?
+    } else {
+        deps
+    };
+    Ok(dir.to_path_buf())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// The three services, wired to each other.
+pub struct Stack {
+    pub product_stock: Service,
+    pub order: Service,
+    pub outbound: Service,
+    pub dir: PathBuf,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // Keep the logs of a failed test for whoever investigates.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Stack {
+    /// Starts product-stock, order and outbound with `extra` env vars (e.g. timeouts) and waits
+    /// until each is SERVING.
+    pub async fn start(extra: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let bins = bin_dir()?;
+        let dir = std::env::temp_dir().join(unique_name("fs_e2e"));
+        std::fs::create_dir_all(&dir)?;
+        let exchange = unique_name("fs_e2e_ex");
+        let config_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
+        let product_stock = spawn(
+            &bins,
+            "product-stock",
+            "PRODUCT_STOCK",
+            &exchange,
+            &config_dir,
+            &dir,
+            None,
+            extra,
+        )
+        .await?;
+        let up = product_stock.url();
+        let order = spawn(
+            &bins,
+            "order",
+            "ORDER",
+            &exchange,
+            &config_dir,
+            &dir,
+            Some(&up),
+            extra,
+        )
+        .await?;
+        let outbound = spawn(
+            &bins,
+            "outbound",
+            "OUTBOUND",
+            &exchange,
+            &config_dir,
+            &dir,
+            Some(&up),
+            extra,
+        )
+        .await?;
+        Ok(Self {
+            product_stock,
+            order,
+            outbound,
+            dir,
+        })
+    }
+
+    pub fn logs(&self) -> String {
+        [&self.product_stock, &self.order, &self.outbound]
+            .iter()
+            .map(|s| format!("--- {} ---\n{}", s.name, s.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn spawn(
+    bins: &Path,
+    name: &'static str,
+    key: &str,
+    exchange: &str,
+    config_dir: &Path,
+    dir: &Path,
+    upstream: Option<&str>,
+    extra: &[(&str, &str)],
+) -> anyhow::Result<Service> {
+    let exe = bins.join(format!("flashsale-{name}"));
+    if !exe.exists() {
+        bail!(
+            "{} is missing: run `cargo build --workspace --bins` first",
+            exe.display()
+        );
+    }
+    let db = TestDatabase::create().await?;
+    let port = free_port()?;
+    let p = |k: &str| format!("FLASHSALE_{key}__{k}");
+    let log = dir.join(format!("{name}.log"));
+    let mut cmd = Command::new(&exe);
+    cmd.env("FLASHSALE_CONFIG_DIR", config_dir)
+        .env("RUST_LOG", "warn,flashsale=info")
+        .env(p("GRPC__ADDR"), format!("127.0.0.1:{port}"))
+        .env(p("METRICS__ADDR"), format!("127.0.0.1:{}", free_port()?))
+        .env(p("DATABASE__URL"), &db.url)
+        .env(p("DATABASE__MAX_CONNECTIONS"), "20")
+        .env(p("REDIS__URL"), redis_url())
+        .env(
+            p("REDIS__KEY_PREFIX"),
+            format!("{}:", unique_name("fs_e2e")),
+        )
+        .env(p("AMQP__URL"), amqp_url())
+        .env(p("AMQP__EXCHANGE"), exchange)
+        .env(
+            p("AMQP__QUEUE_PREFIX"),
+            format!("{}.", unique_name("fs_e2e_q")),
+        )
+        .env(p("AMQP__QUEUE_EXPIRES_MS"), "60000")
+        .env(p("AMQP__QUEUE_TYPE"), "classic")
+        .env(p("AMQP__RETRY_BASE_MS"), "100")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log)?)
+        .stderr(std::fs::File::create(dir.join(format!("{name}.err")))?)
+        .kill_on_drop(true);
+    if let Some(up) = upstream {
+        cmd.env(p("UPSTREAM__PRODUCT_STOCK_URL"), up);
+    }
+    for (k, v) in extra {
+        if k.starts_with(&format!("FLASHSALE_{key}__")) {
+            cmd.env(k, v);
+        }
+    }
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("start {}", exe.display()))?;
+    let service = Service {
+        name,
+        port,
+        child,
+        log,
+        _db: db,
+    };
+    let url = service.url();
+    let ready = eventually(Duration::from_secs(60), "service SERVING", || async {
+        let channel = tonic::transport::Endpoint::from_shared(url.clone())
+            .ok()?
+            .connect()
+            .await
+            .ok()?;
+        let resp = tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .ok()?;
+        (resp.into_inner().status
+            == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
+            .then_some(())
+    })
+    .await;
+    if ready.is_err() {
+        let err = std::fs::read_to_string(dir.join(format!("{name}.err"))).unwrap_or_default();
+        bail!(
+            "{name} did not become SERVING:\n{}\n{err}",
+            service.log_tail()
+        );
+    }
+    Ok(service)
+}
