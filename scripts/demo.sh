@@ -1,17 +1,76 @@
 #!/usr/bin/env bash
-# Brings the platform up (scripts/up.sh) and shows its health.
-# (A later step makes it run a flash sale end to end.)
+# Runs a flash sale end to end on this machine:
+#   1. exports demo settings for the services — a short payment timeout (5 s, swept every
+#      500 ms) so unpaid and late-paid orders play out within the demo, and a flaky warehouse
+#      that fails 5 % of shipments so the refund path shows; each may be overridden by setting
+#      it before calling this script,
+#   2. restarts the services if an earlier scripts/up.sh left them running (they would keep
+#      their old settings), then starts them with scripts/up.sh,
+#   3. runs `flashsale sale --buyers 300 --stock 100` (extra arguments are passed on to it,
+#      e.g. `scripts/demo.sh --json` or `scripts/demo.sh --quiet --buyers 2000`), which floods
+#      the product, pays, never pays, pays late and cancels, waits for quiescence, and checks
+#      the invariants.
+# Exits with the sale's status. The services keep running; stop them with scripts/down.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCRIPT=demo
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
+CLI="$CARGO_TARGET_DIR/debug/flashsale"
+
+# Read by the services at start-up (up.sh starts them with this environment).
+export FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS="${FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS:-5000}"
+export FLASHSALE_ORDER__SAGA__SWEEP_INTERVAL_MS="${FLASHSALE_ORDER__SAGA__SWEEP_INTERVAL_MS:-500}"
+export FLASHSALE_OUTBOUND__WAREHOUSE__FAIL_FRACTION="${FLASHSALE_OUTBOUND__WAREHOUSE__FAIL_FRACTION:-0.05}"
+
+# The services up.sh started that are still running.
+running_services() {
+    local svc
+    for svc in "${SERVICES[@]}"; do
+        if live_pid "$RUN_DIR/$svc.pid" "flashsale-$svc" >/dev/null; then
+            printf '%s\n' "$svc"
+        fi
+    done
+}
+
+# True when the arguments after the first name the flag $1 (as "--flag value" or "--flag=value").
+has_flag() {
+    local flag="$1" arg
+    shift
+    for arg in "$@"; do
+        [[ "$arg" == "$flag" || "$arg" == "$flag="* ]] && return 0
+    done
+    return 1
+}
+
 main() {
+    local running
+    running="$(running_services)"
+    if [[ -n "$running" ]]; then
+        log "services already running ($(echo "$running" | paste -sd ' ' -)): they keep the settings" \
+            "they were started with, so restarting them (scripts/down.sh, then scripts/up.sh) for the demo's"
+        scripts/down.sh
+    fi
+    log "service settings: payment timeout ${FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS} ms" \
+        "(swept every ${FLASHSALE_ORDER__SAGA__SWEEP_INTERVAL_MS} ms)," \
+        "warehouse fails a fraction ${FLASHSALE_OUTBOUND__WAREHOUSE__FAIL_FRACTION} of shipments"
     scripts/up.sh
-    log "flashsale health"
-    "$CARGO_TARGET_DIR/debug/flashsale" health
+
+    # The demo's sale, unless the caller's arguments say otherwise.
+    local args=("$@")
+    has_flag --stock "$@" || args=(--stock 100 "${args[@]}")
+    has_flag --buyers "$@" || args=(--buyers 300 "${args[@]}")
+    log "$CLI sale ${args[*]}"
+    local rc=0
+    "$CLI" sale "${args[@]}" || rc=$?
+    if ((rc == 0)); then
+        log "the sale passed every invariant check"
+    else
+        warn "the sale failed (exit status $rc): see the report above and the logs in $RUN_DIR"
+    fi
     log "the services keep running; stop them with scripts/down.sh"
+    return "$rc"
 }
 
 main "$@"

@@ -162,7 +162,7 @@ async fn spawn(
         .env(p("GRPC__ADDR"), format!("127.0.0.1:{port}"))
         .env(p("METRICS__ADDR"), format!("127.0.0.1:{}", free_port()?))
         .env(p("DATABASE__URL"), &db.url)
-        .env(p("DATABASE__MAX_CONNECTIONS"), "20")
+        .env(p("DATABASE__MAX_CONNECTIONS"), "10")
         .env(p("REDIS__URL"), redis_url())
         .env(
             p("REDIS__KEY_PREFIX"),

@@ -3,10 +3,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-use anyhow::Context as _;
-use flashsale_messaging::{
-    Broker, Consumer, DeadLetterAdmin, DeadLetterDrainer, OutboxRelay, Publisher,
-};
 use flashsale_platform::{
     app::{Application, Foundation},
     auth::{JwtKeys, ServiceToken},
@@ -50,21 +46,10 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         Duration::from_millis(settings.saga.stock_call_timeout_ms),
     )?;
 
-    let broker = Broker::connect(settings.amqp.clone())
-        .await
-        .context("connect to RabbitMQ")?;
     let timeout_queue = amqp::payment_timeout_queue(
         &settings.amqp,
         Duration::from_millis(settings.saga.payment_timeout_ms),
     );
-    let topology = amqp::topology(&settings.amqp);
-    let channel = broker.channel().await.context("open AMQP channel")?;
-    topology.declare(&channel).await.context("declare queues")?;
-    timeout_queue
-        .declare(&channel)
-        .await
-        .context("declare the payment-timeout queue")?;
-
     let watch = WatchHub::new();
     let orders = Orders::new(
         f.db.clone(),
@@ -74,37 +59,22 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         watch.clone(),
         failpoints.clone(),
     );
-    let shutdown = f.runner.shutdown();
-    let relay = OutboxRelay::new(
-        &f.db,
-        Publisher::with_delay_queues(&broker, vec![timeout_queue]),
-    )?
-    .with_failpoints(failpoints.clone());
-    let s = shutdown.clone();
-    f.runner
-        .spawn(async move { relay.run(async move { s.wait().await }).await });
-    let topologies = [topology];
     let o = orders.clone();
-    let consumer = Consumer::new(&broker, topologies[0].clone(), move |msg| {
-        amqp::handle(o.clone(), msg)
-    })
-    .with_failpoints(failpoints);
-    let drainer = DeadLetterDrainer::new(&broker, &f.db, &topologies)?;
-    let s = shutdown.clone();
-    f.runner
-        .spawn(async move { drainer.run(async move { s.wait().await }).await });
-    let dead_letters = DeadLetterAdmin::new(&f.db, Publisher::new(&broker), &topologies)?;
-    let s = shutdown.clone();
-    f.runner
-        .spawn(async move { consumer.run(async move { s.wait().await }).await });
+    let handler = move |msg| amqp::handle(o.clone(), msg);
+    let topologies = [amqp::topology(&settings.amqp)];
+    let dead_letters = flashsale_messaging::wiring::start(
+        &mut f.runner,
+        &f.db,
+        &settings.amqp,
+        &topologies,
+        vec![timeout_queue],
+        handler,
+        &failpoints,
+    )
+    .await?;
+    let shutdown = f.runner.shutdown();
     f.runner.spawn(orders.clone().run_sweeper(shutdown.clone()));
-    f.runner.spawn(watch.run(f.db.clone(), shutdown.clone()));
-    let b = broker.clone();
-    f.runner.spawn(async move {
-        shutdown.wait().await;
-        b.close().await;
-        Ok(())
-    });
+    f.runner.spawn(watch.run(f.db.clone(), shutdown));
 
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()

@@ -4,10 +4,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-use anyhow::Context as _;
-use flashsale_messaging::{
-    Broker, Consumer, DeadLetterAdmin, DeadLetterDrainer, OutboxRelay, Publisher,
-};
 use flashsale_platform::{
     app::{Application, Foundation},
     auth::{JwtKeys, ServiceToken},
@@ -72,43 +68,21 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         settings.shipping.clone(),
     );
 
-    let broker = Broker::connect(settings.amqp.clone())
-        .await
-        .context("connect to RabbitMQ")?;
-    let topologies = [amqp::topology(&settings.amqp)];
-    let channel = broker.channel().await.context("open AMQP channel")?;
-    topologies[0]
-        .declare(&channel)
-        .await
-        .context("declare queues")?;
-    let shutdown = f.runner.shutdown();
-
-    let relay =
-        OutboxRelay::new(&f.db, Publisher::new(&broker))?.with_failpoints(failpoints.clone());
-    let s = shutdown.clone();
-    f.runner
-        .spawn(async move { relay.run(async move { s.wait().await }).await });
     let sh = shipping.clone();
-    let consumer = Consumer::new(&broker, topologies[0].clone(), move |msg| {
-        amqp::handle(sh.clone(), msg)
-    })
-    .with_failpoints(failpoints);
-    let s = shutdown.clone();
+    let handler = move |msg| amqp::handle(sh.clone(), msg);
+    let topologies = [amqp::topology(&settings.amqp)];
+    let dead_letters = flashsale_messaging::wiring::start(
+        &mut f.runner,
+        &f.db,
+        &settings.amqp,
+        &topologies,
+        vec![],
+        handler,
+        &failpoints,
+    )
+    .await?;
     f.runner
-        .spawn(async move { consumer.run(async move { s.wait().await }).await });
-    let drainer = DeadLetterDrainer::new(&broker, &f.db, &topologies)?;
-    let s = shutdown.clone();
-    f.runner
-        .spawn(async move { drainer.run(async move { s.wait().await }).await });
-    let dead_letters = DeadLetterAdmin::new(&f.db, Publisher::new(&broker), &topologies)?;
-    f.runner
-        .spawn(shipping.clone().run_sweeper(shutdown.clone()));
-    let b = broker.clone();
-    f.runner.spawn(async move {
-        shutdown.wait().await;
-        b.close().await;
-        Ok(())
-    });
+        .spawn(shipping.clone().run_sweeper(f.runner.shutdown()));
 
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()

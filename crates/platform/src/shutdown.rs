@@ -71,6 +71,33 @@ impl Shutdown {
     }
 }
 
+/// Runs `job` every `period` until `shutdown`; a failing run is logged as `what` and retried
+/// at the next tick (a sweeper must outlive a database hiccup).
+pub async fn every<F, Fut, T, E>(
+    period: std::time::Duration,
+    shutdown: Shutdown,
+    what: &str,
+    mut job: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => return Ok(()),
+            _ = tick.tick() => {
+                if let Err(e) = job().await {
+                    tracing::warn!(error = %e, "{what} failed; retrying next tick");
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +116,37 @@ mod tests {
         let late = tokio::time::timeout(std::time::Duration::from_secs(5), s.wait()).await;
         assert!(late.is_ok(), "late waiter did not resolve");
         assert!(s.is_triggered());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_runs_the_job_each_period_through_failures_until_shutdown() {
+        let s = Shutdown::new();
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let task = tokio::spawn(every(
+            std::time::Duration::from_secs(1),
+            s.clone(),
+            "job",
+            {
+                let runs = runs.clone();
+                move || {
+                    let n = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    async move {
+                        if n.is_multiple_of(2) {
+                            Err("odd failure")
+                        } else {
+                            Ok(())
+                        }
+                    }
+                }
+            },
+        ));
+        tokio::time::sleep(std::time::Duration::from_millis(4_500)).await;
+        s.trigger();
+        assert!(task.await.unwrap().is_ok());
+        assert_eq!(
+            runs.load(std::sync::atomic::Ordering::SeqCst),
+            5,
+            "runs at 0 s, 1 s, 2 s, 3 s and 4 s"
+        );
     }
 }

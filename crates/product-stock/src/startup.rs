@@ -3,10 +3,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
-use flashsale_messaging::{
-    Broker, Consumer, DeadLetterAdmin, DeadLetterDrainer, OutboxRelay, Publisher,
-};
 use flashsale_platform::{
     app::{Application, Foundation},
     failpoint::Failpoints,
@@ -53,46 +49,24 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         failpoints.clone(),
     );
 
-    let broker = Broker::connect(settings.amqp.clone())
-        .await
-        .context("connect to RabbitMQ")?;
-    let shutdown = f.runner.shutdown();
-    let relay =
-        OutboxRelay::new(&f.db, Publisher::new(&broker))?.with_failpoints(failpoints.clone());
-    let s = shutdown.clone();
-    f.runner
-        .spawn(async move { relay.run(async move { s.wait().await }).await });
-    // Declared before the service reports SERVING, so nothing published to it after start-up
-    // finds no queue.
-    let channel = broker.channel().await.context("open AMQP channel")?;
     let topologies = [
         amqp::order_events_topology(&settings.amqp),
         amqp::stock_events_topology(&settings.amqp),
     ];
-    for topology in &topologies {
-        topology.declare(&channel).await.context("declare queues")?;
-        let svc = service.clone();
-        let consumer = Consumer::new(&broker, topology.clone(), move |msg| {
-            amqp::handle(svc.clone(), msg)
-        })
-        .with_failpoints(failpoints.clone());
-        let s = shutdown.clone();
-        f.runner
-            .spawn(async move { consumer.run(async move { s.wait().await }).await });
-    }
-    let drainer = DeadLetterDrainer::new(&broker, &f.db, &topologies)?;
-    let s = shutdown.clone();
+    let svc = service.clone();
+    let handler = move |msg| amqp::handle(svc.clone(), msg);
+    let dead_letters = flashsale_messaging::wiring::start(
+        &mut f.runner,
+        &f.db,
+        &settings.amqp,
+        &topologies,
+        vec![],
+        handler,
+        &failpoints,
+    )
+    .await?;
     f.runner
-        .spawn(async move { drainer.run(async move { s.wait().await }).await });
-    let dead_letters = DeadLetterAdmin::new(&f.db, Publisher::new(&broker), &topologies)?;
-    f.runner
-        .spawn(service.clone().run_sweeper(shutdown.clone()));
-    let b = broker.clone();
-    f.runner.spawn(async move {
-        shutdown.wait().await;
-        b.close().await;
-        Ok(())
-    });
+        .spawn(service.clone().run_sweeper(f.runner.shutdown()));
 
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()

@@ -84,12 +84,22 @@ async fn run_sale(
         });
     }
     let mut winners: Vec<Order> = Vec::new();
+    let mut refusals = std::collections::BTreeMap::<String, usize>::new();
     while let Some(r) = tasks.join_next().await {
-        if let Ok(o) = r.unwrap() {
-            winners.push(o);
+        match r.unwrap() {
+            Ok(o) => winners.push(o),
+            Err(s) => {
+                let why = flashsale_platform::error::reason_of(&s)
+                    .unwrap_or_else(|| format!("{:?}", s.code()));
+                *refusals.entry(why).or_default() += 1;
+            }
         }
     }
-    assert_eq!(winners.len() as i64, stock, "every unit sold once, no more");
+    assert_eq!(
+        winners.len() as i64,
+        stock,
+        "every unit sold once, no more; refusals {refusals:?}"
+    );
     // Wait until every winner awaits payment.
     for o in &winners {
         let c = orders.clone();

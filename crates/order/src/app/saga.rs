@@ -222,17 +222,9 @@ impl Orders {
         shutdown: flashsale_platform::shutdown::Shutdown,
     ) -> anyhow::Result<()> {
         let period = std::time::Duration::from_millis(self.settings.sweep_interval_ms);
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.wait() => return Ok(()),
-                _ = tick.tick() => {
-                    if let Err(e) = self.sweep_overdue().await {
-                        tracing::warn!(error = %e, "deadline sweep failed; retrying next tick");
-                    }
-                }
-            }
-        }
+        flashsale_platform::shutdown::every(period, shutdown, "deadline sweep", || {
+            self.sweep_overdue()
+        })
+        .await
     }
 }

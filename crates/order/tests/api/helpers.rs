@@ -70,7 +70,7 @@ pub fn test_settings(db: &TestDatabase, exchange: &str, stock_port: u16) -> Sett
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();
-    s.database.max_connections = 20;
+    s.database.max_connections = 8;
     s.amqp = amqp_for_test(exchange);
     s.upstream.product_stock_url = format!("http://127.0.0.1:{stock_port}");
     s.saga.sweep_interval_ms = 200;
@@ -84,7 +84,7 @@ async fn spawn_stock(exchange: &str) -> (u16, Shutdown, TestDatabase) {
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();
-    s.database.max_connections = 20;
+    s.database.max_connections = 8;
     s.redis.url = redis_url();
     s.redis.key_prefix = format!("{}:", unique_name("fs_test"));
     s.amqp = amqp_for_test(exchange);

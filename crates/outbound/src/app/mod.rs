@@ -232,22 +232,15 @@ impl Shipping {
         Ok(done)
     }
 
+    /// Runs [`Self::sweep_stuck`] every `shipping.sweep_interval_ms` until `shutdown`.
     pub async fn run_sweeper(
         self,
         shutdown: flashsale_platform::shutdown::Shutdown,
     ) -> anyhow::Result<()> {
-        let mut tick =
-            tokio::time::interval(Duration::from_millis(self.settings.sweep_interval_ms));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.wait() => return Ok(()),
-                _ = tick.tick() => {
-                    if let Err(e) = self.sweep_stuck().await {
-                        tracing::warn!(error = %e, "stuck-shipment sweep failed; retrying next tick");
-                    }
-                }
-            }
-        }
+        let period = Duration::from_millis(self.settings.sweep_interval_ms);
+        flashsale_platform::shutdown::every(period, shutdown, "stuck-shipment sweep", || {
+            self.sweep_stuck()
+        })
+        .await
     }
 }

@@ -49,6 +49,7 @@ pub async fn spawn_stack(tune: impl FnOnce(&mut flashsale_outbound::config::Sett
     ps.grpc.addr = "127.0.0.1:0".into();
     ps.metrics.addr = "127.0.0.1:0".into();
     ps.database.url = stock_db.url.clone();
+    ps.database.max_connections = 5;
     ps.redis.url = redis_url();
     ps.redis.key_prefix = format!("{}:", unique_name("fs_test"));
     ps.amqp = out.amqp.clone();

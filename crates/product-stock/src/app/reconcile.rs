@@ -174,18 +174,10 @@ impl StockService {
         self,
         shutdown: flashsale_platform::shutdown::Shutdown,
     ) -> anyhow::Result<()> {
-        let mut tick =
-            tokio::time::interval(Duration::from_millis(self.settings.sweep_interval_ms));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.wait() => return Ok(()),
-                _ = tick.tick() => {
-                    if let Err(e) = self.sweep_expired_holds().await {
-                        tracing::warn!(error = %e, "hold sweep failed; retrying next tick");
-                    }
-                }
-            }
-        }
+        let period = Duration::from_millis(self.settings.sweep_interval_ms);
+        flashsale_platform::shutdown::every(period, shutdown, "hold sweep", || {
+            self.sweep_expired_holds()
+        })
+        .await
     }
 }

@@ -42,7 +42,7 @@ pub fn test_settings(db: &TestDatabase) -> Settings {
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();
-    s.database.max_connections = 10;
+    s.database.max_connections = 6;
     s.redis.url = redis_url();
     s.redis.key_prefix = format!("{}:", unique_name("fs_test"));
     s.amqp.url = amqp_url();

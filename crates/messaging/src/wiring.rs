@@ -1,0 +1,68 @@
+//! The messaging side of a service, wired in one call: the broker connection, its queues
+//! (declared before the service reports SERVING, so nothing published to it after start-up is
+//! unroutable), the outbox relay, one consumer per queue, the dead-letter drainer, and a clean
+//! close on shutdown. Every task runs on the service's [`Runner`], so a task that fails stops
+//! the service.
+
+use anyhow::Context as _;
+use flashsale_platform::{app::Runner, failpoint::Failpoints};
+use sea_orm::DatabaseConnection;
+
+use crate::{
+    AmqpConfig, Broker, Consumer, DeadLetterAdmin, DeadLetterDrainer, DelayQueue, Handler,
+    OutboxRelay, Publisher, QueueTopology,
+};
+
+/// Starts messaging for a service whose consumer queues are `topologies` (each handled by a
+/// clone of `handler`) and whose outbox may hold messages for `delay_queues`. Returns the
+/// dead-letter admin API over those queues.
+pub async fn start<H: Handler + Clone>(
+    runner: &mut Runner,
+    db: &DatabaseConnection,
+    config: &AmqpConfig,
+    topologies: &[QueueTopology],
+    delay_queues: Vec<DelayQueue>,
+    handler: H,
+    failpoints: &Failpoints,
+) -> anyhow::Result<DeadLetterAdmin> {
+    let broker = Broker::connect(config.clone())
+        .await
+        .context("connect to RabbitMQ")?;
+    let channel = broker.channel().await.context("open AMQP channel")?;
+    for t in topologies {
+        t.declare(&channel)
+            .await
+            .with_context(|| format!("declare queue {}", t.queue()))?;
+    }
+    for q in &delay_queues {
+        q.declare(&channel)
+            .await
+            .with_context(|| format!("declare delay queue {}", q.name()))?;
+    }
+    let shutdown = runner.shutdown();
+    let stop = move || {
+        let s = shutdown.clone();
+        async move { s.wait().await }
+    };
+
+    let relay = OutboxRelay::new(db, Publisher::with_delay_queues(&broker, delay_queues))?
+        .with_failpoints(failpoints.clone());
+    let s = stop.clone();
+    runner.spawn(async move { relay.run(s()).await });
+    for t in topologies {
+        let consumer =
+            Consumer::new(&broker, t.clone(), handler.clone()).with_failpoints(failpoints.clone());
+        let s = stop.clone();
+        runner.spawn(async move { consumer.run(s()).await });
+    }
+    let drainer = DeadLetterDrainer::new(&broker, db, topologies)?;
+    let s = stop.clone();
+    runner.spawn(async move { drainer.run(s()).await });
+    let admin = DeadLetterAdmin::new(db, Publisher::new(&broker), topologies)?;
+    runner.spawn(async move {
+        stop().await;
+        broker.close().await;
+        Ok(())
+    });
+    Ok(admin)
+}
