@@ -17,7 +17,8 @@ SCRIPT=demo
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
-CLI="$CARGO_TARGET_DIR/debug/flashsale"
+# The CLI up.sh built (FLASHSALE_PROFILE picks debug or release binaries, as in up.sh).
+CLI="$CARGO_TARGET_DIR/${FLASHSALE_PROFILE:-debug}/flashsale"
 
 # Read by the services at start-up (up.sh starts them with this environment).
 export FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS="${FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS:-5000}"
@@ -48,8 +49,8 @@ main() {
     local running
     running="$(running_services)"
     if [[ -n "$running" ]]; then
-        log "services already running ($(echo "$running" | paste -sd ' ' -)): they keep the settings" \
-            "they were started with, so restarting them (scripts/down.sh, then scripts/up.sh) for the demo's"
+        log "services already running ($(echo "$running" | paste -sd ' ' -)) keep the settings they" \
+            "were started with: restarting them (scripts/down.sh, then scripts/up.sh) so the demo's apply"
         scripts/down.sh
     fi
     log "service settings: payment timeout ${FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS} ms" \

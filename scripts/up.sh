@@ -5,6 +5,7 @@
 #   3. flashsale-product-stock, flashsale-order, flashsale-outbound in the background from the
 #      repository root (so ./config is found), pid files and logs in .run/ ($FLASHSALE_RUN_DIR),
 #   4. waits until `flashsale health` reports all three SERVING ($FLASHSALE_UP_TIMEOUT s, 60).
+# FLASHSALE_PROFILE=release builds and runs release binaries (what scripts/bench.sh measures).
 # Idempotent: a service whose pid file names a live process is not started again.
 # Stop with scripts/down.sh.
 set -euo pipefail
@@ -14,13 +15,22 @@ SCRIPT=up
 . scripts/lib.sh
 
 UP_TIMEOUT="${FLASHSALE_UP_TIMEOUT:-60}"
-BIN_DIR="$CARGO_TARGET_DIR/debug"
+PROFILE="${FLASHSALE_PROFILE:-debug}"
+case "$PROFILE" in
+debug | release) ;;
+*) die "FLASHSALE_PROFILE must be debug or release, not '$PROFILE'" ;;
+esac
+BIN_DIR="$CARGO_TARGET_DIR/$PROFILE"
 CLI="$BIN_DIR/flashsale"
 STARTED=() # services started by this run
 
 build() {
-    log "cargo build --workspace --bins (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-    cargo build --workspace --bins
+    log "cargo build --workspace --bins ($PROFILE) (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+    if [[ "$PROFILE" == release ]]; then
+        cargo build --workspace --bins --release
+    else
+        cargo build --workspace --bins
+    fi
 }
 
 start_service() { # service

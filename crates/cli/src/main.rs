@@ -1,14 +1,17 @@
 //! `flashsale`: the command-line face of the platform — mint tokens, check health, administer
-//! products, place and follow orders (and, in later issues, run load).
+//! products, place and follow orders, look up shipments, and run a flash sale end to end.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod health;
 mod order;
 mod output;
 mod product;
+mod sale;
+mod shipment;
 mod token;
 
 #[derive(Parser)]
@@ -32,6 +35,13 @@ enum Command {
     Product(product::Args),
     /// Buyers' orders: place, follow, pay, cancel (order service).
     Order(order::Args),
+    /// Shipments of paid orders (outbound service).
+    Shipment(shipment::Args),
+    /// Run a flash sale end to end: create a product, flood it with buyers, pay, cancel and pay
+    /// late, wait for quiescence, then report and check the invariants.
+    Sale(sale::Args),
+    /// Benchmark the platform against the naive design and the raw ceilings, back to back.
+    Bench(bench::Args),
 }
 
 #[tokio::main]
@@ -41,6 +51,9 @@ async fn main() -> ExitCode {
         Command::Health(args) => health::run(args).await,
         Command::Product(args) => product::run(args).await,
         Command::Order(args) => order::run(args).await,
+        Command::Shipment(args) => shipment::run(args).await,
+        Command::Sale(args) => sale::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
     };
     match result {
         Ok(code) => code,

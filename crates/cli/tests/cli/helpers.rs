@@ -42,7 +42,7 @@ pub fn command(args: &[&str]) -> tokio::process::Command {
     cmd
 }
 
-async fn output(mut cmd: tokio::process::Command) -> Run {
+pub async fn output(mut cmd: tokio::process::Command) -> Run {
     let out = cmd.output().await.unwrap();
     Run {
         ok: out.status.success(),
@@ -58,7 +58,7 @@ pub async fn flashsale(args: &[&str], url: &str) -> Run {
     output(cmd).await
 }
 
-fn amqp(exchange: &str) -> AmqpConfig {
+pub fn amqp(exchange: &str) -> AmqpConfig {
     AmqpConfig {
         url: amqp_url(),
         exchange: exchange.to_owned(),
@@ -71,12 +71,14 @@ fn amqp(exchange: &str) -> AmqpConfig {
     }
 }
 
-async fn spawn_stock(exchange: &str) -> (u16, Shutdown, TestDatabase) {
+pub async fn spawn_stock(exchange: &str) -> (u16, Shutdown, TestDatabase) {
     let db = TestDatabase::create().await.unwrap();
     let mut s = flashsale_product_stock::config::Settings::default();
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();
+    // Many tests run at once against one PostgreSQL: small pools keep them under its limit.
+    s.database.max_connections = 10;
     s.redis.url = redis_url();
     s.redis.key_prefix = format!("{}:", unique_name("fs_cli"));
     s.amqp = amqp(exchange);

@@ -1,9 +1,13 @@
-//! The `flashsale` binary against real services: token, health, the product commands and the
-//! order commands (with bad input refused with the server's reason).
+//! The `flashsale` binary against real services: token, health, the product commands, the
+//! order commands (with bad input refused with the server's reason), the shipment commands and
+//! the sale driver.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod basics;
+mod full_stack;
 mod helpers;
 mod order;
 mod product;
+mod sale;
+mod shipment;

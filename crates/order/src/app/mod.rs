@@ -22,6 +22,7 @@ mod place;
 mod query;
 mod saga;
 
+pub use place::write_pending;
 pub use query::WatchHub;
 
 /// The name this service signs its events with.

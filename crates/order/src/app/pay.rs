@@ -52,6 +52,26 @@ impl Orders {
         if p.amount_cents != order.total_cents {
             return Err(OrderError::WrongAmount(order.total_cents));
         }
+        let overdue = order
+            .payment_deadline
+            .is_some_and(|d| d <= chrono::Utc::now());
+        if order.status == Status::AwaitingPayment && overdue {
+            // The deadline is strict: the timeout wins even if its message is late.
+            self.cancel_in(&txn, &order, CancelReason::PaymentTimeout, None)
+                .await?;
+            db::record_payment(&txn, &p.payment_id, order.order_id, p.amount_cents, false).await?;
+            self.refund(
+                &txn,
+                &order,
+                &p.payment_id,
+                p.amount_cents,
+                CancelReason::PaymentTimeout,
+                None,
+            )
+            .await?;
+            txn.commit().await?;
+            return Err(OrderError::NotPayable(Status::Cancelled));
+        }
         match order.status {
             Status::AwaitingPayment => {
                 let change = Change {

@@ -71,28 +71,8 @@ impl Orders {
         g: &crate::adapters::stock::Granted,
     ) -> Result<Inserted, OrderError> {
         self.failpoint("order.create.before_write").await?;
-        let txn = self.db.begin().await?;
-        let inserted = db::insert_order(&txn, order_id, p, g.unit_price_cents, g.policy).await?;
-        if matches!(inserted, Inserted::New) {
-            let ev = OrderCreated {
-                order_id: order_id.to_string(),
-                user_id: p.user_id.clone(),
-                sku: p.sku.clone(),
-                quantity: p.quantity,
-                unit_price_cents: g.unit_price_cents,
-                total_cents: g.unit_price_cents * p.quantity,
-                deduction_policy: policy_to_proto(g.policy),
-            };
-            let env = envelope::new(
-                Payload::OrderCreated(ev),
-                order_id.to_string(),
-                "",
-                PRODUCER,
-            );
-            outbox::enqueue(&txn, &env).await?;
-        }
-        txn.commit().await?;
-        Ok(inserted)
+        debug_assert_eq!(order_id, p.order_id());
+        write_pending(&self.db, p, g.unit_price_cents, g.policy).await
     }
 
     pub(super) async fn load(&self, order_id: uuid::Uuid) -> Result<Order, OrderError> {
@@ -132,4 +112,37 @@ impl Orders {
             tracing::warn!(error = %e, %order_id, "could not queue the release of an unwritten order's hold; the hold sweeper will release it");
         }
     }
+}
+
+/// Writes a PENDING order and its `order.created` in one transaction (what CreateOrder does once
+/// the gate granted the units; public for the benchmark's raw-insert ceiling).
+pub async fn write_pending(
+    db: &sea_orm::DatabaseConnection,
+    p: &PlaceOrder,
+    unit_price_cents: i64,
+    policy: crate::domain::Policy,
+) -> Result<Inserted, OrderError> {
+    let order_id = p.order_id();
+    let txn = db.begin().await?;
+    let inserted = db::insert_order(&txn, order_id, p, unit_price_cents, policy).await?;
+    if matches!(inserted, Inserted::New) {
+        let ev = OrderCreated {
+            order_id: order_id.to_string(),
+            user_id: p.user_id.clone(),
+            sku: p.sku.clone(),
+            quantity: p.quantity,
+            unit_price_cents,
+            total_cents: unit_price_cents * p.quantity,
+            deduction_policy: policy_to_proto(policy),
+        };
+        let env = envelope::new(
+            Payload::OrderCreated(ev),
+            order_id.to_string(),
+            "",
+            PRODUCER,
+        );
+        outbox::enqueue(&txn, &env).await?;
+    }
+    txn.commit().await?;
+    Ok(inserted)
 }

@@ -185,3 +185,42 @@ async fn cancelling_returns_the_units_and_a_late_payment_is_refunded_once() {
     assert_eq!(app.count("SELECT COUNT(*) AS n FROM refunds").await, 1);
     assert_eq!(app.outbox_of("order.refunded").await.len(), 1);
 }
+
+#[tokio::test]
+async fn a_payment_after_the_deadline_loses_even_before_the_timeout_arrives() {
+    let app = spawn_stack(|s| {
+        s.saga.payment_timeout_ms = 3_600_000;
+        s.saga.sweep_interval_ms = 3_600_000;
+    })
+    .await;
+    app.product("P4", 5, 0).await;
+    let id = awaiting(&app, "alice", "k", "P4").await;
+    app.exec(&format!(
+        "UPDATE orders SET payment_deadline = now() - interval '1 second' WHERE order_id = '{id}'"
+    ))
+    .await;
+    let err = app
+        .client()
+        .await
+        .pay_order(as_user("alice", pay_req(&id, "late", 2500)))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "ORDER_NOT_PAYABLE");
+    let o = app.get("alice", &id).await;
+    assert_eq!(
+        (o.status, o.cancel_reason),
+        (
+            OrderStatus::Cancelled as i32,
+            CancelReason::PaymentTimeout as i32
+        )
+    );
+    assert_eq!(
+        (o.refund_status, o.refund_cents),
+        (RefundStatus::Recorded as i32, 2500)
+    );
+    assert_eq!(
+        app.outbox_of("order.cancelled").await.len(),
+        1,
+        "the units go back"
+    );
+}

@@ -1,0 +1,236 @@
+//! The modes measured beside the platform, on the same machine and at the same concurrency:
+//! the naive design it replaces (one PostgreSQL transaction per request on the hot row), the
+//! raw gate (the platform's reserve script straight on Redis, no gRPC), the raw insert (the
+//! order + outbox insert straight on PostgreSQL), and the no-op ceiling (an empty RPC).
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use flashsale_product_stock::adapters::redis::gate::{RedisGate, ReserveOutcome};
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, TransactionTrait};
+use uuid::Uuid;
+
+use super::measure::{Measurement, Outcome, drive};
+
+/// What every mode shares.
+#[derive(Clone, Debug)]
+pub struct Load {
+    pub requests: usize,
+    pub buyers: usize,
+    pub concurrency: usize,
+    pub stock: i64,
+    pub deadline: Duration,
+}
+
+/// Connects (creating the database when missing) with a pool sized for `concurrency`.
+pub async fn bench_db(
+    server_url: &str,
+    name: &str,
+    concurrency: usize,
+) -> anyhow::Result<DatabaseConnection> {
+    let admin = Database::connect(format!("{server_url}/postgres"))
+        .await
+        .context("connect to PostgreSQL")?;
+    let exists = admin
+        .query_one_raw(sea_orm::Statement::from_sql_and_values(
+            sea_orm::DatabaseBackend::Postgres,
+            "SELECT 1 FROM pg_database WHERE datname = $1",
+            [name.into()],
+        ))
+        .await?
+        .is_some();
+    if !exists {
+        admin
+            .execute_unprepared(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .context("create bench database")?;
+    }
+    admin.close().await.ok();
+    let mut opts = ConnectOptions::new(format!("{server_url}/{name}"));
+    opts.max_connections(u32::try_from(concurrency.clamp(1, 60)).unwrap_or(60))
+        .sqlx_logging(false);
+    Database::connect(opts)
+        .await
+        .context("connect to the bench database")
+}
+
+/// The naive design: each request locks the hot row with a conditional UPDATE and inserts the
+/// order, in one transaction.
+pub async fn naive(db: DatabaseConnection, load: &Load, sku: &str) -> anyhow::Result<Measurement> {
+    db.execute_unprepared(
+        "CREATE TABLE IF NOT EXISTS naive_stock (sku text PRIMARY KEY, available bigint NOT NULL CHECK (available >= 0));
+         CREATE TABLE IF NOT EXISTS naive_orders (order_id uuid PRIMARY KEY, user_id text NOT NULL, sku text NOT NULL,
+             quantity bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now());",
+    )
+    .await?;
+    db.execute_raw(sea_orm::Statement::from_sql_and_values(
+        sea_orm::DatabaseBackend::Postgres,
+        "INSERT INTO naive_stock (sku, available) VALUES ($1, $2) ON CONFLICT (sku) DO UPDATE SET available = $2",
+        [sku.into(), load.stock.into()],
+    ))
+    .await?;
+    let (db, sku, buyers) = (Arc::new(db), sku.to_owned(), load.buyers.max(1));
+    drive("naive (PostgreSQL row)", load.requests, load.concurrency, load.deadline, move |i| {
+        let (db, sku) = (db.clone(), sku.clone());
+        async move {
+            let run = async {
+                let txn = db.begin().await?;
+                let updated = txn
+                    .execute_raw(sea_orm::Statement::from_sql_and_values(
+                        sea_orm::DatabaseBackend::Postgres,
+                        "UPDATE naive_stock SET available = available - 1 WHERE sku = $1 AND available >= 1",
+                        [sku.clone().into()],
+                    ))
+                    .await?;
+                if updated.rows_affected() == 0 {
+                    txn.rollback().await?;
+                    return Ok::<_, sea_orm::DbErr>(false);
+                }
+                txn.execute_raw(sea_orm::Statement::from_sql_and_values(
+                    sea_orm::DatabaseBackend::Postgres,
+                    "INSERT INTO naive_orders (order_id, user_id, sku, quantity) VALUES ($1, $2, $3, 1)",
+                    [Uuid::new_v4().into(), format!("buyer{}", i % buyers).into(), sku.into()],
+                ))
+                .await?;
+                txn.commit().await?;
+                Ok(true)
+            };
+            match run.await {
+                Ok(true) => Outcome::Accepted,
+                Ok(false) => Outcome::Refused("SOLD_OUT".into()),
+                Err(e) => Outcome::Error(e.to_string().chars().take(60).collect()),
+            }
+        }
+    })
+    .await
+}
+
+/// The platform's reserve script on Redis with no gRPC around it.
+pub async fn raw_gate(
+    gate: RedisGate,
+    load: &Load,
+    sku: &str,
+    per_user_limit: u32,
+) -> anyhow::Result<Measurement> {
+    gate.forget(sku).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    gate.load(sku, load.stock, &[])
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (sku, buyers) = (sku.to_owned(), load.buyers.max(1));
+    let result = drive(
+        "raw gate (Redis Lua)",
+        load.requests,
+        load.concurrency,
+        load.deadline,
+        {
+            let gate = gate.clone();
+            let sku = sku.clone();
+            move |i| {
+                let (gate, sku) = (gate.clone(), sku.clone());
+                async move {
+                    let now = chrono::Utc::now().timestamp_millis();
+                    match gate
+                        .reserve(
+                            &sku,
+                            Uuid::new_v4(),
+                            &format!("buyer{}", i % buyers),
+                            1,
+                            per_user_limit,
+                            now,
+                        )
+                        .await
+                    {
+                        Ok(ReserveOutcome::Reserved { .. }) => Outcome::Accepted,
+                        Ok(other) => Outcome::Refused(
+                            format!("{other:?}")
+                                .split([' ', '{'])
+                                .next()
+                                .unwrap_or("")
+                                .to_owned(),
+                        ),
+                        Err(e) => Outcome::Error(e.to_string()),
+                    }
+                }
+            }
+        },
+    )
+    .await;
+    gate.forget(&sku)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    result
+}
+
+/// The order + outbox insert of CreateOrder, straight on PostgreSQL (the order schema).
+pub async fn raw_insert(
+    db: DatabaseConnection,
+    load: &Load,
+    sku: &str,
+) -> anyhow::Result<Measurement> {
+    use sea_orm_migration::MigratorTrait as _;
+    flashsale_order::migration::Migrator::up(&db, None)
+        .await
+        .context("migrate the bench order database")?;
+    let (db, sku, buyers) = (Arc::new(db), sku.to_owned(), load.buyers.max(1));
+    let tag = Uuid::new_v4().simple().to_string();
+    drive(
+        "raw insert (PostgreSQL)",
+        load.requests,
+        load.concurrency,
+        load.deadline,
+        move |i| {
+            let (db, sku, tag) = (db.clone(), sku.clone(), tag.clone());
+            async move {
+                let place = match flashsale_order::domain::PlaceOrder::new(
+                    &format!("buyer{}", i % buyers),
+                    &format!("{tag}-{i}"),
+                    &sku,
+                    1,
+                    1,
+                ) {
+                    Ok(p) => p,
+                    Err(e) => return Outcome::Error(e.to_string()),
+                };
+                match flashsale_order::app::write_pending(
+                    &db,
+                    &place,
+                    1999,
+                    flashsale_order::domain::Policy::ReserveThenCommit,
+                )
+                .await
+                {
+                    Ok(_) => Outcome::Accepted,
+                    Err(e) => Outcome::Error(e.to_string().chars().take(60).collect()),
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// An empty RPC: the gRPC health check of `url`, what the gRPC stack answers at all.
+pub async fn noop(url: &str, load: &Load) -> anyhow::Result<Measurement> {
+    let channel = crate::output::connect(url, Duration::from_secs(10)).await?;
+    let client = tonic_health::pb::health_client::HealthClient::new(channel);
+    drive(
+        "no-op (gRPC health)",
+        load.requests,
+        load.concurrency,
+        load.deadline,
+        move |_| {
+            let mut c = client.clone();
+            async move {
+                match c
+                    .check(tonic_health::pb::HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                {
+                    Ok(_) => Outcome::Accepted,
+                    Err(s) => Outcome::Error(format!("{:?}", s.code())),
+                }
+            }
+        },
+    )
+    .await
+}

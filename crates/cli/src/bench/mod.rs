@@ -1,0 +1,292 @@
+//! `flashsale bench`: the platform measured back to back with its baselines on the same
+//! machine, at the same concurrency, with the same buyers — the naive design it replaces, the
+//! raw gate and raw insert ceilings, and the no-op gRPC ceiling — and the ratios between them.
+//! Every mode is bounded in requests and in time, and stops by itself.
+
+mod baselines;
+mod measure;
+mod platform;
+
+use std::{process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::ValueEnum;
+use serde_json::json;
+
+use baselines::Load;
+use measure::Measurement;
+
+use crate::token::Secret;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// 1,000 units, 200,000 requests from 50,000 buyers: most are refused.
+    Flood,
+    /// 20,000 units, 40,000 buyers, one request each.
+    BigSale,
+    /// big-sale with COMMIT_AT_ORDER.
+    Ticketing,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Noop,
+    Naive,
+    Gate,
+    Insert,
+    Platform,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, value_enum, default_value = "flood")]
+    scenario: Scenario,
+    /// Modes to run, in this order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "noop,naive,gate,insert,platform"
+    )]
+    modes: Vec<Mode>,
+    /// Overrides of the scenario's figures.
+    #[arg(long)]
+    requests: Option<usize>,
+    #[arg(long)]
+    buyers: Option<usize>,
+    #[arg(long)]
+    stock: Option<i64>,
+    /// Calls in flight at once (every mode).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Bound of each mode, in seconds.
+    #[arg(long, default_value_t = 60)]
+    max_seconds_per_mode: u64,
+    #[arg(
+        long,
+        env = "FLASHSALE_PRODUCT_STOCK_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    product_stock_url: String,
+    #[arg(
+        long,
+        env = "FLASHSALE_ORDER_URL",
+        default_value = "http://127.0.0.1:50052"
+    )]
+    order_url: String,
+    /// PostgreSQL server (no database) for the naive and raw-insert modes.
+    #[arg(
+        long,
+        env = "FLASHSALE_BENCH_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432"
+    )]
+    postgres_url: String,
+    /// Redis for the raw-gate mode.
+    #[arg(
+        long,
+        env = "FLASHSALE_BENCH_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    redis_url: String,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    secret: Secret,
+}
+
+impl Args {
+    fn load(&self) -> anyhow::Result<(Load, u32, bool)> {
+        let (requests, buyers, stock, limit, ticketing) = match self.scenario {
+            Scenario::Flood => (200_000, 50_000, 1_000, 1, false),
+            Scenario::BigSale => (40_000, 40_000, 20_000, 1, false),
+            Scenario::Ticketing => (40_000, 40_000, 20_000, 1, true),
+        };
+        let load = Load {
+            requests: self.requests.unwrap_or(requests),
+            buyers: self.buyers.unwrap_or(buyers),
+            concurrency: self.concurrency,
+            stock: self.stock.unwrap_or(stock),
+            deadline: Duration::from_secs(self.max_seconds_per_mode),
+        };
+        anyhow::ensure!(
+            (1..=10_000_000).contains(&load.requests),
+            "--requests must be 1..=10000000"
+        );
+        anyhow::ensure!(
+            (1..=10_000_000).contains(&load.buyers),
+            "--buyers must be 1..=10000000"
+        );
+        anyhow::ensure!(
+            (1..=1_000_000_000).contains(&load.stock),
+            "--stock must be 1..=1000000000"
+        );
+        anyhow::ensure!(
+            (1..=4096).contains(&load.concurrency),
+            "--concurrency must be 1..=4096"
+        );
+        anyhow::ensure!(
+            (1..=3600).contains(&self.max_seconds_per_mode),
+            "--max-seconds-per-mode must be 1..=3600"
+        );
+        Ok((load, limit, ticketing))
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let (load, limit, ticketing) = args.load()?;
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_uppercase();
+    let sku = format!("BENCH-{tag}");
+    let mut results: Vec<Measurement> = Vec::new();
+    for mode in &args.modes {
+        eprintln!("bench: {mode:?} …");
+        let m = match mode {
+            Mode::Noop => baselines::noop(&args.order_url, &load).await?,
+            Mode::Naive => {
+                let db = baselines::bench_db(
+                    &args.postgres_url,
+                    "flashsale_bench_naive",
+                    load.concurrency,
+                )
+                .await?;
+                baselines::naive(db, &load, &sku).await?
+            }
+            Mode::Gate => {
+                let settings = flashsale_platform::settings::RedisSettings {
+                    url: args.redis_url.clone(),
+                    key_prefix: format!("bench{tag}:"),
+                    pool_size: load.concurrency.clamp(1, 256),
+                };
+                let pool = flashsale_platform::redis::pool(&settings)?;
+                let gate = flashsale_product_stock::adapters::redis::gate::RedisGate::new(
+                    pool,
+                    settings.key_prefix.clone(),
+                    Duration::from_secs(600),
+                );
+                baselines::raw_gate(gate, &load, &sku, limit).await?
+            }
+            Mode::Insert => {
+                let db = baselines::bench_db(
+                    &args.postgres_url,
+                    "flashsale_bench_orders",
+                    load.concurrency,
+                )
+                .await?;
+                baselines::raw_insert(db, &load, &sku).await?
+            }
+            Mode::Platform => {
+                platform::flood(
+                    &args.product_stock_url,
+                    &args.order_url,
+                    &args.secret,
+                    &load,
+                    &sku,
+                    limit,
+                    ticketing,
+                )
+                .await?
+            }
+        };
+        results.push(m);
+    }
+    let machine = machine(&args).await;
+    if args.json {
+        let modes: Vec<_> = results.iter().map(Measurement::to_json).collect();
+        let report = json!({ "scenario": format!("{:?}", args.scenario), "concurrency": load.concurrency,
+            "machine": machine, "modes": modes, "ratios": ratios(&results) });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("render report")?
+        );
+    } else {
+        println!(
+            "scenario {:?}: {} requests from {} buyers for {} units at concurrency {}",
+            args.scenario, load.requests, load.buyers, load.stock, load.concurrency
+        );
+        println!("machine: {machine}");
+        println!("{}", Measurement::header());
+        for m in &results {
+            println!("{}", m.row());
+            if !m.errors.is_empty() {
+                println!("    errors: {:?}", m.errors);
+            }
+        }
+        for (name, value) in ratios(&results).as_object().into_iter().flatten() {
+            println!("{name:<40} {value}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn find<'a>(results: &'a [Measurement], prefix: &str) -> Option<&'a Measurement> {
+    results.iter().find(|m| m.name.starts_with(prefix))
+}
+
+/// platform / baseline, for throughput, accepted orders per second and p99 latency.
+fn ratios(results: &[Measurement]) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    let Some(p) = find(results, "platform") else {
+        return out.into();
+    };
+    for base in ["naive", "no-op", "raw gate", "raw insert"] {
+        if let Some(b) = find(results, base) {
+            let key = base.replace(' ', "_").replace('-', "");
+            out.insert(
+                format!("platform/{key} throughput"),
+                json!(round(p.throughput() / b.throughput())),
+            );
+            out.insert(
+                format!("platform/{key} p99"),
+                json!(round(p.p(0.99) / b.p(0.99).max(1e-3))),
+            );
+            if base == "naive" {
+                out.insert(
+                    "platform/naive accepted per second".into(),
+                    json!(round(p.accepted_per_sec() / b.accepted_per_sec().max(1e-9))),
+                );
+            }
+        }
+    }
+    out.into()
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Cores and server versions, for the report.
+async fn machine(args: &Args) -> String {
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let pg = async {
+        let db = sea_orm::Database::connect(format!("{}/postgres", args.postgres_url))
+            .await
+            .ok()?;
+        let row = sea_orm::ConnectionTrait::query_one_raw(
+            &db,
+            sea_orm::Statement::from_string(
+                sea_orm::DatabaseBackend::Postgres,
+                "SELECT current_setting('server_version') AS v",
+            ),
+        )
+        .await
+        .ok()??;
+        row.try_get::<String>("", "v").ok()
+    }
+    .await
+    .unwrap_or_else(|| "?".into());
+    let redis = async {
+        let client = deadpool_redis::redis::Client::open(args.redis_url.as_str()).ok()?;
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        let info: String = deadpool_redis::redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .map(str::to_owned)
+    }
+    .await
+    .unwrap_or_else(|| "?".into());
+    format!("{cores} cores, PostgreSQL {pg}, Redis {redis}")
+}

@@ -1,0 +1,92 @@
+//! The platform itself: CreateOrder through the order service's gRPC API (gate, then one
+//! transaction per accepted order), as a gateway sends it for many buyers.
+
+use std::time::Duration;
+
+use flashsale_platform::auth::Role;
+use flashsale_proto::{
+    order::v1::{CreateOrderRequest, order_service_client::OrderServiceClient},
+    product::v1::{
+        CreateProductRequest, DeductionPolicy,
+        product_stock_service_client::ProductStockServiceClient,
+    },
+};
+
+use super::{
+    baselines::Load,
+    measure::{Measurement, Outcome, drive},
+};
+use crate::{
+    output::{authorized, connect, status_error},
+    token::Secret,
+};
+
+pub async fn flood(
+    product_stock_url: &str,
+    order_url: &str,
+    secret: &Secret,
+    load: &Load,
+    sku: &str,
+    per_user_limit: u32,
+    ticketing: bool,
+) -> anyhow::Result<Measurement> {
+    let admin = secret.mint("bench", Role::Admin, Duration::from_secs(3600))?;
+    let policy = if ticketing {
+        DeductionPolicy::CommitAtOrder
+    } else {
+        DeductionPolicy::ReserveThenCommit
+    };
+    let create = CreateProductRequest {
+        sku: sku.into(),
+        name: "bench".into(),
+        price_cents: 1999,
+        initial_stock: load.stock,
+        per_user_limit,
+        deduction_policy: policy as i32,
+    };
+    ProductStockServiceClient::new(connect(product_stock_url, Duration::from_secs(10)).await?)
+        .create_product(authorized(create, &admin)?)
+        .await
+        .map_err(status_error)?;
+    // Tokens are minted before the clock starts: a gateway holds its users' tokens already.
+    let tokens: Vec<String> = (0..load.buyers)
+        .map(|b| secret.mint(&format!("buyer{b}"), Role::User, Duration::from_secs(3600)))
+        .collect::<anyhow::Result<_>>()?;
+    let tokens = std::sync::Arc::new(tokens);
+    // A few HTTP/2 connections, as a gateway's pool would have.
+    let mut channels = Vec::new();
+    for _ in 0..4 {
+        channels.push(OrderServiceClient::new(
+            connect(order_url, Duration::from_secs(30)).await?,
+        ));
+    }
+    let (sku, buyers) = (sku.to_owned(), load.buyers.max(1));
+    drive(
+        "platform (CreateOrder)",
+        load.requests,
+        load.concurrency,
+        load.deadline,
+        move |i| {
+            let mut c = channels[i % channels.len()].clone();
+            let (tokens, sku) = (tokens.clone(), sku.clone());
+            async move {
+                let req = CreateOrderRequest {
+                    request_id: format!("b{i}"),
+                    sku,
+                    quantity: 1,
+                };
+                let Ok(req) = authorized(req, &tokens[i % buyers]) else {
+                    return Outcome::Error("token".into());
+                };
+                match c.create_order(req).await {
+                    Ok(_) => Outcome::Accepted,
+                    Err(s) if s.code() == tonic::Code::FailedPrecondition => Outcome::Refused(
+                        flashsale_platform::error::reason_of(&s).unwrap_or_default(),
+                    ),
+                    Err(s) => Outcome::Error(format!("{:?}", s.code())),
+                }
+            }
+        },
+    )
+    .await
+}

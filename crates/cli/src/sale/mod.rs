@@ -1,0 +1,319 @@
+//! `flashsale sale`: a gateway in front of many buyers, end to end, that always stops by itself.
+//! It creates a product, floods CreateOrder with bounded concurrency (one user token per buyer),
+//! waits for the saga to confirm the accepted orders, has the winners pay, never pay, pay too
+//! late or cancel, waits for quiescence, then reports throughput, latency and the outcome of
+//! every order — and checks the platform's invariants (ARCHITECTURE §7) read back over gRPC.
+//! Progress goes to stderr, the report to stdout; the exit code is non-zero when an invariant
+//! fails or the run hit its time bound.
+
+mod checks;
+mod flood;
+mod follow;
+mod read;
+mod report;
+
+use std::{
+    process::ExitCode,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use clap::ValueEnum;
+use flashsale_platform::auth::Role;
+use flashsale_proto::{
+    order::v1::order_service_client::OrderServiceClient,
+    outbound::v1::outbound_service_client::OutboundServiceClient,
+    product::v1::{
+        CreateProductRequest, DeductionPolicy,
+        product_stock_service_client::ProductStockServiceClient,
+    },
+};
+use tonic::transport::Channel;
+
+use crate::{
+    output::{authorized, connect, status_error},
+    token::Secret,
+};
+
+/// Deadline of one gRPC call (and of connecting).
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most requests one run may make.
+const MAX_REQUESTS: u64 = 10_000_000;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The product-stock gRPC endpoint.
+    #[arg(
+        long,
+        env = "FLASHSALE_PRODUCT_STOCK_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    product_stock_url: String,
+    /// The order gRPC endpoint.
+    #[arg(
+        long,
+        env = "FLASHSALE_ORDER_URL",
+        default_value = "http://127.0.0.1:50052"
+    )]
+    order_url: String,
+    /// The outbound gRPC endpoint.
+    #[arg(
+        long,
+        env = "FLASHSALE_OUTBOUND_URL",
+        default_value = "http://127.0.0.1:50053"
+    )]
+    outbound_url: String,
+    /// The product to create and sell; `SALE-<8 random hex>` when unset.
+    #[arg(long)]
+    sku: Option<String>,
+    /// Units on sale.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(0..=1_000_000_000))]
+    stock: i64,
+    /// Most units one buyer may buy; 0 = no limit.
+    #[arg(long, default_value_t = 1)]
+    per_user_limit: u32,
+    /// When the product's stock is deducted.
+    #[arg(long, value_enum, default_value = "reserve-then-commit")]
+    policy: Policy,
+    /// Unit price in cents.
+    #[arg(long, default_value_t = 1999, value_parser = clap::value_parser!(i64).range(0..=1_000_000_000))]
+    price_cents: i64,
+    /// Distinct buyers (each with a user token of its own).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    buyers: u32,
+    /// CreateOrder calls per buyer, each with its own request id.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    requests_per_buyer: u32,
+    /// CreateOrder calls in flight at once.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    concurrency: u32,
+    /// Share of the winners that pay at once (0..=1).
+    #[arg(long, default_value_t = 0.7, value_parser = share)]
+    pay: f64,
+    /// Share of the winners that never pay: the payment timeout cancels them (0..=1).
+    #[arg(long, default_value_t = 0.2, value_parser = share)]
+    never_pay: f64,
+    /// Share of the winners that pay after their payment deadline: refused and refunded (0..=1).
+    /// The winners not in --pay, --never-pay or --pay-late cancel their order.
+    #[arg(long, default_value_t = 0.1, value_parser = share)]
+    pay_late: f64,
+    /// Hard bound on the whole run, in seconds; hitting it fails the run.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    max_duration_secs: u64,
+    /// Print the final report as one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// No per-order lines in the report.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    secret: Secret,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Policy {
+    /// Retail: reserve at order, deduct at shipment.
+    ReserveThenCommit,
+    /// Ticketing: deduct at order.
+    CommitAtOrder,
+}
+
+impl Policy {
+    fn to_proto(self) -> DeductionPolicy {
+        match self {
+            Policy::ReserveThenCommit => DeductionPolicy::ReserveThenCommit,
+            Policy::CommitAtOrder => DeductionPolicy::CommitAtOrder,
+        }
+    }
+
+    /// RESERVE_THEN_COMMIT or COMMIT_AT_ORDER.
+    pub(crate) fn name(self) -> &'static str {
+        self.to_proto()
+            .as_str_name()
+            .trim_start_matches("DEDUCTION_POLICY_")
+    }
+}
+
+/// A share of the winners: a number within 0..=1.
+fn share(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not within 0..=1"))
+    }
+}
+
+/// What the phases share: the clients, the tokens and the time bound.
+pub(crate) struct Ctx {
+    pub stock: ProductStockServiceClient<Channel>,
+    pub orders: OrderServiceClient<Channel>,
+    pub outbound: OutboundServiceClient<Channel>,
+    /// An admin token, for reading everything back.
+    pub admin: String,
+    /// Buyer names and their user tokens, by buyer index.
+    pub buyers: Vec<String>,
+    pub tokens: Vec<String>,
+    pub sku: String,
+    /// When the flood and the waits give up, leaving time for the report before the hard bound.
+    pub work_deadline: tokio::time::Instant,
+    /// The hard bound on the whole run.
+    pub hard_deadline: tokio::time::Instant,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let shares = args.shares()?;
+    let requests = u64::from(args.buyers) * u64::from(args.requests_per_buyer);
+    anyhow::ensure!(
+        requests <= MAX_REQUESTS,
+        "--buyers × --requests-per-buyer must be at most {MAX_REQUESTS} (got {requests})"
+    );
+    let sku = args.sku.clone().unwrap_or_else(|| {
+        let hex = uuid::Uuid::new_v4().simple().to_string();
+        format!("SALE-{}", hex[..8].to_uppercase())
+    });
+    let bound = Duration::from_secs(args.max_duration_secs);
+    // Tokens outlive the run: a late payment near the bound must still be accepted.
+    let ttl = bound + CALL_TIMEOUT * 6;
+    let buyers: Vec<String> = (0..args.buyers).map(|i| format!("buyer-{i:04}")).collect();
+    let tokens = buyers
+        .iter()
+        .map(|b| args.secret.mint(b, Role::User, ttl))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let now = tokio::time::Instant::now();
+    let hard_deadline = now + bound;
+    let setup = async {
+        let ctx = Arc::new(Ctx {
+            stock: ProductStockServiceClient::new(
+                connect(&args.product_stock_url, CALL_TIMEOUT).await?,
+            ),
+            orders: OrderServiceClient::new(connect(&args.order_url, CALL_TIMEOUT).await?),
+            outbound: OutboundServiceClient::new(connect(&args.outbound_url, CALL_TIMEOUT).await?),
+            admin: args.secret.mint("sale", Role::Admin, ttl)?,
+            buyers,
+            tokens,
+            sku: sku.clone(),
+            // The report's read-back gets the last fifth of the bound (0.5..=10 s).
+            work_deadline: hard_deadline
+                - (bound / 5).clamp(Duration::from_millis(500), CALL_TIMEOUT),
+            hard_deadline,
+        });
+        progress(&format!(
+            "creating {sku}: {} units at {} cents, {}, per-user limit {}",
+            args.stock,
+            args.price_cents,
+            args.policy.name(),
+            args.per_user_limit
+        ));
+        create_product(&ctx, &args).await?;
+        anyhow::Ok(ctx)
+    };
+    let ctx = tokio::time::timeout_at(hard_deadline, setup)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "connecting and creating the product took longer than --max-duration-secs ({} s)",
+                args.max_duration_secs
+            )
+        })??;
+
+    progress(&format!(
+        "flood: {requests} CreateOrder calls from {} buyers, {} at a time",
+        args.buyers, args.concurrency
+    ));
+    let flood = flood::run(ctx.clone(), args.requests_per_buyer, args.concurrency).await?;
+    progress(&format!(
+        "{} accepted, {} refused, {} errors in {:.2} s",
+        flood.accepted.len(),
+        flood.refused.values().sum::<u64>(),
+        flood.errors.values().sum::<u64>(),
+        flood.elapsed.as_secs_f64()
+    ));
+    let mut run = follow::Run::new(ctx.clone(), &flood).await;
+    run.confirm(flood.last_accept).await;
+    run.assign(shares);
+    run.act().await;
+    run.quiesce().await;
+
+    let report = report::build(&ctx, &args, shares, &flood, run, started).await;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report.to_json(args.quiet)).context("encode the report")?
+        );
+    } else {
+        report.print_text(args.quiet);
+    }
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The winners' shares: pay at once, never pay, pay late (the rest cancel).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shares {
+    pub pay: f64,
+    pub never_pay: f64,
+    pub pay_late: f64,
+}
+
+impl Args {
+    fn shares(&self) -> anyhow::Result<Shares> {
+        let sum = self.pay + self.never_pay + self.pay_late;
+        anyhow::ensure!(
+            sum <= 1.0 + 1e-9,
+            "--pay + --never-pay + --pay-late must be at most 1.0 (got {} + {} + {} = {sum})",
+            self.pay,
+            self.never_pay,
+            self.pay_late
+        );
+        Ok(Shares {
+            pay: self.pay,
+            never_pay: self.never_pay,
+            pay_late: self.pay_late,
+        })
+    }
+}
+
+async fn create_product(ctx: &Ctx, args: &Args) -> anyhow::Result<()> {
+    let deduction_policy = args.policy.to_proto() as i32;
+    let req = CreateProductRequest {
+        sku: ctx.sku.clone(),
+        name: format!("Flash sale {}", ctx.sku),
+        price_cents: args.price_cents,
+        initial_stock: args.stock,
+        per_user_limit: args.per_user_limit,
+        deduction_policy,
+    };
+    ctx.stock
+        .clone()
+        .create_product(authorized(req, &ctx.admin)?)
+        .await
+        .map_err(status_error)
+        .with_context(|| format!("create product {}", ctx.sku))?;
+    Ok(())
+}
+
+/// One line of progress on stderr (stdout carries the report).
+pub(crate) fn progress(line: &str) {
+    eprintln!("sale: {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_must_be_numbers_within_zero_and_one() {
+        assert_eq!(share("0.25"), Ok(0.25));
+        assert_eq!(share("1"), Ok(1.0));
+        assert!(share("1.01").is_err());
+        assert!(share("-0.1").is_err());
+        assert!(share("half").is_err());
+        assert!(share("NaN").is_err());
+    }
+}

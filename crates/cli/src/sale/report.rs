@@ -1,0 +1,412 @@
+//! Phase (f), the report: what the flood measured, what became of every order, and the
+//! invariant checks (ARCHITECTURE §7) on figures read back over gRPC — as text or one JSON
+//! object.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use flashsale_proto::{
+    order::v1::{CancelReason, Order, OrderStatus, RefundStatus},
+    outbound::v1::{Shipment, ShipmentStatus},
+    product::v1::Product,
+};
+use serde_json::{Value, json};
+
+use super::{
+    Args, Ctx, Shares,
+    checks::{self, Check, Line, status_is},
+    flood::Flood,
+    follow::{Outcome, Plan, Run},
+    read,
+};
+
+/// Quantiles reported, with their labels.
+const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)];
+
+pub(crate) struct Report {
+    head: Value,
+    lines: Vec<Line>,
+    product: Option<Product>,
+    drift: Option<i64>,
+    checks: Vec<Check>,
+    bound_hits: Vec<String>,
+    elapsed: Duration,
+}
+
+/// Reads everything back (bounded by the hard deadline) and checks the invariants.
+pub(crate) async fn build(
+    ctx: &std::sync::Arc<Ctx>,
+    args: &Args,
+    shares: Shares,
+    flood: &Flood,
+    mut run: Run,
+    started: Instant,
+) -> Report {
+    let hard = ctx.hard_deadline;
+    let ids = run.tracked.iter().map(|t| t.order_id.clone()).collect();
+    match tokio::time::timeout_at(hard, read::orders(ctx, ids)).await {
+        Ok(read) => {
+            for (t, o) in run.tracked.iter_mut().zip(read) {
+                t.order = o;
+            }
+        }
+        Err(_) => run
+            .bound_hits
+            .push("the orders could not be read back before the time bound".into()),
+    }
+    let product = tokio::time::timeout_at(hard, read::product(ctx))
+        .await
+        .ok()
+        .flatten();
+    let drift = tokio::time::timeout_at(hard, read::drift(ctx))
+        .await
+        .ok()
+        .flatten();
+    let shipments = tokio::time::timeout_at(hard, read::shipments(ctx, &run))
+        .await
+        .unwrap_or_else(|_| vec![None; run.tracked.len()]);
+    if tokio::time::Instant::now() >= hard {
+        run.bound_hits
+            .push("the read-back for the report ran into the time bound".into());
+    }
+
+    let lines: Vec<Line> = run
+        .tracked
+        .into_iter()
+        .zip(shipments)
+        .map(|(t, shipment)| Line {
+            buyer: ctx.buyers[t.buyer].clone(),
+            order_id: t.order_id,
+            plan: t.plan,
+            outcome: t.outcome,
+            order: t.order,
+            shipment,
+        })
+        .collect();
+    let checks = vec![
+        checks::sold(&lines, args.stock),
+        checks::terminal(&lines, run.unlisted_buyers),
+        checks::conserved(&lines, product.as_ref(), args.stock),
+        checks::refunds(&lines),
+        checks::gate(product.as_ref(), drift),
+    ];
+
+    let latency: serde_json::Map<String, Value> = QUANTILES
+        .iter()
+        .map(|(k, q)| ((*k).to_owned(), json!(flood.latency.value_at_quantile(*q))))
+        .chain([("max".to_owned(), json!(flood.latency.max()))])
+        .collect();
+    let head = json!({
+        "sku": ctx.sku,
+        "policy": args.policy.name(),
+        "stock": args.stock,
+        "perUserLimit": args.per_user_limit,
+        "priceCents": args.price_cents,
+        "buyers": args.buyers,
+        "requestsPerBuyer": args.requests_per_buyer,
+        "concurrency": args.concurrency,
+        "shares": {"pay": shares.pay, "neverPay": shares.never_pay, "payLate": shares.pay_late},
+        "requests": flood.requests,
+        "accepted": flood.accepted.len(),
+        "refused": flood.refused,
+        "errors": flood.errors,
+        "floodSecs": flood.elapsed.as_secs_f64(),
+        "throughputRps": flood.throughput(),
+        "latencyUs": latency,
+        "confirmationMs": run.confirmation.map(|d| d.as_secs_f64() * 1000.0),
+    });
+    Report {
+        head,
+        lines,
+        product,
+        drift,
+        checks,
+        bound_hits: run.bound_hits,
+        elapsed: started.elapsed(),
+    }
+}
+
+// === impl Report ===
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.bound_hits.is_empty() && self.checks.iter().all(|c| c.pass)
+    }
+
+    fn totals(&self) -> Value {
+        let mut by_status = BTreeMap::new();
+        let mut by_reason = BTreeMap::new();
+        let (mut shipped_units, mut refunds, mut refunded_cents) = (0, 0, 0);
+        for o in self.lines.iter().filter_map(|l| l.order.as_ref()) {
+            *by_status.entry(order_status(o)).or_insert(0u64) += 1;
+            if status_is(o, OrderStatus::Cancelled) {
+                *by_reason.entry(cancel_reason(o)).or_insert(0u64) += 1;
+            }
+            if status_is(o, OrderStatus::Shipped) {
+                shipped_units += o.quantity;
+            }
+            if o.refund_cents > 0 {
+                refunds += 1;
+                refunded_cents += o.refund_cents;
+            }
+        }
+        let mut shipments = BTreeMap::new();
+        for s in self.lines.iter().filter_map(|l| l.shipment.as_ref()) {
+            *shipments.entry(shipment_status(s)).or_insert(0u64) += 1;
+        }
+        let mut plans = BTreeMap::new();
+        for l in &self.lines {
+            *plans.entry(plan_name(l.plan)).or_insert(0u64) += 1;
+        }
+        json!({
+            "byStatus": by_status,
+            "byCancelReason": by_reason,
+            "byPlan": plans,
+            "shipments": shipments,
+            "shippedUnits": shipped_units,
+            "refunds": refunds,
+            "refundedCents": refunded_cents,
+        })
+    }
+
+    pub fn to_json(&self, quiet: bool) -> Value {
+        let mut v = self.head.clone();
+        let p = self.product.as_ref();
+        v["totals"] = self.totals();
+        v["product"] = json!({
+            "onHand": p.map(|p| p.on_hand),
+            "reserved": p.map(|p| p.reserved),
+            "available": p.map(|p| p.available),
+            "gateAvailable": p.map(|p| p.gate_available),
+            "drift": self.drift,
+        });
+        v["invariants"] = self
+            .checks
+            .iter()
+            .map(|c| json!({"name": c.name, "pass": c.pass, "detail": c.detail}))
+            .collect();
+        v["timeBoundHit"] = json!(!self.bound_hits.is_empty());
+        v["timeBound"] = json!(self.bound_hits);
+        v["elapsedSecs"] = json!(self.elapsed.as_secs_f64());
+        v["pass"] = json!(self.passed());
+        if !quiet {
+            v["orders"] = self.lines.iter().map(Line::to_json).collect();
+        }
+        v
+    }
+
+    pub fn print_text(&self, quiet: bool) {
+        let h = &self.head;
+        let t = self.totals();
+        println!(
+            "flash sale {}: {} units at {} cents, {}, per-user limit {}",
+            text(&h["sku"]),
+            h["stock"],
+            h["priceCents"],
+            text(&h["policy"]),
+            h["perUserLimit"]
+        );
+        println!(
+            "flood       {} requests from {} buyers ({} each), {} in flight: {:.2} s, {:.1} requests/s",
+            h["requests"],
+            h["buyers"],
+            h["requestsPerBuyer"],
+            h["concurrency"],
+            h["floodSecs"].as_f64().unwrap_or(0.0),
+            h["throughputRps"].as_f64().unwrap_or(0.0)
+        );
+        println!("accepted    {}", h["accepted"]);
+        println!("refused     {}", map_text(&h["refused"]));
+        println!("errors      {}", map_text(&h["errors"]));
+        let lat = &h["latencyUs"];
+        let ms = |k: &str| lat[k].as_f64().unwrap_or(0.0) / 1000.0;
+        println!(
+            "latency     p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
+            ms("p50"),
+            ms("p90"),
+            ms("p99"),
+            ms("p99.9"),
+            ms("max")
+        );
+        match h["confirmationMs"].as_f64() {
+            Some(c) => {
+                println!("confirmed   every accepted order within {c:.0} ms of the last accept")
+            }
+            None if h["accepted"] == 0 => println!("confirmed   no order to confirm"),
+            None => println!("confirmed   not every accepted order (see the time bound)"),
+        }
+        println!("plan        {}", map_text(&t["byPlan"]));
+        if !quiet {
+            println!();
+            println!(
+                "  {:<8}  {:<11}  {:<14}  {:<16}  {:<15}  {:<14}  {:<8}  note",
+                "order", "buyer", "plan", "status", "cancel reason", "refund", "shipment"
+            );
+            for l in &self.lines {
+                l.print();
+            }
+            println!();
+        }
+        println!("orders      {}", map_text(&t["byStatus"]));
+        println!("cancelled   {}", map_text(&t["byCancelReason"]));
+        println!("shipments   {}", map_text(&t["shipments"]));
+        println!(
+            "shipped     {} units; refunds {} ({} cents)",
+            t["shippedUnits"], t["refunds"], t["refundedCents"]
+        );
+        if let Some(p) = &self.product {
+            println!(
+                "product     on hand {}, reserved {}, available {}, gate {}, drift {}",
+                p.on_hand,
+                p.reserved,
+                p.available,
+                p.gate_available,
+                self.drift.map_or("?".into(), |d| d.to_string())
+            );
+        }
+        println!();
+        println!("invariants");
+        for c in &self.checks {
+            let mark = if c.pass { "PASS" } else { "FAIL" };
+            println!("  {mark}  {:<22}  {}", c.name, c.detail);
+        }
+        if self.bound_hits.is_empty() {
+            println!(
+                "  PASS  {:<22}  finished by itself",
+                "within the time bound"
+            );
+        } else {
+            println!(
+                "  FAIL  {:<22}  {}",
+                "within the time bound",
+                self.bound_hits.join("; ")
+            );
+        }
+        println!(
+            "result      {} in {:.1} s",
+            if self.passed() { "PASS" } else { "FAIL" },
+            self.elapsed.as_secs_f64()
+        );
+    }
+}
+
+// === impl Line ===
+
+impl Line {
+    fn to_json(&self) -> Value {
+        let o = self.order.as_ref();
+        json!({
+            "orderId": self.order_id,
+            "buyer": self.buyer,
+            "plan": plan_name(self.plan),
+            "status": o.map(order_status),
+            "cancelReason": o.filter(|o| o.cancel_reason != CancelReason::Unspecified as i32).map(cancel_reason),
+            "refundStatus": o.map(refund_status),
+            "refundCents": o.map(|o| o.refund_cents),
+            "shipment": self.shipment.as_ref().map(shipment_status),
+            "outcome": (self.outcome != Outcome::None).then(|| outcome_text(&self.outcome)),
+        })
+    }
+
+    fn print(&self) {
+        let o = self.order.as_ref();
+        let refund = o
+            .filter(|o| o.refund_cents > 0)
+            .map_or("-".to_owned(), |o| {
+                format!("{} {}", refund_status(o), o.refund_cents)
+            });
+        let line = format!(
+            "  {:<8}  {:<11}  {:<14}  {:<16}  {:<15}  {:<14}  {:<8}  {}",
+            short(&self.order_id),
+            self.buyer,
+            plan_name(self.plan),
+            o.map_or("?".into(), order_status),
+            o.map(cancel_reason).unwrap_or_default(),
+            refund,
+            self.shipment.as_ref().map_or("-".into(), shipment_status),
+            outcome_text(&self.outcome)
+        );
+        println!("{}", line.trim_end());
+    }
+}
+
+// === names ===
+
+pub(super) fn short(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
+}
+
+pub(super) fn order_status(o: &Order) -> String {
+    OrderStatus::try_from(o.status).map_or("?".into(), |s| {
+        s.as_str_name().trim_start_matches("ORDER_STATUS_").into()
+    })
+}
+
+pub(super) fn cancel_reason(o: &Order) -> String {
+    match CancelReason::try_from(o.cancel_reason) {
+        Ok(CancelReason::Unspecified) => "-".into(),
+        Ok(r) => r.as_str_name().trim_start_matches("CANCEL_REASON_").into(),
+        Err(_) => "?".into(),
+    }
+}
+
+pub(super) fn refund_status(o: &Order) -> String {
+    RefundStatus::try_from(o.refund_status).map_or("?".into(), |s| {
+        s.as_str_name().trim_start_matches("REFUND_STATUS_").into()
+    })
+}
+
+pub(super) fn shipment_status(s: &Shipment) -> String {
+    ShipmentStatus::try_from(s.status).map_or("?".into(), |s| {
+        s.as_str_name()
+            .trim_start_matches("SHIPMENT_STATUS_")
+            .into()
+    })
+}
+
+fn plan_name(p: Plan) -> &'static str {
+    match p {
+        Plan::Pay => "pay",
+        Plan::NeverPay => "never-pay",
+        Plan::PayLate => "pay-late",
+        Plan::Cancel => "cancel",
+        Plan::NoWinner => "no-winner",
+        Plan::Unacknowledged => "unacknowledged",
+    }
+}
+
+fn outcome_text(o: &Outcome) -> String {
+    match o {
+        Outcome::None => String::new(),
+        Outcome::Paid => "paid".into(),
+        Outcome::PayRefused(r) => format!("payment refused: {r}"),
+        Outcome::PayFailed(c) => format!("payment failed: {c}"),
+        Outcome::Cancelled => "cancelled".into(),
+        Outcome::CancelFailed(c) => format!("cancel failed: {c}"),
+        Outcome::Skipped(why) => format!("skipped: {why}"),
+    }
+}
+
+pub(super) fn counts(m: &BTreeMap<String, usize>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn map_text(v: &Value) -> String {
+    match v.as_object() {
+        Some(m) if !m.is_empty() => m
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => "none".into(),
+    }
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+}

@@ -1,0 +1,226 @@
+//! `flashsale sale` end to end against the three services in-process: a small sale sells
+//! exactly its stock and passes every invariant; a warehouse that fails every shipment ends in
+//! refunds and still passes; bad options are refused naming the flag.
+
+use serde_json::Value;
+
+use crate::{
+    full_stack::{FullStack, orders_with_plan, report},
+    helpers::flashsale,
+};
+
+/// Asserts every invariant of a report passed, showing the failing ones.
+fn assert_invariants_pass(report: &Value) {
+    let checks = report["invariants"].as_array().unwrap();
+    assert_eq!(checks.len(), 5, "{report}");
+    let failed: Vec<&Value> = checks.iter().filter(|c| c["pass"] != true).collect();
+    assert!(failed.is_empty(), "failed invariants: {failed:?}");
+    assert_eq!(report["pass"], true);
+    assert_eq!(report["timeBoundHit"], false, "{}", report["timeBound"]);
+}
+
+#[tokio::test]
+async fn a_small_sale_sells_exactly_its_stock_and_refunds_late_payments() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let run = stack
+        .sale(&[
+            "--sku",
+            "CLI-SALE-1",
+            "--buyers",
+            "60",
+            "--stock",
+            "20",
+            "--concurrency",
+            "16",
+            "--pay",
+            "0.5",
+            "--never-pay",
+            "0.25",
+            "--pay-late",
+            "0.25",
+            "--max-duration-secs",
+            "120",
+            "--json",
+        ])
+        .await;
+    let r = report(&run);
+    assert_eq!(r["requests"], 60, "{r}");
+    assert_eq!(r["accepted"], 20, "{r}");
+    assert_eq!(r["refused"]["SOLD_OUT"], 40, "{r}");
+    assert_eq!(r["errors"], serde_json::json!({}), "{r}");
+    assert!(r["latencyUs"]["p50"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["latencyUs"]["max"].as_u64() >= r["latencyUs"]["p99"].as_u64());
+    assert!(r["confirmationMs"].is_number(), "{r}");
+    assert_invariants_pass(&r);
+
+    let payers = orders_with_plan(&r, "pay");
+    let never = orders_with_plan(&r, "never-pay");
+    let late = orders_with_plan(&r, "pay-late");
+    assert_eq!((payers.len(), never.len(), late.len()), (10, 5, 5), "{r}");
+    for o in &payers {
+        assert_eq!(
+            (&o["status"], &o["shipment"], &o["refundStatus"]),
+            (
+                &Value::from("SHIPPED"),
+                &Value::from("SHIPPED"),
+                &Value::from("NONE")
+            ),
+            "{o}"
+        );
+    }
+    for o in &never {
+        assert_eq!(
+            (&o["status"], &o["cancelReason"], &o["refundStatus"]),
+            (
+                &Value::from("CANCELLED"),
+                &Value::from("PAYMENT_TIMEOUT"),
+                &Value::from("NONE")
+            ),
+            "{o}"
+        );
+    }
+    for o in &late {
+        assert_eq!(
+            (&o["status"], &o["refundStatus"], &o["outcome"]),
+            (
+                &Value::from("CANCELLED"),
+                &Value::from("RECORDED"),
+                &Value::from("payment refused: ORDER_NOT_PAYABLE")
+            ),
+            "{o}"
+        );
+        assert_eq!(o["refundCents"], 1999, "{o}");
+    }
+    assert_eq!(r["totals"]["shippedUnits"], 10, "{r}");
+    assert_eq!(r["totals"]["refunds"], 5, "{r}");
+    assert_eq!(
+        (&r["product"]["available"], &r["product"]["reserved"]),
+        (&Value::from(10), &Value::from(0)),
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn a_sale_whose_shipments_all_fail_refunds_every_payment_and_still_passes() {
+    let stack = FullStack::spawn(|s| s.warehouse.fail_skus = "CLI-SALE-BROKEN".into()).await;
+    let run = stack
+        .sale(&[
+            "--sku",
+            "CLI-SALE-BROKEN",
+            "--policy",
+            "commit-at-order",
+            "--buyers",
+            "20",
+            "--stock",
+            "8",
+            "--price-cents",
+            "500",
+            "--pay",
+            "0.75",
+            "--never-pay",
+            "0.25",
+            "--pay-late",
+            "0",
+            "--max-duration-secs",
+            "120",
+            "--json",
+        ])
+        .await;
+    let r = report(&run);
+    assert_eq!(r["accepted"], 8, "{r}");
+    assert_eq!(r["policy"], "COMMIT_AT_ORDER");
+    assert_invariants_pass(&r);
+
+    let payers = orders_with_plan(&r, "pay");
+    assert_eq!(payers.len(), 6, "{r}");
+    for o in &payers {
+        assert_eq!(
+            (
+                &o["status"],
+                &o["cancelReason"],
+                &o["shipment"],
+                &o["refundStatus"],
+                &o["refundCents"]
+            ),
+            (
+                &Value::from("CANCELLED"),
+                &Value::from("OUTBOUND_FAILED"),
+                &Value::from("FAILED"),
+                &Value::from("RECORDED"),
+                &Value::from(500)
+            ),
+            "{o}"
+        );
+    }
+    assert_eq!(r["totals"]["shipments"]["FAILED"], 6, "{r}");
+    assert_eq!(r["totals"]["shippedUnits"], 0, "{r}");
+    assert_eq!(r["totals"]["refunds"], 6, "{r}");
+    // Every unit is back on sale.
+    assert_eq!(r["product"]["available"], 8, "{r}");
+    assert_eq!(r["product"]["gateAvailable"], 8, "{r}");
+}
+
+#[tokio::test]
+async fn sale_refuses_bad_options_naming_the_flag() {
+    let nowhere = "http://127.0.0.1:1";
+    let cases: [(&[&str], &[&str]); 4] = [
+        (
+            &["--pay", "0.8", "--never-pay", "0.5"],
+            &["--pay", "--never-pay"],
+        ),
+        (&["--buyers", "0"], &["--buyers"]),
+        (&["--pay-late", "1.5"], &["--pay-late"]),
+        (&["--concurrency", "0"], &["--concurrency"]),
+    ];
+    for (args, flags) in cases {
+        let mut full = vec!["sale", "--order-url", nowhere, "--outbound-url", nowhere];
+        full.extend_from_slice(args);
+        let run = flashsale(&full, nowhere).await;
+        assert!(!run.ok, "{args:?} was accepted: {}", run.stdout);
+        for flag in flags {
+            assert!(
+                run.stderr.contains(flag),
+                "{args:?}: stderr does not name {flag}: {}",
+                run.stderr
+            );
+        }
+        assert!(
+            !run.stderr.contains("connect"),
+            "{args:?} got as far as connecting: {}",
+            run.stderr
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_sale_that_cannot_finish_within_its_bound_stops_by_itself_and_fails() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let started = std::time::Instant::now();
+    // Every winner leaves its order unpaid: the payment timeout (2 s) cancels them only after
+    // the run's 2 s bound, so the sale must give up rather than wait.
+    let run = stack
+        .sale(&[
+            "--buyers",
+            "10",
+            "--stock",
+            "5",
+            "--pay",
+            "0",
+            "--never-pay",
+            "1",
+            "--pay-late",
+            "0",
+            "--max-duration-secs",
+            "2",
+            "--json",
+        ])
+        .await;
+    let wall = started.elapsed();
+    assert!(!run.ok, "a sale past its bound passed: {}", run.stdout);
+    let r: Value = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("no report ({e}): {}\n{}", run.stdout, run.stderr));
+    assert_eq!(r["timeBoundHit"], true, "{r}");
+    assert_eq!(r["pass"], false, "{r}");
+    assert!(r["elapsedSecs"].as_f64().unwrap() <= 2.5, "{r}");
+    assert!(wall.as_secs() < 15, "the sale took {wall:?}");
+}
