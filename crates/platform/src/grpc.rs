@@ -127,19 +127,6 @@ pub async fn serve(
         .context("serve gRPC")
 }
 
-/// The answer of an RPC whose use case is not built yet: the caller's role is checked first
-/// (so auth errors are already right), then `UNIMPLEMENTED` naming the RPC.
-pub fn not_yet<T>(
-    req: &tonic::Request<T>,
-    roles: &[crate::auth::Role],
-    rpc: &str,
-) -> tonic::Status {
-    match crate::auth::Caller::of(req).and_then(|c| c.require(roles)) {
-        Err(e) => e.into(),
-        Ok(()) => tonic::Status::unimplemented(format!("{rpc} is not implemented yet")),
-    }
-}
-
 /// A channel to another service that connects on first use (so a service starts even while
 /// the one it calls is down; calls then fail `UNAVAILABLE`).
 pub fn lazy_channel(url: &str, timeout: Duration) -> anyhow::Result<tonic::transport::Channel> {

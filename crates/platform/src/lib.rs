@@ -6,7 +6,6 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod db;
-pub mod dead_letter;
 pub mod error;
 pub mod failpoint;
 pub mod grpc;
