@@ -93,7 +93,13 @@ impl Orders {
         let Some(txn) = self.claim(consumer, env).await? else {
             return Ok(());
         };
-        let order = Self::subject(&txn, &ev.order_id).await?;
+        let id = parse_order_id(&ev.order_id)?;
+        let Some(order) = db::order(&txn, id, true).await? else {
+            // A hold that expired for an order that was never written (its caller gave up
+            // between the gate and the write): nothing to cancel here.
+            txn.commit().await?;
+            return Ok(());
+        };
         if order.status == Status::Pending {
             let reason = if ev.reason == ReservationFailureReason::OrderCancelled as i32 {
                 CancelReason::HoldExpired

@@ -230,3 +230,20 @@ async fn malformed_and_unknown_events_are_parked_and_change_nothing() {
     .unwrap();
     assert_eq!(app.count("SELECT COUNT(*) AS n FROM orders").await, 0);
 }
+
+#[tokio::test]
+async fn a_refusal_for_an_order_never_written_is_dropped_not_parked() {
+    let app = spawn_stack(|_| {}).await;
+    let ghost = flashsale_proto::events::v1::StockReservationFailed {
+        order_id: uuid::Uuid::new_v4().to_string(),
+        sku: "X".into(),
+        quantity: 1,
+        reason: flashsale_proto::events::v1::ReservationFailureReason::OrderCancelled as i32,
+        detail: "hold expired".into(),
+    };
+    app.publish(Payload::StockReservationFailed(ghost), "x")
+        .await;
+    app.wait_count("SELECT COUNT(*) AS n FROM inbox", 1).await;
+    assert_eq!(app.parked().await, 0);
+    assert_eq!(app.count("SELECT COUNT(*) AS n FROM orders").await, 0);
+}

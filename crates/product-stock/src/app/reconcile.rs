@@ -4,6 +4,10 @@
 
 use std::time::Duration;
 
+use flashsale_messaging::{envelope, outbox};
+use flashsale_proto::events::v1::{
+    ReservationFailureReason, StockReservationFailed, envelope::Payload,
+};
 use sea_orm::TransactionTrait as _;
 
 use super::{StockService, gate_err, saga::HOLD_EXPIRED};
@@ -142,6 +146,23 @@ impl StockService {
                             .map_err(gate_err)?;
                         continue;
                     }
+                    // Tell the order service, whose order (if it was ever written) is still
+                    // PENDING: it cancels it with HOLD_EXPIRED.
+                    let failed = StockReservationFailed {
+                        order_id: hold.order_id.to_string(),
+                        sku: sku.to_string(),
+                        quantity: hold.qty,
+                        reason: ReservationFailureReason::OrderCancelled as i32,
+                        detail: "the stock hold expired before the order reached the database"
+                            .into(),
+                    };
+                    let env = envelope::new(
+                        Payload::StockReservationFailed(failed),
+                        hold.order_id.to_string(),
+                        "",
+                        super::PRODUCER,
+                    );
+                    outbox::enqueue(&txn, &env).await?;
                     self.gate
                         .release_unpersisted(sku.as_str(), hold.order_id)
                         .await

@@ -133,6 +133,9 @@ async fn holds_that_never_reach_the_database_are_released_and_counted() {
     .await;
     let snap = app.gate.snapshot("H1").await.unwrap().unwrap();
     assert_eq!((snap.available, snap.held), (4, 0));
+    let told = app.outbox_of("stock.reservation_failed").await;
+    assert_eq!(told.len(), 1, "the order service is told the hold expired");
+    assert_eq!(told[0].correlation_id, order.to_string());
     let (_, metrics) = http_get(app.metrics_port, "/metrics").await.unwrap();
     assert!(
         metrics.contains("flashsale_holds_expired_total"),
@@ -144,7 +147,12 @@ async fn holds_that_never_reach_the_database_are_released_and_counted() {
         .await;
     app.wait_count("SELECT COUNT(*) AS n FROM inbox", 1).await;
     let failed = app.outbox_of("stock.reservation_failed").await;
-    let Some(Payload::StockReservationFailed(f)) = &failed[0].payload else {
+    assert_eq!(
+        failed.len(),
+        2,
+        "the expiry, then the refusal of the late create"
+    );
+    let Some(Payload::StockReservationFailed(f)) = &failed[1].payload else {
         panic!("wrong payload")
     };
     assert_eq!(f.reason, ReservationFailureReason::OrderCancelled as i32);
