@@ -110,3 +110,42 @@ pub async fn check_clean_stop(
     ensure!(refused, "gRPC port still accepts connections after stop");
     Ok(())
 }
+
+/// Fails unless every table in `tables` exists in the database at `url`.
+pub async fn check_tables(url: &str, tables: &[&str]) -> anyhow::Result<()> {
+    use sea_orm::{ConnectionTrait, Statement};
+    let conn = sea_orm::Database::connect(url).await.context("connect")?;
+    for table in tables {
+        let row = conn
+            .query_one_raw(Statement::from_string(
+                sea_orm::DatabaseBackend::Postgres,
+                format!("SELECT to_regclass('public.{table}')::text AS t"),
+            ))
+            .await?
+            .context("no row")?;
+        let name: Option<String> = row.try_get("", "t")?;
+        ensure!(name.as_deref() == Some(*table), "table {table} missing");
+    }
+    conn.close().await.ok();
+    Ok(())
+}
+
+/// Runs the service binary `bin` with `env_var` set to an unparsable database URL and checks
+/// it refuses to start, naming `key`.
+pub async fn check_refuses_bad_database_url(
+    bin: &str,
+    env_var: &str,
+    key: &str,
+) -> anyhow::Result<()> {
+    let config_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config");
+    let out = tokio::process::Command::new(bin)
+        .env(env_var, "not a url")
+        .env("FLASHSALE_CONFIG_DIR", config_dir)
+        .output()
+        .await
+        .context("run the binary")?;
+    ensure!(!out.status.success(), "start-up must fail");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(stderr.contains(key), "stderr does not name {key}: {stderr}");
+    Ok(())
+}

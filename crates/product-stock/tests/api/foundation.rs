@@ -6,10 +6,9 @@ use flashsale_proto::product::v1::{
     CreateProductRequest, product_stock_service_client::ProductStockServiceClient,
 };
 use flashsale_test_support::{
-    foundation::{check_clean_stop, check_endpoints},
+    foundation::{check_clean_stop, check_endpoints, check_refuses_bad_database_url, check_tables},
     grpc::{channel, token, with_token},
 };
-use sea_orm::{ConnectionTrait, Statement};
 use tonic::Code;
 
 use crate::helpers::spawn_app;
@@ -34,27 +33,20 @@ async fn service_serves_health_reflection_metrics_and_stops_cleanly() {
 #[tokio::test]
 async fn start_up_runs_the_migrations() {
     let app = spawn_app().await;
-    let conn = app.db.connect().await.unwrap();
-    for table in [
-        "outbox",
-        "inbox",
-        "products",
-        "stock",
-        "reservations",
-        "stock_ledger",
-        "stock_adjustments",
-    ] {
-        let row = conn
-            .query_one_raw(Statement::from_string(
-                sea_orm::DatabaseBackend::Postgres,
-                format!("SELECT to_regclass('public.{table}')::text AS t"),
-            ))
-            .await
-            .unwrap()
-            .unwrap();
-        let name: Option<String> = row.try_get("", "t").unwrap();
-        assert_eq!(name.as_deref(), Some(table), "table {table} missing");
-    }
+    check_tables(
+        &app.db.url,
+        &[
+            "outbox",
+            "inbox",
+            "products",
+            "stock",
+            "reservations",
+            "stock_ledger",
+            "stock_adjustments",
+        ],
+    )
+    .await
+    .unwrap();
     app.shutdown.trigger();
 }
 
@@ -88,19 +80,7 @@ async fn business_rpcs_check_the_token_before_anything_else() {
 
 #[tokio::test]
 async fn binary_refuses_an_unparsable_database_url_naming_the_key() {
-    let out = tokio::process::Command::new(BIN)
-        .env(ENV_DB_URL, "not a url")
-        .env(
-            "FLASHSALE_CONFIG_DIR",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../config"),
-        )
-        .output()
+    check_refuses_bad_database_url(BIN, ENV_DB_URL, BAD_KEY)
         .await
         .unwrap();
-    assert!(!out.status.success(), "start-up must fail");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(BAD_KEY),
-        "stderr does not name {BAD_KEY}: {stderr}"
-    );
 }
