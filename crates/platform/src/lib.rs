@@ -4,6 +4,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod batch;
 pub mod config;
 pub mod db;
 pub mod error;

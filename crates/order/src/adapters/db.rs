@@ -103,6 +103,31 @@ pub async fn order<C: ConnectionTrait>(
         .transpose()
 }
 
+/// The orders among `ids` that exist, in the order of `ids` (one round trip for many).
+pub async fn orders<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+) -> Result<Vec<Option<Order>>, OrderError> {
+    let sql = format!("{ORDER_SELECT} WHERE o.order_id = ANY($1::uuid[])");
+    let list = format!(
+        "{{{}}}",
+        ids.iter()
+            .map(Uuid::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let found: Vec<Order> = OrderRow::find_by_statement(stmt(&sql, [list.into()]))
+        .all(c)
+        .await?
+        .into_iter()
+        .map(Order::try_from)
+        .collect::<Result<_, _>>()?;
+    Ok(ids
+        .iter()
+        .map(|id| found.iter().find(|o| o.order_id == *id).cloned())
+        .collect())
+}
+
 /// The order a user placed under `request_id`, whatever its payload.
 pub async fn order_by_key<C: ConnectionTrait>(
     c: &C,

@@ -36,6 +36,8 @@ pub struct Orders {
     settings: SagaSettings,
     payment_timeout: DelayQueue,
     sold_out: Arc<std::sync::RwLock<HashMap<String, Instant>>>,
+    /// Looks up orders by id for replays on the sold-out path, many per round trip.
+    replays: flashsale_platform::batch::Batcher<uuid::Uuid, Option<Order>>,
     watch: WatchHub,
     failpoints: flashsale_platform::failpoint::Failpoints,
 }
@@ -49,12 +51,25 @@ impl Orders {
         watch: WatchHub,
         failpoints: flashsale_platform::failpoint::Failpoints,
     ) -> Self {
+        let replays = {
+            let db = db.clone();
+            flashsale_platform::batch::Batcher::spawn(
+                256,
+                Duration::from_micros(500),
+                4,
+                move |ids| {
+                    let db = db.clone();
+                    async move { crate::adapters::db::orders(&db, &ids).await }
+                },
+            )
+        };
         Self {
             db,
             stock,
             settings,
             payment_timeout,
             sold_out: Arc::default(),
+            replays,
             watch,
             failpoints,
         }

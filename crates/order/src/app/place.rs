@@ -18,7 +18,11 @@ impl Orders {
         let order_id = p.order_id();
         if self.is_sold_out(&p.sku) {
             // A replay of an order placed before the sell-out still gets its order.
-            if let Some(existing) = db::order(&self.db, order_id, false).await? {
+            // Looked up in batches: under a flood, hundreds of refusals share one round trip.
+            let found = self.replays.call(order_id).await;
+            if let Some(existing) =
+                found.map_err(|e| OrderError::Internal(anyhow::Error::new(e)))?
+            {
                 return Ok((existing, true));
             }
             metrics::counter!("flashsale_orders_refused_total", "reason" => "SOLD_OUT_CACHED")

@@ -181,3 +181,33 @@ async fn a_hold_whose_order_cannot_be_written_is_released_at_once() {
     assert_eq!(reason(&again), "ORDER_CANCELLED");
     assert!(app.order("alice", "k2", "LOST", 2).await.is_ok());
 }
+
+#[tokio::test]
+async fn a_replay_after_the_sell_out_still_returns_its_order() {
+    let app = spawn_stack(|s| s.saga.sold_out_cache_ms = 60_000).await;
+    app.product("LAST", 1, 0).await;
+    let mut c = app.client().await;
+    let first = c
+        .create_order(as_user("alice", create_req("k", "LAST", 1)))
+        .await
+        .unwrap()
+        .into_inner();
+    let sold = c
+        .create_order(as_user("bob", create_req("k", "LAST", 1)))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&sold), "SOLD_OUT");
+    // The sold-out cache now answers for LAST; alice's retry must still get her order.
+    let again = c
+        .create_order(as_user("alice", create_req("k", "LAST", 1)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.replayed);
+    assert_eq!(again.order.unwrap().order_id, first.order.unwrap().order_id);
+    let carol = c
+        .create_order(as_user("carol", create_req("k", "LAST", 1)))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&carol), "SOLD_OUT");
+}

@@ -1,0 +1,152 @@
+//! Coalescing concurrent calls into batches: under load, many requests wait on the same slow
+//! resource (a PostgreSQL round trip), so they are gathered — up to `max_batch`, or for at most
+//! `max_wait` after the first — and served by one call of the batch function. Under no load a
+//! call runs alone at once. Several batches may be in flight at the same time.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+/// Why a batched call got no answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BatchError {
+    /// The batch function failed (its error, as text, shared by every call of the batch).
+    #[error("{0}")]
+    Failed(String),
+    /// The batcher is gone (shutting down).
+    #[error("batcher stopped")]
+    Stopped,
+}
+
+type Job<K, V> = (K, oneshot::Sender<Result<V, BatchError>>);
+
+/// A handle to a batching worker. Cheap to clone.
+pub struct Batcher<K, V> {
+    tx: mpsc::Sender<Job<K, V>>,
+}
+
+impl<K, V> Clone for Batcher<K, V> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<K, V> std::fmt::Debug for Batcher<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Batcher")
+    }
+}
+
+impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
+    /// Starts the worker. `run` gets the keys of one batch and must answer one value per key,
+    /// in the same order. At most `parallel` batches run at once.
+    pub fn spawn<F, Fut, E>(max_batch: usize, max_wait: Duration, parallel: usize, run: F) -> Self
+    where
+        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<V>, E>> + Send + 'static,
+        E: std::fmt::Display,
+    {
+        let (tx, mut rx) = mpsc::channel::<Job<K, V>>(max_batch.max(1) * 8);
+        let run = Arc::new(run);
+        let permits = Arc::new(Semaphore::new(parallel.max(1)));
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut jobs = vec![first];
+                let deadline = tokio::time::Instant::now() + max_wait;
+                while jobs.len() < max_batch {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(job)) => jobs.push(job),
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    return;
+                };
+                let run = run.clone();
+                tokio::spawn(async move {
+                    let (keys, replies): (Vec<K>, Vec<_>) = jobs.into_iter().unzip();
+                    let n = keys.len();
+                    match run(keys).await {
+                        Ok(values) if values.len() == n => {
+                            for (reply, v) in replies.into_iter().zip(values) {
+                                let _ = reply.send(Ok(v));
+                            }
+                        }
+                        Ok(values) => {
+                            let e = BatchError::Failed(format!(
+                                "batch answered {} values for {n} keys",
+                                values.len()
+                            ));
+                            replies
+                                .into_iter()
+                                .for_each(|r| drop(r.send(Err(e.clone()))));
+                        }
+                        Err(e) => {
+                            let e = BatchError::Failed(e.to_string());
+                            replies
+                                .into_iter()
+                                .for_each(|r| drop(r.send(Err(e.clone()))));
+                        }
+                    }
+                    drop(permit);
+                });
+            }
+        });
+        Self { tx }
+    }
+
+    /// Queues `key` and waits for its value.
+    pub async fn call(&self, key: K) -> Result<V, BatchError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send((key, reply))
+            .await
+            .map_err(|_| BatchError::Stopped)?;
+        answer.await.map_err(|_| BatchError::Stopped)?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn concurrent_calls_share_batches_and_each_gets_its_own_answer() {
+        let batches = Arc::new(AtomicUsize::new(0));
+        let b = {
+            let batches = batches.clone();
+            Batcher::spawn(64, Duration::from_millis(20), 2, move |keys: Vec<u32>| {
+                batches.fetch_add(1, Ordering::SeqCst);
+                async move { Ok::<_, String>(keys.into_iter().map(|k| k * 2).collect()) }
+            })
+        };
+        let calls: Vec<_> = (0..200u32)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { (i, b.call(i).await) })
+            })
+            .collect();
+        for c in calls {
+            let (i, v) = c.await.unwrap();
+            assert_eq!(v.unwrap(), i * 2);
+        }
+        let n = batches.load(Ordering::SeqCst);
+        assert!((4..200).contains(&n), "{n} batches for 200 calls");
+    }
+
+    #[tokio::test]
+    async fn a_failed_batch_fails_each_of_its_calls() {
+        let b = Batcher::spawn(8, Duration::from_millis(1), 1, |_: Vec<u8>| async {
+            Err::<Vec<u8>, _>("db down")
+        });
+        assert!(matches!(b.call(1).await, Err(BatchError::Failed(e)) if e == "db down"));
+        let short = Batcher::spawn(8, Duration::from_millis(1), 1, |_: Vec<u8>| async {
+            Ok::<Vec<u8>, String>(vec![])
+        });
+        assert!(matches!(short.call(1).await, Err(BatchError::Failed(_))));
+    }
+}
