@@ -9,8 +9,9 @@
 #   1. something already answers there: use it, touch nothing;
 #   2. a Docker engine answers: `docker compose -f deploy/docker-compose.yml up -d <svc>`;
 #   3. install Debian's package if missing (apt-get, sudo when not root) and start it as a
-#      local process (PostgreSQL through pg_ctlcluster, Redis daemonized without persistence,
-#      RabbitMQ detached).
+#      local process on the URL's port (PostgreSQL through pg_ctlcluster, a cluster of its own
+#      for a non-default port; Redis daemonized without persistence; RabbitMQ detached, as node
+#      rabbit_<port> for a non-default port so it can run beside a broker on 5672).
 # Idempotent: when all three answer it only probes them (a second or so).
 # Set FLASHSALE_INFRA_NO_DOCKER=1 to skip step 2.
 set -euo pipefail
@@ -23,6 +24,7 @@ COMPOSE_FILE=deploy/docker-compose.yml
 INFRA_DIR="$RUN_DIR/infra" # logs of servers this script starts as local processes
 APT_UPDATED=0
 DOCKER_STATE="" # "", yes or no: probed once
+RABBIT_NODE=""  # Erlang node name of a broker started on a non-default port (for messages)
 
 # ---------------------------------------------------------------------------------------------
 # probes
@@ -156,6 +158,11 @@ start_local_postgres() { # port
     STARTED_HOW="local cluster $ver/$name"
 }
 
+# One log per port: a second local Redis (non-default port) must not share the first one's log.
+redis_log() { # port
+    if [[ "$1" == 6379 ]]; then echo "$INFRA_DIR/redis.log"; else echo "$INFRA_DIR/redis-$1.log"; fi
+}
+
 start_local_redis() { # port
     local port="$1"
     if ! have redis-server; then
@@ -167,9 +174,9 @@ start_local_redis() { # port
         fi
     fi
     mkdir -p "$INFRA_DIR"
-    log "starting redis-server on 127.0.0.1:$port (no persistence), log $INFRA_DIR/redis.log"
+    log "starting redis-server on 127.0.0.1:$port (no persistence), log $(redis_log "$port")"
     redis-server --daemonize yes --bind 127.0.0.1 -::1 --port "$port" --save "" --appendonly no \
-        --dir "$INFRA_DIR" --logfile "$INFRA_DIR/redis.log" >/dev/null
+        --dir "$INFRA_DIR" --logfile "$(redis_log "$port")" >/dev/null
     STARTED_HOW="local redis-server"
 }
 
@@ -188,7 +195,16 @@ start_local_rabbitmq() { # port
     if [[ "$port" == 5672 ]]; then
         as_root "$cmd" -detached >/dev/null 2>&1 || true
     else
-        as_root env RABBITMQ_NODE_PORT="$port" "$cmd" -detached >/dev/null 2>&1 || true
+        # Another broker (the package's own, on 5672) may already run here as Erlang node
+        # rabbit@<host>: a second node with that name exits at once with duplicate_node_name.
+        # Give this one its own node name (RabbitMQ appends @<host>; its data and log files are
+        # named after it) and a valid Erlang distribution port (default: AMQP port + 20000).
+        local dist=$((port + 20000))
+        ((dist <= 65535)) || dist=$((port - 20000))
+        RABBIT_NODE="rabbit_$port"
+        log "rabbitmq node $RABBIT_NODE, AMQP port $port, distribution port $dist"
+        as_root env RABBITMQ_NODENAME="$RABBIT_NODE" RABBITMQ_NODE_PORT="$port" \
+            RABBITMQ_DIST_PORT="$dist" "$cmd" -detached >/dev/null 2>&1 || true
     fi
     STARTED_HOW="local rabbitmq-server"
 }
@@ -238,8 +254,8 @@ ensure() {
 hint_for() {
     case "$1" in
         postgres) echo "pg_lsclusters and /var/log/postgresql/" ;;
-        redis) echo "$INFRA_DIR/redis.log" ;;
-        rabbitmq) echo "/var/log/rabbitmq/ and 'rabbitmq-diagnostics check_running'" ;;
+        redis) echo "$INFRA_DIR/redis*.log" ;;
+        rabbitmq) echo "/var/log/rabbitmq/ and 'rabbitmq-diagnostics${RABBIT_NODE:+ -n $RABBIT_NODE} check_running'" ;;
     esac
 }
 

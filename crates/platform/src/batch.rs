@@ -1,7 +1,8 @@
 //! Coalescing concurrent calls into batches: under load, many requests wait on the same slow
-//! resource (a PostgreSQL round trip), so they are gathered — up to `max_batch`, or for at most
-//! `max_wait` after the first — and served by one call of the batch function. Under no load a
-//! call runs alone at once. Several batches may be in flight at the same time.
+//! resource (a PostgreSQL round trip or commit), so they are gathered and served by one call of
+//! the batch function. At most `parallel` batches run at once; calls that arrive while they run
+//! form the next batch (up to `max_batch`, optionally waiting `max_wait` for more), so batches
+//! grow with the load and a lone call under no load runs at once.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -53,17 +54,27 @@ impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
         let permits = Arc::new(Semaphore::new(parallel.max(1)));
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
-                let mut jobs = vec![first];
-                let deadline = tokio::time::Instant::now() + max_wait;
-                while jobs.len() < max_batch {
-                    match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(job)) => jobs.push(job),
-                        Ok(None) | Err(_) => break,
-                    }
-                }
+                // Wait for a free slot first: what queues up meanwhile joins this batch, so
+                // batches grow with the load and a lone call is not delayed.
                 let Ok(permit) = permits.clone().acquire_owned().await else {
                     return;
                 };
+                let mut jobs = vec![first];
+                while jobs.len() < max_batch {
+                    match rx.try_recv() {
+                        Ok(job) => jobs.push(job),
+                        Err(_) => break,
+                    }
+                }
+                if !max_wait.is_zero() {
+                    let deadline = tokio::time::Instant::now() + max_wait;
+                    while jobs.len() < max_batch {
+                        match tokio::time::timeout_at(deadline, rx.recv()).await {
+                            Ok(Some(job)) => jobs.push(job),
+                            Ok(None) | Err(_) => break,
+                        }
+                    }
+                }
                 let run = run.clone();
                 tokio::spawn(async move {
                     let (keys, replies): (Vec<K>, Vec<_>) = jobs.into_iter().unzip();

@@ -187,6 +187,78 @@ pub async fn insert_order<C: ConnectionTrait>(
     })
 }
 
+/// Inserts many PENDING orders in one statement; returns the ids actually inserted (a row whose
+/// id or `(user_id, request_id)` exists already, or repeats an earlier row of the batch, is
+/// skipped), and writes their first history rows.
+pub async fn insert_orders<C: ConnectionTrait>(
+    c: &C,
+    rows: &[(Uuid, &PlaceOrder, i64, Policy)],
+) -> Result<Vec<Uuid>, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Id {
+        order_id: Uuid,
+    }
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql = String::from(
+        "INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, total_cents, \
+         deduction_policy, status) VALUES ",
+    );
+    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 8);
+    for (i, (id, p, price, policy)) in rows.iter().enumerate() {
+        let b = i * 8;
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, 'PENDING')",
+            b + 1,
+            b + 2,
+            b + 3,
+            b + 4,
+            b + 5,
+            b + 6,
+            b + 7,
+            b + 8
+        ));
+        values.extend([
+            (*id).into(),
+            p.user_id.clone().into(),
+            p.request_id.clone().into(),
+            p.sku.clone().into(),
+            p.quantity.into(),
+            (*price).into(),
+            (price * p.quantity).into(),
+            policy.as_db().into(),
+        ]);
+    }
+    sql.push_str(" ON CONFLICT DO NOTHING RETURNING order_id");
+    let inserted: Vec<Uuid> = Id::find_by_statement(stmt(&sql, values))
+        .all(c)
+        .await?
+        .into_iter()
+        .map(|r| r.order_id)
+        .collect();
+    if !inserted.is_empty() {
+        let list = format!(
+            "{{{}}}",
+            inserted
+                .iter()
+                .map(Uuid::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        c.execute_raw(stmt(
+            "INSERT INTO order_status_history (order_id, from_status, to_status, reason) \
+             SELECT unnest($1::uuid[]), NULL, 'PENDING', 'CreateOrder'",
+            [list.into()],
+        ))
+        .await?;
+    }
+    Ok(inserted)
+}
+
 async fn history<C: ConnectionTrait>(
     c: &C,
     id: Uuid,

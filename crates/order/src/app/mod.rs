@@ -22,7 +22,7 @@ mod place;
 mod query;
 mod saga;
 
-pub use place::write_pending;
+pub use place::{PendingWrite, write_pending, write_pending_batch};
 pub use query::WatchHub;
 
 /// The name this service signs its events with.
@@ -38,6 +38,8 @@ pub struct Orders {
     sold_out: Arc<std::sync::RwLock<HashMap<String, Instant>>>,
     /// Looks up orders by id for replays on the sold-out path, many per round trip.
     replays: flashsale_platform::batch::Batcher<uuid::Uuid, Option<Order>>,
+    /// Writes accepted orders, many per transaction (one commit for a batch).
+    writes: flashsale_platform::batch::Batcher<place::PendingWrite, crate::adapters::db::Inserted>,
     watch: WatchHub,
     failpoints: flashsale_platform::failpoint::Failpoints,
 }
@@ -63,6 +65,13 @@ impl Orders {
                 },
             )
         };
+        let writes = {
+            let db = db.clone();
+            flashsale_platform::batch::Batcher::spawn(128, Duration::ZERO, 2, move |w| {
+                let db = db.clone();
+                async move { place::write_pending_batch(&db, w).await }
+            })
+        };
         Self {
             db,
             stock,
@@ -70,6 +79,7 @@ impl Orders {
             payment_timeout,
             sold_out: Arc::default(),
             replays,
+            writes,
             watch,
             failpoints,
         }

@@ -76,7 +76,15 @@ impl Orders {
     ) -> Result<Inserted, OrderError> {
         self.failpoint("order.create.before_write").await?;
         debug_assert_eq!(order_id, p.order_id());
-        write_pending(&self.db, p, g.unit_price_cents, g.policy).await
+        let write = PendingWrite {
+            place: p.clone(),
+            unit_price_cents: g.unit_price_cents,
+            policy: g.policy,
+        };
+        self.writes
+            .call(write)
+            .await
+            .map_err(|e| OrderError::Internal(anyhow::Error::new(e)))
     }
 
     pub(super) async fn load(&self, order_id: uuid::Uuid) -> Result<Order, OrderError> {
@@ -149,4 +157,74 @@ pub async fn write_pending(
     }
     txn.commit().await?;
     Ok(inserted)
+}
+
+/// One CreateOrder waiting to be written by [`write_pending_batch`].
+#[derive(Clone, Debug)]
+pub struct PendingWrite {
+    pub place: PlaceOrder,
+    pub unit_price_cents: i64,
+    pub policy: crate::domain::Policy,
+}
+
+/// Writes many PENDING orders and their `order.created` events in one transaction: one commit
+/// (one WAL flush) for the whole batch instead of one per order. Answers per write, in order.
+pub async fn write_pending_batch(
+    db: &sea_orm::DatabaseConnection,
+    writes: Vec<PendingWrite>,
+) -> Result<Vec<Inserted>, OrderError> {
+    let ids: Vec<uuid::Uuid> = writes.iter().map(|w| w.place.order_id()).collect();
+    let rows: Vec<_> = writes
+        .iter()
+        .zip(&ids)
+        .map(|(w, id)| (*id, &w.place, w.unit_price_cents, w.policy))
+        .collect();
+    let txn = db.begin().await?;
+    let mut inserted: std::collections::HashSet<uuid::Uuid> =
+        db::insert_orders(&txn, &rows).await?.into_iter().collect();
+    let mut events = Vec::new();
+    let mut answers = Vec::with_capacity(writes.len());
+    let mut missing = Vec::new();
+    for (i, (w, id)) in writes.iter().zip(&ids).enumerate() {
+        // The first write of an id that was inserted is the new one; any repeat is the same order.
+        if inserted.remove(id) {
+            let p = &w.place;
+            let ev = OrderCreated {
+                order_id: id.to_string(),
+                user_id: p.user_id.clone(),
+                sku: p.sku.clone(),
+                quantity: p.quantity,
+                unit_price_cents: w.unit_price_cents,
+                total_cents: w.unit_price_cents * p.quantity,
+                deduction_policy: policy_to_proto(w.policy),
+            };
+            events.push(envelope::new(
+                Payload::OrderCreated(ev),
+                id.to_string(),
+                "",
+                PRODUCER,
+            ));
+            answers.push(Some(Inserted::New));
+        } else {
+            missing.push(i);
+            answers.push(None);
+        }
+    }
+    outbox::enqueue_many(&txn, &events).await?;
+    if !missing.is_empty() {
+        let probe: Vec<uuid::Uuid> = missing.iter().map(|&i| ids[i]).collect();
+        let found = db::orders(&txn, &probe).await?;
+        for (&i, f) in missing.iter().zip(found) {
+            answers[i] = Some(if f.is_some() {
+                Inserted::SameOrder
+            } else {
+                Inserted::KeyTaken
+            });
+        }
+    }
+    txn.commit().await?;
+    Ok(answers
+        .into_iter()
+        .map(|a| a.unwrap_or(Inserted::KeyTaken))
+        .collect())
 }

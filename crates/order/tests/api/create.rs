@@ -211,3 +211,74 @@ async fn a_replay_after_the_sell_out_still_returns_its_order() {
         .unwrap_err();
     assert_eq!(reason(&carol), "SOLD_OUT");
 }
+
+#[tokio::test]
+async fn one_batch_write_tells_new_repeated_and_reused_keys_apart() {
+    use flashsale_order::{
+        adapters::db::Inserted,
+        app::{PendingWrite, write_pending_batch},
+        domain::{PlaceOrder, Policy},
+    };
+    use sea_orm::FromQueryResult as _;
+    use sea_orm_migration::MigratorTrait as _;
+    let db = flashsale_test_support::TestDatabase::create()
+        .await
+        .unwrap();
+    let conn = db.connect().await.unwrap();
+    flashsale_order::migration::Migrator::up(&conn, None)
+        .await
+        .unwrap();
+    let w = |user: &str, key: &str, q: i64| PendingWrite {
+        place: PlaceOrder::new(user, key, "SKU", q, 10).unwrap(),
+        unit_price_cents: 100,
+        policy: Policy::ReserveThenCommit,
+    };
+    let batch = vec![
+        w("a", "k", 1),
+        w("a", "k", 1),
+        w("a", "k", 2),
+        w("b", "k", 1),
+    ];
+    let got = write_pending_batch(&conn, batch).await.unwrap();
+    let kinds: Vec<&str> = got
+        .iter()
+        .map(|i| match i {
+            Inserted::New => "new",
+            Inserted::SameOrder => "same",
+            Inserted::KeyTaken => "taken",
+        })
+        .collect();
+    assert_eq!(kinds, ["new", "same", "taken", "new"]);
+    let again = write_pending_batch(&conn, vec![w("b", "k", 1)])
+        .await
+        .unwrap();
+    assert!(matches!(again[0], Inserted::SameOrder));
+    #[derive(sea_orm::FromQueryResult)]
+    struct N {
+        n: i64,
+    }
+    let count = |sql: &'static str| {
+        let conn = conn.clone();
+        async move {
+            N::find_by_statement(sea_orm::Statement::from_string(
+                sea_orm::DatabaseBackend::Postgres,
+                sql,
+            ))
+            .one(&conn)
+            .await
+            .unwrap()
+            .unwrap()
+            .n
+        }
+    };
+    assert_eq!(count("SELECT COUNT(*) AS n FROM orders").await, 2);
+    assert_eq!(
+        count("SELECT COUNT(*) AS n FROM outbox").await,
+        2,
+        "one order.created per new order"
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) AS n FROM order_status_history").await,
+        2
+    );
+}
