@@ -71,7 +71,7 @@ pub async fn flood(
             let (tokens, sku) = (tokens.clone(), sku.clone());
             async move {
                 let req = CreateOrderRequest {
-                    request_id: format!("b{i}"),
+                    request_id: format!("{sku}-{i}"),
                     sku,
                     quantity: 1,
                 };
