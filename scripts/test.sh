@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real servers:
 #   1. scripts/dev-infra.sh (PostgreSQL, Redis, RabbitMQ reachable at FLASHSALE_TEST_*_URL),
-#   2. drops fs_test_* databases that earlier runs left behind (ones still in use are kept),
+#   2. drops fs_test_* databases and old fs_test_*/fs_cli_*/fs_e2e_* Redis keys that earlier runs
+#      left behind (ones still in use are kept),
 #   3. cargo build --workspace --bins (the end-to-end tests start the service binaries),
 #   4. cargo nextest run --workspace "$@"   (cargo test --workspace "$@" without nextest).
 # Extra arguments go to the test runner (e.g. a filter: scripts/test.sh reserve_fails).
@@ -35,9 +36,33 @@ drop_leftover_test_databases() {
     fi
 }
 
+# Tests give every run its own Redis key prefix (fs_test_*, fs_cli_*, fs_e2e_*); what runs that
+# ended long ago left behind (a gate's counters have no TTL) is removed here. Keys younger than
+# an hour may belong to a test running right now and are kept.
+drop_leftover_test_keys() {
+    if ! have redis-cli; then
+        warn "redis-cli not found: leftover test keys are not removed"
+        return 0
+    fi
+    local url="$FLASHSALE_TEST_REDIS_URL" pattern removed=0 n
+    # Unlinks, of the keys given, those idle for over an hour (one round trip per 500 keys).
+    local script="local n = 0 for _, k in ipairs(ARGV) do local i = redis.call('OBJECT', 'IDLETIME', k)
+        if i and i > 3600 then redis.call('UNLINK', k) n = n + 1 end end return n"
+    for pattern in 'fs_test_*' 'fs_cli_*' 'fs_e2e_*'; do
+        while IFS= read -r n; do
+            [[ "$n" =~ ^[0-9]+$ ]] && removed=$((removed + n))
+        done < <(redis-cli -u "$url" --scan --pattern "$pattern" 2>/dev/null |
+            xargs -r -n 500 redis-cli -u "$url" eval "$script" 0 2>/dev/null)
+    done
+    if ((removed > 0)); then
+        log "removed $removed leftover test key(s) from Redis"
+    fi
+}
+
 main() {
     scripts/dev-infra.sh
     drop_leftover_test_databases
+    drop_leftover_test_keys
     # The end-to-end tests (crates/e2e) run the service binaries as separate processes.
     log "cargo build --workspace --bins"
     cargo build --workspace --bins
