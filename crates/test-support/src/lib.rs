@@ -5,6 +5,7 @@
 pub mod fixtures;
 pub mod foundation;
 pub mod grpc;
+pub mod probe;
 
 use std::time::Duration;
 

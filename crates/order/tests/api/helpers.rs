@@ -20,9 +20,9 @@ use flashsale_proto::{
 use flashsale_test_support::{
     TestDatabase, amqp_url, eventually,
     grpc::{channel, token, with_token},
-    redis_url, unique_name,
+    probe, redis_url, unique_name,
 };
-use sea_orm::{DatabaseConnection, FromQueryResult, Statement};
+use sea_orm::DatabaseConnection;
 use tonic::transport::Channel;
 
 pub type Client = OrderServiceClient<Channel>;
@@ -255,31 +255,13 @@ impl TestApp {
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
-        #[derive(FromQueryResult)]
-        struct N {
-            n: i64,
-        }
-        N::find_by_statement(Statement::from_string(
-            sea_orm::DatabaseBackend::Postgres,
-            sql,
-        ))
-        .one(&self.conn)
-        .await
-        .unwrap()
-        .map_or(0, |r| r.n)
+        probe::count(&self.conn, sql).await.unwrap()
     }
 
     pub async fn wait_count(&self, sql: &str, want: i64) {
-        let ok = eventually(Duration::from_secs(20), sql, || async {
-            (self.count(sql).await == want).then_some(())
-        })
-        .await;
-        if ok.is_err() {
-            panic!(
-                "waited for {want} from `{sql}`; last {}",
-                self.count(sql).await
-            );
-        }
+        probe::wait_count(&self.conn, sql, want, Duration::from_secs(20))
+            .await
+            .unwrap();
     }
 
     pub async fn exec(&self, sql: &str) {
@@ -289,21 +271,7 @@ impl TestApp {
     }
 
     pub async fn outbox_of(&self, kind: &str) -> Vec<Envelope> {
-        #[derive(FromQueryResult)]
-        struct Row {
-            payload: Vec<u8>,
-        }
-        Row::find_by_statement(Statement::from_sql_and_values(
-            sea_orm::DatabaseBackend::Postgres,
-            "SELECT payload FROM outbox WHERE routing_key = $1 OR message_type = $1 ORDER BY id",
-            [kind.into()],
-        ))
-        .all(&self.conn)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| envelope::decode(&r.payload).unwrap())
-        .collect()
+        probe::outbox(&self.conn, Some(kind)).await.unwrap()
     }
 
     pub async fn publish(&self, payload: Payload, correlation: &str) -> Envelope {

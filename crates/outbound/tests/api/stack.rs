@@ -16,9 +16,9 @@ use flashsale_proto::{
 use flashsale_test_support::{
     TestDatabase, eventually,
     grpc::{channel, token, with_token},
-    redis_url, unique_name,
+    probe, redis_url, unique_name,
 };
-use sea_orm::{DatabaseConnection, FromQueryResult, Statement};
+use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 
 use crate::helpers::test_settings;
@@ -198,35 +198,10 @@ impl Stack {
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
-        #[derive(FromQueryResult)]
-        struct N {
-            n: i64,
-        }
-        N::find_by_statement(Statement::from_string(
-            sea_orm::DatabaseBackend::Postgres,
-            sql,
-        ))
-        .one(&self.conn)
-        .await
-        .unwrap()
-        .map_or(0, |r| r.n)
+        probe::count(&self.conn, sql).await.unwrap()
     }
 
     pub async fn outbox_of(&self, kind: &str) -> Vec<Envelope> {
-        #[derive(FromQueryResult)]
-        struct Row {
-            payload: Vec<u8>,
-        }
-        Row::find_by_statement(Statement::from_sql_and_values(
-            sea_orm::DatabaseBackend::Postgres,
-            "SELECT payload FROM outbox WHERE routing_key = $1 ORDER BY id",
-            [kind.into()],
-        ))
-        .all(&self.conn)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| envelope::decode(&r.payload).unwrap())
-        .collect()
+        probe::outbox(&self.conn, Some(kind)).await.unwrap()
     }
 }

@@ -14,11 +14,11 @@ use flashsale_proto::{
     },
 };
 use flashsale_test_support::{
-    TestDatabase, amqp_url, eventually,
+    TestDatabase, amqp_url,
     grpc::{channel, token, with_token},
-    redis_url, unique_name,
+    probe, redis_url, unique_name,
 };
-use sea_orm::{ConnectionTrait, DatabaseConnection, FromQueryResult, Statement};
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tonic::transport::Channel;
 
 pub type Client = ProductStockServiceClient<Channel>;
@@ -144,57 +144,24 @@ impl TestApp {
 
     /// Runs `sql` and returns its single `n` column as i64.
     pub async fn count(&self, sql: &str) -> i64 {
-        #[derive(FromQueryResult)]
-        struct N {
-            n: i64,
-        }
-        N::find_by_statement(Statement::from_string(
-            sea_orm::DatabaseBackend::Postgres,
-            sql,
-        ))
-        .one(&self.conn)
-        .await
-        .unwrap()
-        .map_or(0, |r| r.n)
+        probe::count(&self.conn, sql).await.unwrap()
     }
 
     /// Polls until `sql` counts `want`.
     pub async fn wait_count(&self, sql: &str, want: i64) {
-        let waited = eventually(Duration::from_secs(15), sql, || async {
-            (self.count(sql).await == want).then_some(())
-        })
-        .await;
-        if waited.is_err() {
-            let last = self.count(sql).await;
-            panic!("waited for {want} from `{sql}`; last count {last}");
-        }
+        probe::wait_count(&self.conn, sql, want, Duration::from_secs(15))
+            .await
+            .unwrap();
     }
 
     /// Events this service wrote to its outbox, in order.
     pub async fn outbox(&self) -> Vec<Envelope> {
-        #[derive(FromQueryResult)]
-        struct Row {
-            payload: Vec<u8>,
-        }
-        Row::find_by_statement(Statement::from_string(
-            sea_orm::DatabaseBackend::Postgres,
-            "SELECT payload FROM outbox ORDER BY id",
-        ))
-        .all(&self.conn)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| envelope::decode(&r.payload).unwrap())
-        .collect()
+        probe::outbox(&self.conn, None).await.unwrap()
     }
 
     /// Outbox events of type `kind`.
     pub async fn outbox_of(&self, kind: &str) -> Vec<Envelope> {
-        self.outbox()
-            .await
-            .into_iter()
-            .filter(|e| e.r#type == kind)
-            .collect()
+        probe::outbox(&self.conn, Some(kind)).await.unwrap()
     }
 
     /// Messages parked from consumer queue `name` (moved into `dead_letters` by the drainer).
