@@ -18,6 +18,7 @@
 //! if !inbox::claim(&txn, "order.stock-events", msg.message_id).await? { return Ok(()); }
 //! ```
 
+pub mod broadcast;
 pub mod broker;
 pub mod config;
 pub mod consumer;

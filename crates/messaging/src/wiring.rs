@@ -13,9 +13,16 @@ use crate::{
     OutboxRelay, Publisher, QueueTopology,
 };
 
+/// What [`start`] hands back.
+pub struct Started {
+    /// The dead-letter admin API over the service's queues.
+    pub dead_letters: DeadLetterAdmin,
+    /// The broker connection (e.g. for [`broadcast`](crate::broadcast) subscriptions).
+    pub broker: Broker,
+}
+
 /// Starts messaging for a service whose consumer queues are `topologies` (each handled by a
-/// clone of `handler`) and whose outbox may hold messages for `delay_queues`. Returns the
-/// dead-letter admin API over those queues.
+/// clone of `handler`) and whose outbox may hold messages for `delay_queues`.
 pub async fn start<H: Handler + Clone>(
     runner: &mut Runner,
     db: &DatabaseConnection,
@@ -24,7 +31,7 @@ pub async fn start<H: Handler + Clone>(
     delay_queues: Vec<DelayQueue>,
     handler: H,
     failpoints: &Failpoints,
-) -> anyhow::Result<DeadLetterAdmin> {
+) -> anyhow::Result<Started> {
     let broker = Broker::connect(config.clone())
         .await
         .context("connect to RabbitMQ")?;
@@ -58,11 +65,15 @@ pub async fn start<H: Handler + Clone>(
     let drainer = DeadLetterDrainer::new(&broker, db, topologies)?;
     let s = stop.clone();
     runner.spawn(async move { drainer.run(s()).await });
-    let admin = DeadLetterAdmin::new(db, Publisher::new(&broker), topologies)?;
+    let dead_letters = DeadLetterAdmin::new(db, Publisher::new(&broker), topologies)?;
+    let closing = broker.clone();
     runner.spawn(async move {
         stop().await;
-        broker.close().await;
+        closing.close().await;
         Ok(())
     });
-    Ok(admin)
+    Ok(Started {
+        dead_letters,
+        broker,
+    })
 }

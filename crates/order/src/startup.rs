@@ -62,7 +62,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let o = orders.clone();
     let handler = move |msg| amqp::handle(o.clone(), msg);
     let topologies = [amqp::topology(&settings.amqp)];
-    let dead_letters = flashsale_messaging::wiring::start(
+    let messaging = flashsale_messaging::wiring::start(
         &mut f.runner,
         &f.db,
         &settings.amqp,
@@ -72,8 +72,26 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         &failpoints,
     )
     .await?;
+    let dead_letters = messaging.dead_letters;
     let shutdown = f.runner.shutdown();
     f.runner.spawn(orders.clone().run_sweeper(shutdown.clone()));
+    // Every replica hears when units of a product come back, and stops refusing it from memory.
+    let (forget, reset) = (orders.sold_out().clone(), orders.sold_out().clone());
+    let s = shutdown.clone();
+    f.runner.spawn(flashsale_messaging::broadcast::run(
+        messaging.broker,
+        amqp::UNITS_BACK_KEYS
+            .iter()
+            .map(|k| (*k).to_owned())
+            .collect(),
+        move |env| {
+            if let Some(sku) = amqp::sku_with_units_back(&env) {
+                forget.forget(sku);
+            }
+        },
+        move || reset.clear(),
+        async move { s.wait().await },
+    ));
     f.runner.spawn(watch.run(f.db.clone(), shutdown));
 
     let max = settings.grpc.max_message_bytes;

@@ -80,7 +80,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         handler,
         &failpoints,
     )
-    .await?;
+    .await?
+    .dead_letters;
     f.runner
         .spawn(shipping.clone().run_sweeper(f.runner.shutdown()));
 

@@ -64,7 +64,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         handler,
         &failpoints,
     )
-    .await?;
+    .await?
+    .dead_letters;
     f.runner
         .spawn(service.clone().run_sweeper(f.runner.shutdown()));
 

@@ -30,6 +30,25 @@ pub fn payment_timeout_queue(config: &AmqpConfig, timeout: std::time::Duration) 
     DelayQueue::new(config, PAYMENT_TIMEOUT_KEY, timeout)
 }
 
+/// Events after which units of a product may be back in the gate: a released reservation or
+/// hold (`stock.released`; an expired hold comes as `stock.reservation_failed`) or a restock
+/// (`stock.adjusted`). Each replica hears them all (a broadcast subscription).
+pub const UNITS_BACK_KEYS: [&str; 3] = [
+    "stock.released",
+    "stock.reservation_failed",
+    "stock.adjusted",
+];
+
+/// The product whose units may be back, for the events of [`UNITS_BACK_KEYS`].
+pub fn sku_with_units_back(env: &flashsale_proto::events::v1::Envelope) -> Option<&str> {
+    match &env.payload {
+        Some(Payload::StockReleased(ev)) => Some(&ev.sku),
+        Some(Payload::StockReservationFailed(ev)) => Some(&ev.sku),
+        Some(Payload::StockAdjusted(ev)) => Some(&ev.sku),
+        _ => None,
+    }
+}
+
 fn classify(e: OrderError) -> HandlerError {
     match e {
         OrderError::Invalid(v) => HandlerError::permanent(anyhow::anyhow!("invalid event: {v:?}")),

@@ -128,6 +128,24 @@ pub async fn orders<C: ConnectionTrait>(
         .collect())
 }
 
+/// Every user with an order (in any state) for `sku`.
+pub async fn users_with_orders<C: ConnectionTrait>(
+    c: &C,
+    sku: &str,
+) -> Result<std::collections::HashSet<String>, OrderError> {
+    #[derive(sea_orm::FromQueryResult)]
+    struct Row {
+        user_id: String,
+    }
+    let rows = Row::find_by_statement(stmt(
+        "SELECT DISTINCT user_id FROM orders WHERE sku = $1",
+        [sku.into()],
+    ))
+    .all(c)
+    .await?;
+    Ok(rows.into_iter().map(|r| r.user_id).collect())
+}
+
 /// The order a user placed under `request_id`, whatever its payload.
 pub async fn order_by_key<C: ConnectionTrait>(
     c: &C,

@@ -5,7 +5,8 @@ use std::{sync::Arc, time::Duration};
 
 use flashsale_platform::auth::ServiceToken;
 use flashsale_proto::product::v1::{
-    DeductionPolicy, ReserveStockRequest, product_stock_service_client::ProductStockServiceClient,
+    DeductionPolicy, GetGateBuyersRequest, ReserveStockRequest,
+    product_stock_service_client::ProductStockServiceClient,
 };
 use tonic::{Code, transport::Channel};
 use uuid::Uuid;
@@ -20,6 +21,17 @@ pub struct Granted {
     pub replayed: bool,
 }
 
+/// The gate's buyers of a product, read with its counter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateBuyers {
+    pub available: i64,
+    /// Every buyer, or `None` when the gate had too many to list.
+    pub users: Option<Vec<String>>,
+}
+
+/// Most buyers asked for in one read (the list must fit in one message).
+pub const MAX_LISTED_BUYERS: u32 = 100_000;
+
 /// Takes units through the stock gate.
 #[tonic::async_trait]
 pub trait StockPort: Send + Sync + 'static {
@@ -32,6 +44,9 @@ pub trait StockPort: Send + Sync + 'static {
         sku: &str,
         quantity: i64,
     ) -> Result<Granted, OrderError>;
+
+    /// The gate's available counter and buyers of `sku`, in one atomic read.
+    async fn buyers(&self, sku: &str) -> Result<GateBuyers, OrderError>;
 }
 
 /// [`StockPort`] over product-stock's gRPC API.
@@ -82,6 +97,25 @@ impl StockPort for GrpcStock {
                     unit_price_cents: r.unit_price_cents,
                     policy,
                     replayed: r.replayed,
+                })
+            }
+            Err(s) => Err(map_status(s, sku)),
+        }
+    }
+
+    async fn buyers(&self, sku: &str) -> Result<GateBuyers, OrderError> {
+        let msg = GetGateBuyersRequest {
+            sku: sku.to_owned(),
+            max_buyers: MAX_LISTED_BUYERS,
+        };
+        let req = flashsale_platform::grpc::service_request(msg, &self.token)
+            .map_err(|e| OrderError::Internal(anyhow::anyhow!("service request: {e}")))?;
+        match self.client.clone().get_gate_buyers(req).await {
+            Ok(resp) => {
+                let r = resp.into_inner();
+                Ok(GateBuyers {
+                    available: r.gate_available,
+                    users: r.complete.then_some(r.user_ids),
                 })
             }
             Err(s) => Err(map_status(s, sku)),

@@ -1,7 +1,7 @@
 //! Order use cases over the order database, the stock gate port and the outbox. The gRPC
 //! adapter and the event consumers call these; nothing here knows about tonic or lapin.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use flashsale_messaging::{DelayQueue, envelope};
 use flashsale_proto::{
@@ -9,7 +9,6 @@ use flashsale_proto::{
     order::v1 as pb,
 };
 use sea_orm::DatabaseConnection;
-use tokio::time::Instant;
 
 use crate::{
     adapters::stock::StockPort,
@@ -21,9 +20,11 @@ mod pay;
 mod place;
 mod query;
 mod saga;
+mod sold_out;
 
 pub use place::{PendingWrite, write_pending, write_pending_batch};
 pub use query::WatchHub;
+pub use sold_out::{SoldOutCache, Verdict};
 
 /// The name this service signs its events with.
 pub const PRODUCER: &str = "order";
@@ -35,9 +36,7 @@ pub struct Orders {
     stock: Arc<dyn StockPort>,
     settings: SagaSettings,
     payment_timeout: DelayQueue,
-    sold_out: Arc<std::sync::RwLock<HashMap<String, Instant>>>,
-    /// Looks up orders by id for replays on the sold-out path, many per round trip.
-    replays: flashsale_platform::batch::Batcher<uuid::Uuid, Option<Order>>,
+    sold_out: SoldOutCache,
     /// Writes accepted orders, many per transaction (one commit for a batch).
     writes: flashsale_platform::batch::Batcher<place::PendingWrite, crate::adapters::db::Inserted>,
     watch: WatchHub,
@@ -53,18 +52,6 @@ impl Orders {
         watch: WatchHub,
         failpoints: flashsale_platform::failpoint::Failpoints,
     ) -> Self {
-        let replays = {
-            let db = db.clone();
-            flashsale_platform::batch::Batcher::spawn(
-                256,
-                Duration::from_micros(500),
-                4,
-                move |ids| {
-                    let db = db.clone();
-                    async move { crate::adapters::db::orders(&db, &ids).await }
-                },
-            )
-        };
         let writes = {
             let db = db.clone();
             flashsale_platform::batch::Batcher::spawn(128, Duration::ZERO, 2, move |w| {
@@ -75,10 +62,9 @@ impl Orders {
         Self {
             db,
             stock,
+            sold_out: SoldOutCache::new(Duration::from_millis(settings.sold_out_cache_ms)),
             settings,
             payment_timeout,
-            sold_out: Arc::default(),
-            replays,
             writes,
             watch,
             failpoints,
@@ -89,26 +75,45 @@ impl Orders {
         &self.settings
     }
 
-    fn is_sold_out(&self, sku: &str) -> bool {
-        self.sold_out
-            .read()
-            .ok()
-            .and_then(|m| m.get(sku).copied())
-            .is_some_and(|until| until > Instant::now())
+    /// This replica's sold-out memory (the broadcast listener forgets products whose units
+    /// came back).
+    pub fn sold_out(&self) -> &SoldOutCache {
+        &self.sold_out
     }
 
+    /// The gate answered SOLD_OUT for `sku`: read who may still be replaying an accepted request
+    /// for it, in the background, and refuse everyone else from memory once that is known.
     fn remember_sold_out(&self, sku: &str) {
-        if self.settings.sold_out_cache_ms == 0 {
+        let Some(generation) = self.sold_out.begin_load(sku) else {
             return;
-        }
-        if let Ok(mut m) = self.sold_out.write() {
-            let until = Instant::now() + Duration::from_millis(self.settings.sold_out_cache_ms);
-            m.insert(sku.to_owned(), until);
-            if m.len() > 10_000 {
-                let now = Instant::now();
-                m.retain(|_, t| *t > now);
+        };
+        let (this, sku) = (self.clone(), sku.to_owned());
+        tokio::spawn(async move {
+            match this.possible_replayers(&sku).await {
+                Ok(Some(users)) => this.sold_out.install(&sku, generation, users),
+                Ok(None) => this.sold_out.abandon(&sku, generation),
+                Err(e) => {
+                    tracing::warn!(error = %e, %sku, "could not read a sold-out product's buyers; asking the gate meanwhile");
+                    this.sold_out.abandon(&sku, generation);
+                }
             }
-        }
+        });
+    }
+
+    /// The gate's buyers (read with the counter, so orders still being written anywhere are in)
+    /// plus every user with an order here (cancelled ones left the gate's count); `None` when
+    /// the product is not sold out after all or has too many buyers to list.
+    async fn possible_replayers(
+        &self,
+        sku: &str,
+    ) -> Result<Option<std::collections::HashSet<String>>, crate::domain::OrderError> {
+        let gate = self.stock.buyers(sku).await?;
+        let Some(users) = gate.users.filter(|_| gate.available <= 0) else {
+            return Ok(None);
+        };
+        let mut all = crate::adapters::db::users_with_orders(&self.db, sku).await?;
+        all.extend(users);
+        Ok(Some(all))
     }
 
     async fn failpoint(&self, name: &str) -> Result<(), crate::domain::OrderError> {

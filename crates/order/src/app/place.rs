@@ -16,15 +16,8 @@ impl Orders {
     #[tracing::instrument(skip_all, fields(user = %p.user_id, sku = %p.sku))]
     pub async fn place(&self, p: PlaceOrder) -> Result<(Order, bool), OrderError> {
         let order_id = p.order_id();
-        if self.is_sold_out(&p.sku) {
-            // A replay of an order placed before the sell-out still gets its order.
-            // Looked up in batches: under a flood, hundreds of refusals share one round trip.
-            let found = self.replays.call(order_id).await;
-            if let Some(existing) =
-                found.map_err(|e| OrderError::Internal(anyhow::Error::new(e)))?
-            {
-                return Ok((existing, true));
-            }
+        if self.sold_out.verdict(&p.sku, &p.user_id) == super::Verdict::Refuse {
+            // Sold out, and this user has no order that this could be a replay of.
             metrics::counter!("flashsale_orders_refused_total", "reason" => "SOLD_OUT_CACHED")
                 .increment(1);
             return Err(OrderError::Refused("SOLD_OUT".into(), "sold out".into()));

@@ -3,6 +3,7 @@
 use sea_orm_migration::{MigrationTrait, MigratorTrait, async_trait::async_trait};
 
 pub mod m0001_orders;
+pub mod m0002_orders_by_sku;
 
 pub struct Migrator;
 
@@ -13,6 +14,7 @@ impl MigratorTrait for Migrator {
             Box::new(flashsale_messaging::migration::CreateOutboxAndInbox),
             Box::new(flashsale_messaging::migration::CreateDeadLetters),
             Box::new(m0001_orders::Migration),
+            Box::new(m0002_orders_by_sku::Migration),
         ]
     }
 }

@@ -12,3 +12,4 @@ mod load;
 mod pay;
 mod query;
 mod saga;
+mod sold_out;

@@ -8,10 +8,10 @@ use flashsale_platform::{
 };
 use flashsale_proto::product::v1::{
     self as pb, AdjustStockRequest, AdjustStockResponse, CommitReservationRequest,
-    CommitReservationResponse, CreateProductRequest, CreateProductResponse, GetProductRequest,
-    GetProductResponse, ListProductsRequest, ListProductsResponse, ReconcileStockRequest,
-    ReconcileStockResponse, ReserveStockRequest, ReserveStockResponse,
-    product_stock_service_server::ProductStockService,
+    CommitReservationResponse, CreateProductRequest, CreateProductResponse, GetGateBuyersRequest,
+    GetGateBuyersResponse, GetProductRequest, GetProductResponse, ListProductsRequest,
+    ListProductsResponse, ReconcileStockRequest, ReconcileStockResponse, ReserveStockRequest,
+    ReserveStockResponse, product_stock_service_server::ProductStockService,
 };
 use tonic::{Request, Response, Status};
 
@@ -37,6 +37,11 @@ impl ProductStockApi {
 
 const ADMIN: &[Role] = &[Role::Admin];
 const SERVICE: &[Role] = &[Role::Service, Role::Admin];
+/// Most buyers one GetGateBuyers lists.
+const MAX_GATE_BUYERS: u32 = 100_000;
+/// Most bytes of user ids one GetGateBuyers answer carries (well under the 4 MiB default
+/// message limit).
+const MAX_GATE_BUYERS_BYTES: usize = 2 * 1024 * 1024;
 const ANYONE: &[Role] = &[Role::User, Role::Admin, Role::Service];
 
 fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
@@ -214,6 +219,54 @@ impl ProductStockService for ProductStockApi {
             gate_available: ok.gate_available,
             replayed: ok.replayed,
         }))
+    }
+
+    async fn get_gate_buyers(
+        &self,
+        req: Request<GetGateBuyersRequest>,
+    ) -> Result<Response<GetGateBuyersResponse>, Status> {
+        use crate::adapters::redis::gate::GateBuyers;
+        authorize(&req, SERVICE)?;
+        let r = req.into_inner();
+        let sku = Sku::parse(&r.sku).map_err(status)?;
+        if !(1..=MAX_GATE_BUYERS).contains(&r.max_buyers) {
+            return Err(status(StockError::invalid(
+                "max_buyers",
+                format!("must be 1..={MAX_GATE_BUYERS}"),
+            )));
+        }
+        let resp = match self
+            .service
+            .gate_buyers(&sku, r.max_buyers)
+            .await
+            .map_err(status)?
+        {
+            GateBuyers::Listed { available, users } => {
+                let count = i64::try_from(users.len()).unwrap_or(i64::MAX);
+                // A list that would not fit in one message is not sent (the caller then asks
+                // the gate per request, which is always correct).
+                let bytes: usize = users.iter().map(|u| u.len() + 3).sum();
+                let complete = bytes <= MAX_GATE_BUYERS_BYTES;
+                GetGateBuyersResponse {
+                    gate_available: available,
+                    buyer_count: count,
+                    user_ids: if complete { users } else { Vec::new() },
+                    complete,
+                }
+            }
+            GateBuyers::TooMany { available, count } => GetGateBuyersResponse {
+                gate_available: available,
+                buyer_count: count,
+                user_ids: Vec::new(),
+                complete: false,
+            },
+            GateBuyers::NotLoaded => {
+                return Err(status(StockError::GateUnavailable(
+                    "the gate has not loaded the product".into(),
+                )));
+            }
+        };
+        Ok(Response::new(resp))
     }
 
     async fn commit_reservation(

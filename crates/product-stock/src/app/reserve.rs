@@ -2,7 +2,10 @@
 //! unless the gate has lost the product's keys (then it is rebuilt from the database first).
 
 use crate::{
-    adapters::{db, redis::gate::ReserveOutcome},
+    adapters::{
+        db,
+        redis::gate::{GateBuyers, ReserveOutcome},
+    },
     domain::{DeductionPolicy, Refusal, ReserveRequest, Sku, StockError},
 };
 
@@ -64,6 +67,29 @@ impl StockService {
                     continue;
                 }
             };
+        }
+        Err(StockError::GateUnavailable(
+            "the gate lost the product again while rebuilding".into(),
+        ))
+    }
+
+    /// The gate's available counter and its buyers of `sku` (see [`GateBuyers`]), rebuilding
+    /// the gate first if it lost the product.
+    pub async fn gate_buyers(&self, sku: &Sku, max: u32) -> Result<GateBuyers, StockError> {
+        // Unknown products are NOT_FOUND, not an empty list.
+        self.terms(sku).await?;
+        for _ in 0..2 {
+            match self
+                .gate
+                .buyers(sku.as_str(), max)
+                .await
+                .map_err(gate_err)?
+            {
+                GateBuyers::NotLoaded => {
+                    self.rebuild_gate(sku).await?;
+                }
+                found => return Ok(found),
+            }
         }
         Err(StockError::GateUnavailable(
             "the gate lost the product again while rebuilding".into(),

@@ -238,3 +238,86 @@ async fn after_redis_lost_the_product_the_next_reserve_rebuilds_it_from_the_data
         .unwrap();
     assert_eq!((p.available, p.gate_available), (5, 3));
 }
+
+fn buyers_req(sku: &str, max_buyers: u32) -> flashsale_proto::product::v1::GetGateBuyersRequest {
+    flashsale_proto::product::v1::GetGateBuyersRequest {
+        sku: sku.into(),
+        max_buyers,
+    }
+}
+
+#[tokio::test]
+async fn gate_buyers_lists_who_holds_units_with_the_counter() {
+    let app = spawn_app().await;
+    app.create("GB1", 3, 0, RTC).await;
+    let mut c = app.client().await;
+    let empty = c
+        .get_gate_buyers(service(buyers_req("GB1", 10)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (empty.gate_available, empty.buyer_count, empty.complete),
+        (3, 0, true)
+    );
+    assert!(empty.user_ids.is_empty());
+    for (u, q) in [("u1", 1), ("u2", 2)] {
+        reserve(&mut c, Uuid::new_v4(), u, "GB1", q).await.unwrap();
+    }
+    // A refused buyer is not a buyer.
+    reserve(&mut c, Uuid::new_v4(), "u3", "GB1", 1)
+        .await
+        .unwrap_err();
+    let got = c
+        .get_gate_buyers(service(buyers_req("GB1", 10)))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut users = got.user_ids.clone();
+    users.sort();
+    assert_eq!((got.gate_available, got.buyer_count), (0, 2));
+    assert!(got.complete);
+    assert_eq!(users, ["u1", "u2"]);
+    // More buyers than asked for: counted, not listed.
+    let capped = c
+        .get_gate_buyers(service(buyers_req("GB1", 1)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((capped.buyer_count, capped.complete), (2, false));
+    assert!(capped.user_ids.is_empty());
+}
+
+#[tokio::test]
+async fn bad_gate_buyers_input_is_refused() {
+    let app = spawn_app().await;
+    app.create("GB2", 3, 0, RTC).await;
+    let mut c = app.client().await;
+    for (sku, max, field) in [
+        ("GB2", 0, "max_buyers"),
+        ("GB2", 100_001, "max_buyers"),
+        ("bad{sku}", 10, "sku"),
+        ("", 10, "sku"),
+    ] {
+        let err = c
+            .get_gate_buyers(service(buyers_req(sku, max)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{sku:?} {max}");
+        assert_eq!(
+            flashsale_platform::error::violated_fields(&err),
+            [field],
+            "{sku:?} {max}"
+        );
+    }
+    let missing = c
+        .get_gate_buyers(service(buyers_req("NOPE", 10)))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    let denied = c
+        .get_gate_buyers(user(buyers_req("GB2", 10)))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied);
+}

@@ -41,7 +41,7 @@ use uuid::Uuid;
 
 pub use keys::{MAX_QTY, MAX_SAFE_INTEGER, ProductKeys, SKU_MAX_LEN, product_tag, validate_sku};
 pub use outcome::{
-    AdjustOutcome, GateError, GateSnapshot, PendingHold, ReleaseOutcome, RepairOutcome,
+    AdjustOutcome, GateBuyers, GateError, GateSnapshot, PendingHold, ReleaseOutcome, RepairOutcome,
     ReserveOutcome,
 };
 
@@ -58,6 +58,7 @@ static ADJUST: LuaScript = LuaScript::new("adjust", include_str!("gate/lua/adjus
 static LOAD: LuaScript = LuaScript::new("load", include_str!("gate/lua/load.lua"));
 static REPAIR: LuaScript = LuaScript::new("repair", include_str!("gate/lua/repair.lua"));
 static PENDING: LuaScript = LuaScript::new("pending", include_str!("gate/lua/pending.lua"));
+static BUYERS: LuaScript = LuaScript::new("buyers", include_str!("gate/lua/buyers.lua"));
 
 /// Shortest TTL of order records and adjustment markers: below it a replay would find nothing.
 const MIN_RECORD_TTL: Duration = Duration::from_secs(1);
@@ -114,10 +115,51 @@ impl RedisGate {
             &LOAD,
             &REPAIR,
             &PENDING,
+            &BUYERS,
         ] {
             script.load(&mut conn).await?;
         }
         Ok(())
+    }
+
+    /// The available counter and the users the gate counts as buyers of `sku` (holding or
+    /// having bought units not released), in one atomic read; at most `max` users are listed.
+    pub async fn buyers(&self, sku: &str, max: u32) -> Result<GateBuyers, GateError> {
+        let k = self.keys(sku)?;
+        let r = Reply::new(
+            BUYERS
+                .run(
+                    &mut self.conn().await?,
+                    &[k.avail(), k.users()],
+                    &[max.to_string()],
+                )
+                .await?,
+        )?;
+        Ok(match r.code()? {
+            "B" => {
+                let users = match r.get(3)? {
+                    deadpool_redis::redis::Value::Array(items) => items
+                        .iter()
+                        .map(|v| script::text(v).map(str::to_owned))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    other => {
+                        return Err(GateError::Script(format!(
+                            "buyers: wanted a list of users, got {other:?}"
+                        )));
+                    }
+                };
+                GateBuyers::Listed {
+                    available: r.int(1)?,
+                    users,
+                }
+            }
+            "T" => GateBuyers::TooMany {
+                available: r.int(1)?,
+                count: r.int(2)?,
+            },
+            "N" => GateBuyers::NotLoaded,
+            other => return Err(unknown_code("buyers", other)),
+        })
     }
 
     /// Takes `qty` units for `order_id`, atomically and once: checks the order's record

@@ -17,6 +17,17 @@ pub enum GateError {
     InvalidInput(&'static str),
 }
 
+/// The buyers the gate counts for one product, with its available counter, read atomically.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GateBuyers {
+    /// Every user holding or having bought units through the gate.
+    Listed { available: i64, users: Vec<String> },
+    /// More buyers than asked for: only how many.
+    TooMany { available: i64, count: i64 },
+    /// The product's keys are missing (never loaded, or the cache was lost).
+    NotLoaded,
+}
+
 /// The answer to a reservation. A replay (same order id) returns the order's first answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReserveOutcome {

@@ -1,0 +1,253 @@
+//! The sold-out short-circuit (ARCHITECTURE §6): once the gate answers SOLD_OUT for a product,
+//! this replica refuses further requests for it from memory — no Redis, no database, no network
+//! — for `saga.sold_out_cache_ms`.
+//!
+//! Refusing from memory must not break invariant 5 (a replay of an accepted request returns its
+//! order). So the entry is only trusted once it holds the product's *possible replayers*: the
+//! users the gate counts as buyers (read atomically with the counter at zero, so it includes
+//! orders still being written on any replica) together with the users that have an order for it
+//! in this service's database (which includes cancelled orders, whose units left the gate's
+//! count). A request from one of them goes to the gate as usual — it answers replays exactly —
+//! and everyone else is refused at once. While the list is being read, requests go to the gate.
+//!
+//! A new buyer can only appear after units come back (a cancellation, a restock); every replica
+//! hears of that through the `stock.released`, `stock.adjusted` and `stock.reservation_failed`
+//! events (a broadcast subscription per replica) and forgets the product, and the entry's
+//! short life bounds the rest.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+/// What the cache says about one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing known: ask the gate.
+    Open,
+    /// Sold out, and this user cannot be replaying an accepted request: refuse now.
+    Refuse,
+    /// Sold out, but this user bought (or the list is not ready): ask the gate, which answers
+    /// a replay with its order.
+    AskGate,
+}
+
+#[derive(Debug)]
+enum Entry {
+    /// Sold out; the possible replayers are being read (since then).
+    Loading { since: Instant, generation: u64 },
+    /// Sold out until `until`, with who may be replaying.
+    Ready {
+        until: Instant,
+        replayers: Arc<HashSet<String>>,
+    },
+}
+
+/// The per-replica sold-out memory. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct SoldOutCache {
+    inner: Arc<RwLock<State>>,
+    ttl: Duration,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    /// Bumped by every [`SoldOutCache::forget`]: a list read before it is stale.
+    generation: u64,
+}
+
+/// Most products remembered at once (old entries are dropped beyond it).
+const MAX_ENTRIES: usize = 10_000;
+/// A list still not read after this long is given up (the next SOLD_OUT starts another).
+const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl SoldOutCache {
+    /// `ttl` zero disables the cache.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            inner: Arc::default(),
+            ttl,
+        }
+    }
+
+    pub fn verdict(&self, sku: &str, user_id: &str) -> Verdict {
+        let Ok(state) = self.inner.read() else {
+            return Verdict::Open;
+        };
+        match state.entries.get(sku) {
+            None => Verdict::Open,
+            Some(Entry::Loading { .. }) => Verdict::AskGate,
+            Some(Entry::Ready { until, replayers }) => {
+                if *until <= Instant::now() {
+                    Verdict::Open
+                } else if replayers.contains(user_id) {
+                    Verdict::AskGate
+                } else {
+                    Verdict::Refuse
+                }
+            }
+        }
+    }
+
+    /// The gate answered SOLD_OUT for `sku`: `Some(generation)` when the caller should read
+    /// the possible replayers and [`install`](Self::install) them; `None` when that is already
+    /// under way or fresh (or the cache is off).
+    pub fn begin_load(&self, sku: &str) -> Option<u64> {
+        if self.ttl.is_zero() {
+            return None;
+        }
+        let mut state = self.inner.write().ok()?;
+        let now = Instant::now();
+        let busy = match state.entries.get(sku) {
+            Some(Entry::Loading { since, .. }) => now.duration_since(*since) < LOAD_TIMEOUT,
+            Some(Entry::Ready { until, .. }) => *until > now,
+            None => false,
+        };
+        if busy {
+            return None;
+        }
+        if state.entries.len() >= MAX_ENTRIES {
+            state.entries.retain(|_, e| match e {
+                Entry::Loading { since, .. } => now.duration_since(*since) < LOAD_TIMEOUT,
+                Entry::Ready { until, .. } => *until > now,
+            });
+        }
+        let generation = state.generation;
+        state.entries.insert(
+            sku.to_owned(),
+            Entry::Loading {
+                since: now,
+                generation,
+            },
+        );
+        Some(generation)
+    }
+
+    /// Installs the possible replayers read for the load started at `generation`; ignored if
+    /// the product was forgotten since (units came back while reading).
+    pub fn install(&self, sku: &str, generation: u64, replayers: HashSet<String>) {
+        let Ok(mut state) = self.inner.write() else {
+            return;
+        };
+        let current = matches!(state.entries.get(sku),
+            Some(Entry::Loading { generation: g, .. }) if *g == generation);
+        if !current {
+            return;
+        }
+        if state.generation == generation {
+            let until = Instant::now() + self.ttl;
+            state.entries.insert(
+                sku.to_owned(),
+                Entry::Ready {
+                    until,
+                    replayers: Arc::new(replayers),
+                },
+            );
+        } else {
+            // Stale: the next SOLD_OUT starts a fresh read.
+            state.entries.remove(sku);
+        }
+    }
+
+    /// The load started at `generation` failed or found the product not sold out.
+    pub fn abandon(&self, sku: &str, generation: u64) {
+        if let Ok(mut state) = self.inner.write()
+            && matches!(state.entries.get(sku),
+                Some(Entry::Loading { generation: g, .. }) if *g == generation)
+        {
+            state.entries.remove(sku);
+        }
+    }
+
+    /// Units of `sku` may have come back: stop refusing it from memory.
+    pub fn forget(&self, sku: &str) {
+        if let Ok(mut state) = self.inner.write() {
+            state.generation += 1;
+            state.entries.remove(sku);
+        }
+    }
+
+    /// Forget everything (e.g. after missing events while the broker was away).
+    pub fn clear(&self) {
+        if let Ok(mut state) = self.inner.write() {
+            state.generation += 1;
+            state.entries.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(users: &[&str]) -> HashSet<String> {
+        users.iter().map(|u| (*u).to_owned()).collect()
+    }
+
+    #[tokio::test]
+    async fn refuses_only_users_who_cannot_be_replaying() {
+        let c = SoldOutCache::new(Duration::from_secs(60));
+        assert_eq!(c.verdict("A", "bob"), Verdict::Open);
+        let g = c.begin_load("A").unwrap();
+        assert_eq!(
+            c.verdict("A", "bob"),
+            Verdict::AskGate,
+            "loading asks the gate"
+        );
+        assert_eq!(c.begin_load("A"), None, "one load at a time");
+        c.install("A", g, set(&["alice"]));
+        assert_eq!(c.verdict("A", "alice"), Verdict::AskGate);
+        assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
+        assert_eq!(c.verdict("B", "bob"), Verdict::Open);
+    }
+
+    #[tokio::test]
+    async fn a_list_read_before_units_came_back_is_not_installed() {
+        let c = SoldOutCache::new(Duration::from_secs(60));
+        let g = c.begin_load("A").unwrap();
+        c.forget("A");
+        c.install("A", g, set(&[]));
+        assert_eq!(c.verdict("A", "bob"), Verdict::Open);
+        // Forgetting another product also makes an older list stale (the generation is global).
+        let g = c.begin_load("A").unwrap();
+        c.forget("Z");
+        c.install("A", g, set(&[]));
+        assert_eq!(
+            c.verdict("A", "bob"),
+            Verdict::Open,
+            "a stale list is dropped"
+        );
+        let g = c.begin_load("A").unwrap();
+        c.abandon("A", g);
+        assert_eq!(c.verdict("A", "bob"), Verdict::Open);
+        assert!(
+            c.begin_load("A").is_some(),
+            "an abandoned load can start again"
+        );
+    }
+
+    #[tokio::test]
+    async fn entries_expire_and_can_be_cleared() {
+        let c = SoldOutCache::new(Duration::from_millis(30));
+        let g = c.begin_load("A").unwrap();
+        c.install("A", g, set(&[]));
+        assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(c.verdict("A", "bob"), Verdict::Open);
+        let g = c.begin_load("A").unwrap();
+        c.install("A", g, set(&[]));
+        c.clear();
+        assert_eq!(c.verdict("A", "bob"), Verdict::Open);
+    }
+
+    #[tokio::test]
+    async fn a_zero_ttl_disables_the_cache() {
+        let c = SoldOutCache::new(Duration::ZERO);
+        assert_eq!(c.begin_load("A"), None);
+        assert_eq!(c.verdict("A", "bob"), Verdict::Open);
+    }
+}

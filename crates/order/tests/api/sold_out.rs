@@ -1,0 +1,180 @@
+//! The sold-out short-circuit: once a product is sold out, a request that cannot be a replay of
+//! an accepted one is refused from memory (no gate call), replays still get their order, and
+//! units coming back (heard by every replica) reopen the product at once.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use flashsale_order::{
+    adapters::stock::{GateBuyers, Granted, StockPort},
+    app::{Orders, WatchHub, write_pending},
+    config::SagaSettings,
+    domain::{OrderError, PlaceOrder, Policy},
+};
+use flashsale_proto::order::v1::{CancelOrderRequest, OrderStatus};
+use sea_orm_migration::MigratorTrait as _;
+
+use crate::helpers::{as_user, create_req, reason, spawn_stack};
+
+/// A gate that is sold out and lists `buyers`; counts the reservations it is asked for.
+struct SoldOutGate {
+    reserves: AtomicUsize,
+    buyers: Vec<String>,
+}
+
+#[tonic::async_trait]
+impl StockPort for SoldOutGate {
+    async fn reserve(
+        &self,
+        _order_id: uuid::Uuid,
+        _user_id: &str,
+        _sku: &str,
+        _quantity: i64,
+    ) -> Result<Granted, OrderError> {
+        self.reserves.fetch_add(1, Ordering::SeqCst);
+        Err(OrderError::Refused("SOLD_OUT".into(), "sold out".into()))
+    }
+
+    async fn buyers(&self, _sku: &str) -> Result<GateBuyers, OrderError> {
+        Ok(GateBuyers {
+            available: 0,
+            users: Some(self.buyers.clone()),
+        })
+    }
+}
+
+fn refused_reason(r: Result<(flashsale_order::domain::Order, bool), OrderError>) -> String {
+    match r {
+        Err(OrderError::Refused(reason, _)) => reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn after_a_sell_out_only_possible_replayers_reach_the_gate() {
+    let db = flashsale_test_support::TestDatabase::create()
+        .await
+        .unwrap();
+    let conn = db.connect().await.unwrap();
+    flashsale_order::migration::Migrator::up(&conn, None)
+        .await
+        .unwrap();
+    // erin has an order in this database (e.g. cancelled since, so the gate no longer counts
+    // her); alice holds units in the gate.
+    write_pending(
+        &conn,
+        &PlaceOrder::new("erin", "e1", "HOT", 1, 10).unwrap(),
+        100,
+        Policy::ReserveThenCommit,
+    )
+    .await
+    .unwrap();
+    let gate = Arc::new(SoldOutGate {
+        reserves: AtomicUsize::new(0),
+        buyers: vec!["alice".into()],
+    });
+    let settings = SagaSettings {
+        sold_out_cache_ms: 60_000,
+        ..SagaSettings::default()
+    };
+    let amqp = flashsale_messaging::AmqpConfig::default();
+    let orders = Orders::new(
+        conn.clone(),
+        gate.clone(),
+        settings,
+        flashsale_order::adapters::amqp::payment_timeout_queue(&amqp, Duration::from_secs(60)),
+        WatchHub::new(),
+        flashsale_platform::failpoint::Failpoints::default(),
+    );
+    let place = |user: &str, key: &str| PlaceOrder::new(user, key, "HOT", 1, 10).unwrap();
+    let calls = || gate.reserves.load(Ordering::SeqCst);
+
+    // The first SOLD_OUT comes from the gate; the list of possible replayers is read meanwhile.
+    assert_eq!(
+        refused_reason(orders.place(place("bob", "b1")).await),
+        "SOLD_OUT"
+    );
+    assert_eq!(calls(), 1);
+    flashsale_test_support::eventually(Duration::from_secs(10), "refused from memory", || {
+        let (orders, gate) = (orders.clone(), gate.clone());
+        let place = place("carol", "c1");
+        async move {
+            let before = gate.reserves.load(Ordering::SeqCst);
+            let r = orders.place(place).await;
+            (refused_reason(r) == "SOLD_OUT" && gate.reserves.load(Ordering::SeqCst) == before)
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let before = calls();
+    for i in 0..50 {
+        let r = orders.place(place(&format!("u{i}"), "k")).await;
+        assert_eq!(refused_reason(r), "SOLD_OUT");
+    }
+    assert_eq!(calls(), before, "no gate call for users who bought nothing");
+    // A buyer in the gate and a user with an order here still ask the gate.
+    orders.place(place("alice", "a1")).await.unwrap_err();
+    assert_eq!(calls(), before + 1, "alice asks the gate");
+    orders.place(place("erin", "e2")).await.unwrap_err();
+    assert_eq!(calls(), before + 2, "erin asks the gate");
+    // Units came back: the product is open again.
+    orders.sold_out().forget("HOT");
+    orders.place(place("zed", "z1")).await.unwrap_err();
+    assert_eq!(calls(), before + 3, "after forget, the gate answers");
+}
+
+#[tokio::test]
+async fn units_coming_back_reopen_a_sold_out_product_at_once() {
+    // A minute-long cache: only the broadcast of the released units can reopen the product
+    // within the test's bound.
+    let app = spawn_stack(|s| s.saga.sold_out_cache_ms = 60_000).await;
+    app.product("BACK", 1, 0).await;
+    let mut c = app.client().await;
+    let first = app.order("alice", "a", "BACK", 1).await.unwrap();
+    app.wait_status("alice", &first.order_id, OrderStatus::AwaitingPayment)
+        .await;
+    let sold = app.order("bob", "b0", "BACK", 1).await.unwrap_err();
+    assert_eq!(reason(&sold), "SOLD_OUT");
+    // Let the sold-out entry settle (refused from memory from now on).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = app.order("bob", "b1", "BACK", 1).await.unwrap_err();
+    assert_eq!(reason(&again), "SOLD_OUT");
+    c.cancel_order(as_user(
+        "alice",
+        CancelOrderRequest {
+            order_id: first.order_id.clone(),
+        },
+    ))
+    .await
+    .unwrap();
+    let mut n = 0;
+    let order = flashsale_test_support::eventually(
+        Duration::from_secs(20),
+        "bob gets the unit that came back",
+        || {
+            n += 1;
+            let key = format!("b{}", n + 1);
+            let mut c = c.clone();
+            async move {
+                c.create_order(as_user("bob", create_req(&key, "BACK", 1)))
+                    .await
+                    .ok()
+                    .map(|r| r.into_inner())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!order.replayed);
+    assert_eq!(
+        order.order.unwrap().status,
+        OrderStatus::Pending as i32,
+        "a new order for the returned unit"
+    );
+}
