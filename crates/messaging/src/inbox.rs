@@ -37,3 +37,28 @@ pub async fn purge<C: ConnectionTrait>(conn: &C, older_than: Duration) -> Result
     );
     Ok(conn.execute_raw(stmt).await?.rows_affected())
 }
+
+/// [`claim`] for many messages of one consumer in one statement; returns how many were new
+/// (all of them, unless some were processed before or appear twice).
+pub async fn claim_many<C: ConnectionTrait>(
+    conn: &C,
+    consumer: &str,
+    message_ids: &[Uuid],
+) -> Result<usize, DbErr> {
+    if message_ids.is_empty() {
+        return Ok(0);
+    }
+    let mut sql = String::from("INSERT INTO inbox (consumer, message_id) VALUES ");
+    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(message_ids.len() + 1);
+    values.push(consumer.into());
+    for (i, id) in message_ids.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!("($1, ${})", i + 2));
+        values.push((*id).into());
+    }
+    sql.push_str(" ON CONFLICT DO NOTHING");
+    let stmt = Statement::from_sql_and_values(conn.get_database_backend(), sql, values);
+    Ok(usize::try_from(conn.execute_raw(stmt).await?.rows_affected()).unwrap_or(usize::MAX))
+}

@@ -60,7 +60,9 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         failpoints.clone(),
     );
     let o = orders.clone();
-    let handler = move |msg| amqp::handle(o.clone(), msg);
+    // Two batches at once: one commits while the next forms.
+    let reserved = crate::app::reserved_batcher(orders.clone(), 2);
+    let handler = move |msg| amqp::handle(o.clone(), reserved.clone(), msg);
     let topologies = [amqp::topology(&settings.amqp)];
     let messaging = flashsale_messaging::wiring::start(
         &mut f.runner,

@@ -54,7 +54,9 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         amqp::stock_events_topology(&settings.amqp),
     ];
     let svc = service.clone();
-    let handler = move |msg| amqp::handle(svc.clone(), msg);
+    // Two batches at once: one commits while the next forms.
+    let created = crate::app::created_batcher(service.clone(), 2);
+    let handler = move |msg| amqp::handle(svc.clone(), created.clone(), msg);
     let dead_letters = flashsale_messaging::wiring::start(
         &mut f.runner,
         &f.db,

@@ -19,6 +19,11 @@ struct Target<'a> {
     routing_key: &'a str,
 }
 
+/// Trace propagation headers captured where an event was caused, for events written later by
+/// someone else (e.g. a batch written on behalf of many callers): see
+/// [`trace::current_headers`](crate::trace::current_headers).
+pub type TraceHeaders = std::collections::BTreeMap<String, String>;
+
 /// Writes `env` to the outbox, to be published on the event exchange with its type as routing
 /// key. Call it inside the transaction that makes the state change; it captures the current
 /// span's trace context.
@@ -35,7 +40,34 @@ pub async fn enqueue_many<C: ConnectionTrait>(conn: &C, envs: &[Envelope]) -> Re
                 exchange: None,
                 routing_key: &e.r#type,
             };
-            (e, target)
+            (e, target, None)
+        })
+        .collect();
+    insert(conn, &rows).await
+}
+
+/// [`enqueue_many`] where each envelope carries the trace headers of its own cause (captured
+/// with [`trace::current_headers`](crate::trace::current_headers) in the caller's span), and
+/// `delay` — when set — sends every row through that delay queue.
+pub async fn enqueue_many_traced<C: ConnectionTrait>(
+    conn: &C,
+    envs: &[(Envelope, TraceHeaders)],
+    delay: Option<&DelayQueue>,
+) -> Result<(), DbErr> {
+    let rows: Vec<_> = envs
+        .iter()
+        .map(|(e, h)| {
+            let target = match delay {
+                Some(q) => Target {
+                    exchange: Some(""),
+                    routing_key: q.name(),
+                },
+                None => Target {
+                    exchange: None,
+                    routing_key: &e.r#type,
+                },
+            };
+            (e, target, Some(h))
         })
         .collect();
     insert(conn, &rows).await
@@ -63,28 +95,30 @@ pub async fn enqueue_to<C: ConnectionTrait>(
         exchange: Some(exchange),
         routing_key,
     };
-    insert(conn, &[(env, target)]).await
+    insert(conn, &[(env, target, None)]).await
 }
 
+/// Rows with `None` headers carry the current span's trace context.
 async fn insert<C: ConnectionTrait>(
     conn: &C,
-    rows: &[(&Envelope, Target<'_>)],
+    rows: &[(&Envelope, Target<'_>, Option<&TraceHeaders>)],
 ) -> Result<(), DbErr> {
     if rows.is_empty() {
         return Ok(());
     }
-    let headers = trace::current_headers();
-    let headers = serde_json::Value::Object(
-        headers
-            .into_iter()
-            .map(|(k, v)| (k, serde_json::Value::String(v)))
-            .collect(),
-    );
+    let to_json = |h: &TraceHeaders| {
+        serde_json::Value::Object(
+            h.iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect(),
+        )
+    };
+    let current = to_json(&trace::current_headers());
     let mut sql = String::from(
         "INSERT INTO outbox (message_id, exchange, routing_key, message_type, payload, headers) VALUES ",
     );
     let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 6);
-    for (i, (env, target)) in rows.iter().enumerate() {
+    for (i, (env, target, own)) in rows.iter().enumerate() {
         let id = envelope::check(env).map_err(|e| DbErr::Custom(format!("outbox: {e}")))?;
         let n = i * 6;
         if i > 0 {
@@ -104,7 +138,7 @@ async fn insert<C: ConnectionTrait>(
         values.push(target.routing_key.to_owned().into());
         values.push(env.r#type.clone().into());
         values.push(envelope::encode(env).into());
-        values.push(headers.clone().into());
+        values.push(own.map_or_else(|| current.clone(), to_json).into());
     }
     let stmt = Statement::from_sql_and_values(conn.get_database_backend(), sql, values);
     conn.execute_raw(stmt).await?;

@@ -4,7 +4,10 @@
 use flashsale_messaging::{AmqpConfig, DelayQueue, HandlerError, Incoming, QueueTopology};
 use flashsale_proto::events::v1::envelope::Payload;
 
-use crate::{app::Orders, domain::OrderError};
+use crate::{
+    app::{Orders, Reserved, ReservedBatcher},
+    domain::OrderError,
+};
 
 /// The order service's consumer queue (competing consumers across replicas).
 pub const ORDER_EVENTS_QUEUE: &str = "order.saga-events";
@@ -56,12 +59,28 @@ fn classify(e: OrderError) -> HandlerError {
     }
 }
 
-/// Handles one delivery.
-pub async fn handle(orders: Orders, msg: Incoming) -> Result<(), HandlerError> {
+/// Handles one delivery; `stock.reserved` goes through `reserved`, which confirms the
+/// deliveries waiting at the same moment together.
+pub async fn handle(
+    orders: Orders,
+    reserved: ReservedBatcher,
+    msg: Incoming,
+) -> Result<(), HandlerError> {
     let q = msg.queue.as_str();
     let env = &msg.envelope;
     match &env.payload {
-        Some(Payload::StockReserved(ev)) => orders.on_stock_reserved(q, env, &ev.order_id).await,
+        Some(Payload::StockReserved(ev)) => {
+            let item = Reserved {
+                consumer: q.to_owned(),
+                env: env.clone(),
+                order_id: ev.order_id.clone(),
+                trace: flashsale_messaging::trace::current_headers(),
+            };
+            match reserved.call(item).await {
+                Ok(answer) => answer,
+                Err(e) => Err(OrderError::Internal(anyhow::Error::new(e))),
+            }
+        }
         Some(Payload::StockReservationFailed(ev)) => orders.on_reservation_failed(q, env, ev).await,
         Some(Payload::PaymentTimeout(ev)) => orders.on_payment_timeout(q, env, &ev.order_id).await,
         Some(Payload::OutboundCompleted(ev)) => {

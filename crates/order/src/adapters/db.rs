@@ -327,6 +327,55 @@ pub async fn transition<C: ConnectionTrait>(
     Ok(true)
 }
 
+/// PENDING → AWAITING_PAYMENT with `deadline` for many orders at once, with their history rows
+/// (`note` as reason); returns the orders that were PENDING and moved.
+pub async fn await_payment_many<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+    deadline: DateTime<Utc>,
+    note: &str,
+) -> Result<Vec<Uuid>, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Id {
+        order_id: Uuid,
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let placeholders: Vec<String> = (0..ids.len()).map(|i| format!("${}", i + 2)).collect();
+    let sql = format!(
+        "UPDATE orders SET status = 'AWAITING_PAYMENT', payment_deadline = $1, updated_at = now() \
+         WHERE status = 'PENDING' AND order_id IN ({}) RETURNING order_id",
+        placeholders.join(", ")
+    );
+    let mut values: Vec<Value> = Vec::with_capacity(ids.len() + 1);
+    values.push(deadline.into());
+    values.extend(ids.iter().map(|id| Value::from(*id)));
+    let moved: Vec<Uuid> = Id::find_by_statement(stmt(&sql, values))
+        .all(c)
+        .await?
+        .into_iter()
+        .map(|r| r.order_id)
+        .collect();
+    if moved.is_empty() {
+        return Ok(moved);
+    }
+    let mut sql = String::from(
+        "INSERT INTO order_status_history (order_id, from_status, to_status, reason) VALUES ",
+    );
+    let mut values: Vec<Value> = Vec::with_capacity(moved.len() + 1);
+    values.push(note.into());
+    for (i, id) in moved.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!("(${}, 'PENDING', 'AWAITING_PAYMENT', $1)", i + 2));
+        values.push((*id).into());
+    }
+    c.execute_raw(stmt(&sql, values)).await?;
+    Ok(moved)
+}
+
 /// What a transition sets besides the status.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Change<'a> {

@@ -20,10 +20,12 @@ mod pay;
 mod place;
 mod query;
 mod saga;
+mod saga_batch;
 mod sold_out;
 
 pub use place::{PendingWrite, write_pending, write_pending_batch};
 pub use query::WatchHub;
+pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
 pub use sold_out::{SoldOutCache, Verdict};
 
 /// The name this service signs its events with.

@@ -12,4 +12,5 @@ mod load;
 mod pay;
 mod query;
 mod saga;
+mod saga_batch;
 mod sold_out;

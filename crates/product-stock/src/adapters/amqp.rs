@@ -8,7 +8,10 @@ use flashsale_messaging::{
 };
 use flashsale_proto::events::v1::envelope::Payload;
 
-use crate::{app::StockService, domain::StockError};
+use crate::{
+    app::{Created, CreatedBatcher, StockService},
+    domain::StockError,
+};
 
 /// Queue of the saga events (competing consumers across replicas).
 pub const ORDER_EVENTS_QUEUE: &str = "product-stock.order-events";
@@ -34,12 +37,26 @@ fn classify(e: StockError) -> HandlerError {
     }
 }
 
-/// Handles one delivery of either queue.
-pub async fn handle(service: StockService, msg: Incoming) -> Result<(), HandlerError> {
+/// Handles one delivery of either queue; `order.created` goes through `created`, which
+/// persists the deliveries waiting at the same moment together.
+pub async fn handle(
+    service: StockService,
+    created: CreatedBatcher,
+    msg: Incoming,
+) -> Result<(), HandlerError> {
     let consumer = msg.queue.as_str();
     match &msg.envelope.payload {
         Some(Payload::OrderCreated(ev)) => {
-            service.on_order_created(consumer, &msg.envelope, ev).await
+            let item = Created {
+                consumer: consumer.to_owned(),
+                env: msg.envelope.clone(),
+                ev: ev.clone(),
+                trace: flashsale_messaging::trace::current_headers(),
+            };
+            match created.call(item).await {
+                Ok(answer) => answer,
+                Err(e) => Err(StockError::Internal(anyhow::Error::new(e))),
+            }
         }
         Some(Payload::OrderCancelled(ev)) => {
             service

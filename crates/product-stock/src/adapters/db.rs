@@ -273,6 +273,86 @@ pub async fn insert_reservation<C: ConnectionTrait>(
     Ok(res.rows_affected() == 1)
 }
 
+/// Inserts many reservation rows (`cause` for all), skipping orders that have one; returns how
+/// many it inserted.
+pub async fn insert_reservations<C: ConnectionTrait>(
+    c: &C,
+    rows: &[Reservation],
+    cause: &str,
+) -> Result<usize, StockError> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let mut sql = String::from(
+        "INSERT INTO reservations (order_id, sku, user_id, quantity, state, policy, cause) VALUES ",
+    );
+    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 6 + 1);
+    values.push(cause.into());
+    for (i, r) in rows.iter().enumerate() {
+        let b = i * 6 + 1;
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "(${}, ${}, ${}, ${}, ${}, ${}, $1)",
+            b + 1,
+            b + 2,
+            b + 3,
+            b + 4,
+            b + 5,
+            b + 6
+        ));
+        values.extend([
+            r.order_id.into(),
+            r.sku.as_str().into(),
+            r.user_id.clone().into(),
+            r.quantity.into(),
+            r.state.as_db().into(),
+            r.policy.as_db().into(),
+        ]);
+    }
+    sql.push_str(" ON CONFLICT (order_id) DO NOTHING");
+    let res = c.execute_raw(stmt(&sql, values)).await?;
+    Ok(usize::try_from(res.rows_affected()).unwrap_or(usize::MAX))
+}
+
+/// Many ledger rows of one kind: `(sku, on_hand_delta, reserved_delta, cause)` each.
+pub async fn ledger_many<C: ConnectionTrait>(
+    c: &C,
+    kind: &str,
+    rows: &[(&Sku, i64, i64, &str)],
+) -> Result<(), StockError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut sql = String::from(
+        "INSERT INTO stock_ledger (sku, kind, on_hand_delta, reserved_delta, cause) VALUES ",
+    );
+    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 4 + 1);
+    values.push(kind.into());
+    for (i, (sku, on_hand, reserved, cause)) in rows.iter().enumerate() {
+        let b = i * 4 + 1;
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "(${}, $1, ${}, ${}, ${})",
+            b + 1,
+            b + 2,
+            b + 3,
+            b + 4
+        ));
+        values.extend([
+            sku.as_str().into(),
+            (*on_hand).into(),
+            (*reserved).into(),
+            (*cause).into(),
+        ]);
+    }
+    c.execute_raw(stmt(&sql, values)).await?;
+    Ok(())
+}
+
 /// Moves a reservation from `from` to `to`; returns whether it was in `from`.
 pub async fn set_reservation_state<C: ConnectionTrait>(
     c: &C,

@@ -16,9 +16,11 @@ mod catalog;
 mod reconcile;
 mod reserve;
 mod saga;
+mod saga_batch;
 
 pub use reconcile::DriftReport;
 pub use reserve::Reserved;
+pub use saga_batch::{Created, CreatedBatcher, created_batcher};
 
 /// The name this service signs its events with.
 pub const PRODUCER: &str = "product-stock";

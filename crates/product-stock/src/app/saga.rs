@@ -25,14 +25,18 @@ use crate::{
 pub const CANCELLED_BEFORE_CREATED: &str = "CANCELLED_BEFORE_CREATED";
 pub const HOLD_EXPIRED: &str = "HOLD_EXPIRED";
 
-fn proto_policy(p: DeductionPolicy) -> i32 {
+pub(super) fn proto_policy(p: DeductionPolicy) -> i32 {
     match p {
         DeductionPolicy::ReserveThenCommit => ProtoPolicy::ReserveThenCommit as i32,
         DeductionPolicy::CommitAtOrder => ProtoPolicy::CommitAtOrder as i32,
     }
 }
 
-fn parse_event_fields(order_id: &str, sku: &str, quantity: i64) -> Result<(Uuid, Sku), StockError> {
+pub(super) fn parse_event_fields(
+    order_id: &str,
+    sku: &str,
+    quantity: i64,
+) -> Result<(Uuid, Sku), StockError> {
     let id = parse_order_id(order_id)?;
     let sku = Sku::parse(sku)?;
     if quantity < 1 {

@@ -10,3 +10,4 @@ mod helpers;
 mod reconcile;
 mod reserve;
 mod saga;
+mod saga_batch;

@@ -1,0 +1,131 @@
+//! `stock.reserved` in batches: the deliveries waiting at the same moment move their orders
+//! PENDING → AWAITING_PAYMENT in one transaction — one inbox insert, one update, one history
+//! insert, one outbox insert of their payment timers, one commit — instead of one transaction
+//! each. Anything unusual in a batch (a redelivery, an order that is not PENDING or unknown,
+//! any error) rolls it back, and each delivery runs through [`Orders::on_stock_reserved`] on
+//! its own, which handles every case.
+
+use chrono::Utc;
+use flashsale_messaging::{envelope, inbox, outbox};
+use flashsale_platform::batch::Batcher;
+use flashsale_proto::events::v1::{Envelope, PaymentTimeout, envelope::Payload};
+use sea_orm::TransactionTrait as _;
+
+use super::{Orders, PRODUCER};
+use crate::{
+    adapters::db,
+    domain::{OrderError, parse_order_id},
+};
+
+/// One `stock.reserved` delivery waiting for its batch.
+#[derive(Clone, Debug)]
+pub struct Reserved {
+    pub consumer: String,
+    pub env: Envelope,
+    pub order_id: String,
+    /// The delivery's trace context, so its payment timer continues the order's trace.
+    pub trace: outbox::TraceHeaders,
+}
+
+/// Most deliveries confirmed in one transaction.
+pub const MAX_BATCH: usize = 128;
+
+/// The batching worker of `stock.reserved`; cheap to clone. It holds a clone of the use cases
+/// until its last handle is dropped (when the consumer stops).
+pub type ReservedBatcher = Batcher<Reserved, Result<(), OrderError>>;
+
+/// Starts the worker; `parallel` batches may run at once.
+pub fn reserved_batcher(orders: Orders, parallel: usize) -> ReservedBatcher {
+    Batcher::spawn(
+        MAX_BATCH,
+        std::time::Duration::ZERO,
+        parallel,
+        move |items: Vec<Reserved>| {
+            let orders = orders.clone();
+            async move { Ok::<_, std::convert::Infallible>(orders.confirm_reserved(items).await) }
+        },
+    )
+}
+
+impl Orders {
+    /// Applies a batch of `stock.reserved`; one answer per delivery, in order.
+    pub async fn confirm_reserved(&self, items: Vec<Reserved>) -> Vec<Result<(), OrderError>> {
+        if items.len() > 1 {
+            match self.confirm_reserved_together(&items).await {
+                Ok(true) => {
+                    metrics::histogram!("flashsale_stock_reserved_batch_size")
+                        .record(items.len() as f64);
+                    return items.iter().map(|_| Ok(())).collect();
+                }
+                Ok(false) => {
+                    metrics::counter!("flashsale_stock_reserved_batch_fallbacks_total")
+                        .increment(1);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, size = items.len(), "batched stock.reserved failed; one by one");
+                    metrics::counter!("flashsale_stock_reserved_batch_fallbacks_total")
+                        .increment(1);
+                }
+            }
+        }
+        let each = items
+            .iter()
+            .map(|r| self.on_stock_reserved(&r.consumer, &r.env, &r.order_id));
+        futures_util::future::join_all(each).await
+    }
+
+    /// The common case in one transaction; `Ok(false)` (nothing committed) when some delivery
+    /// needs the one-by-one path.
+    async fn confirm_reserved_together(&self, items: &[Reserved]) -> Result<bool, OrderError> {
+        let Some(consumer) = items.first().map(|r| r.consumer.as_str()) else {
+            return Ok(true);
+        };
+        let mut message_ids = Vec::with_capacity(items.len());
+        let mut order_ids = Vec::with_capacity(items.len());
+        for r in items {
+            if r.consumer != consumer {
+                return Ok(false);
+            }
+            let (Ok(m), Ok(o)) = (envelope::message_id(&r.env), parse_order_id(&r.order_id)) else {
+                return Ok(false);
+            };
+            message_ids.push(m);
+            order_ids.push(o);
+        }
+        let n = items.len();
+        let timeout = chrono::Duration::milliseconds(
+            i64::try_from(self.settings.payment_timeout_ms).unwrap_or(i64::MAX),
+        );
+        let deadline = Utc::now() + timeout;
+        let txn = self.db.begin().await?;
+        if inbox::claim_many(&txn, consumer, &message_ids).await? != n {
+            return Ok(false);
+        }
+        if db::await_payment_many(&txn, &order_ids, deadline, "stock.reserved")
+            .await?
+            .len()
+            != n
+        {
+            return Ok(false);
+        }
+        let timers: Vec<(Envelope, outbox::TraceHeaders)> = items
+            .iter()
+            .map(|r| {
+                let timer = PaymentTimeout {
+                    order_id: r.order_id.clone(),
+                    deadline: Some(prost_types::Timestamp {
+                        seconds: deadline.timestamp(),
+                        nanos: i32::try_from(deadline.timestamp_subsec_nanos()).unwrap_or(0),
+                    }),
+                };
+                (
+                    envelope::caused_by(&r.env, Payload::PaymentTimeout(timer), PRODUCER),
+                    r.trace.clone(),
+                )
+            })
+            .collect();
+        outbox::enqueue_many_traced(&txn, &timers, Some(&self.payment_timeout)).await?;
+        txn.commit().await?;
+        Ok(true)
+    }
+}

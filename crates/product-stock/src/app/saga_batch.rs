@@ -1,0 +1,203 @@
+//! `order.created` in batches: under load the consumer holds many deliveries at once, and each
+//! one's own transaction would take the product's hot stock row, write and commit alone — the
+//! naive design's bottleneck, moved behind the queue. Deliveries waiting at the same moment are
+//! persisted together instead: one transaction claims every inbox row, inserts every
+//! reservation, ledger row and `stock.reserved`, moves each product's stock once by the sum,
+//! marks the holds persisted in the gate and commits once.
+//!
+//! Only the common case is batched: new messages for new orders of known products that the
+//! database has units for. Anything else in a batch (a redelivery, a tombstone, an unknown
+//! product, too few units, any error) rolls the batch back and every message of it runs
+//! through [`StockService::on_order_created`] on its own, which handles all the cases.
+
+use std::collections::BTreeMap;
+
+use flashsale_messaging::{envelope, inbox, outbox};
+use flashsale_platform::batch::Batcher;
+use flashsale_proto::events::v1::{Envelope, OrderCreated, StockReserved, envelope::Payload};
+use sea_orm::TransactionTrait as _;
+use uuid::Uuid;
+
+use super::{PRODUCER, StockService, saga::parse_event_fields};
+use crate::{
+    adapters::db,
+    domain::{DeductionPolicy, Reservation, ReservationState, Sku, StockError},
+};
+
+/// One `order.created` delivery waiting for its batch.
+#[derive(Clone, Debug)]
+pub struct Created {
+    pub consumer: String,
+    pub env: Envelope,
+    pub ev: OrderCreated,
+    /// The delivery's trace context, so its `stock.reserved` continues the order's trace.
+    pub trace: outbox::TraceHeaders,
+}
+
+/// Most deliveries persisted in one transaction.
+pub const MAX_BATCH: usize = 128;
+
+/// The batching worker of `order.created`; cheap to clone. It holds a clone of the service
+/// until its last handle is dropped (when the consumer stops).
+pub type CreatedBatcher = Batcher<Created, Result<(), StockError>>;
+
+/// Starts the worker; `parallel` batches may run at once.
+pub fn created_batcher(service: StockService, parallel: usize) -> CreatedBatcher {
+    Batcher::spawn(
+        MAX_BATCH,
+        std::time::Duration::ZERO,
+        parallel,
+        move |items: Vec<Created>| {
+            let service = service.clone();
+            async move { Ok::<_, std::convert::Infallible>(service.persist_created(items).await) }
+        },
+    )
+}
+
+impl StockService {
+    /// Persists a batch of `order.created`; one answer per delivery, in order.
+    pub async fn persist_created(&self, items: Vec<Created>) -> Vec<Result<(), StockError>> {
+        if items.len() > 1 {
+            match self.persist_created_together(&items).await {
+                Ok(true) => {
+                    metrics::histogram!("flashsale_order_created_batch_size")
+                        .record(items.len() as f64);
+                    return items.iter().map(|_| Ok(())).collect();
+                }
+                Ok(false) => {
+                    metrics::counter!("flashsale_order_created_batch_fallbacks_total").increment(1);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, size = items.len(), "batched order.created failed; one by one");
+                    metrics::counter!("flashsale_order_created_batch_fallbacks_total").increment(1);
+                }
+            }
+        }
+        let each = items
+            .iter()
+            .map(|c| self.on_order_created(&c.consumer, &c.env, &c.ev));
+        futures_util::future::join_all(each).await
+    }
+
+    /// The common case in one transaction; `Ok(false)` (nothing committed) when some delivery
+    /// needs the one-by-one path.
+    async fn persist_created_together(&self, items: &[Created]) -> Result<bool, StockError> {
+        let Some(consumer) = items.first().map(|c| c.consumer.as_str()) else {
+            return Ok(true);
+        };
+        let mut message_ids = Vec::with_capacity(items.len());
+        let mut rows = Vec::with_capacity(items.len());
+        // Per product: (policy, on_hand delta, reserved delta), in a fixed order so concurrent
+        // batches take the stock rows in the same order.
+        let mut moves: BTreeMap<Sku, (DeductionPolicy, i64, i64)> = BTreeMap::new();
+        for c in items {
+            if c.consumer != consumer {
+                return Ok(false);
+            }
+            let Ok(message_id) = envelope::message_id(&c.env) else {
+                return Ok(false);
+            };
+            let Ok((order_id, sku)) = parse_event_fields(&c.ev.order_id, &c.ev.sku, c.ev.quantity)
+            else {
+                return Ok(false);
+            };
+            let policy = match self.terms(&sku).await {
+                Ok(t) => t.policy,
+                Err(StockError::UnknownProduct(_)) => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            let q = c.ev.quantity;
+            let (state, on_hand, reserved) = match policy {
+                DeductionPolicy::ReserveThenCommit => (ReservationState::Reserved, 0, q),
+                DeductionPolicy::CommitAtOrder => (ReservationState::Committed, -q, 0),
+            };
+            let m = moves.entry(sku.clone()).or_insert((policy, 0, 0));
+            m.1 += on_hand;
+            m.2 += reserved;
+            message_ids.push(message_id);
+            rows.push(Reservation {
+                order_id,
+                sku,
+                user_id: c.ev.user_id.clone(),
+                quantity: q,
+                state,
+                policy,
+            });
+        }
+        let n = items.len();
+        let txn = self.db.begin().await?;
+        if inbox::claim_many(&txn, consumer, &message_ids).await? != n {
+            return Ok(false);
+        }
+        // The rows first (as one by one): a tombstone or an earlier reservation of any order
+        // shows as a conflict, and nothing of the batch is kept.
+        if db::insert_reservations(&txn, &rows, "order.created").await? != n {
+            return Ok(false);
+        }
+        let ledger: Vec<(&Sku, i64, i64, &str)> = rows
+            .iter()
+            .zip(items)
+            .map(|(r, c)| {
+                let (on_hand, reserved) = match r.policy {
+                    DeductionPolicy::ReserveThenCommit => (0, r.quantity),
+                    DeductionPolicy::CommitAtOrder => (-r.quantity, 0),
+                };
+                (&r.sku, on_hand, reserved, c.ev.order_id.as_str())
+            })
+            .collect();
+        for kind in ["RESERVE", "COMMIT"] {
+            let of_kind: Vec<_> = ledger
+                .iter()
+                .zip(&rows)
+                .filter(|(_, r)| ledger_kind(r.policy) == kind)
+                .map(|(l, _)| *l)
+                .collect();
+            db::ledger_many(&txn, kind, &of_kind).await?;
+        }
+        let events: Vec<(Envelope, outbox::TraceHeaders)> = rows
+            .iter()
+            .zip(items)
+            .map(|(r, c)| {
+                let ev = envelope::caused_by(
+                    &c.env,
+                    Payload::StockReserved(StockReserved {
+                        order_id: c.ev.order_id.clone(),
+                        sku: c.ev.sku.clone(),
+                        quantity: r.quantity,
+                        deduction_policy: super::saga::proto_policy(r.policy),
+                    }),
+                    PRODUCER,
+                );
+                (ev, c.trace.clone())
+            })
+            .collect();
+        outbox::enqueue_many_traced(&txn, &events, None).await?;
+        // The hot rows last, so their locks are held only for the gate marks and the commit.
+        for (sku, (_, on_hand, reserved)) in &moves {
+            if !db::move_stock(&txn, sku, *on_hand, *reserved).await? {
+                return Ok(false);
+            }
+        }
+        // Gate changes that follow the database happen before the commit (as one by one).
+        let marks = rows.iter().map(|r| self.mark_persisted(&r.sku, r.order_id));
+        futures_util::future::try_join_all(marks).await?;
+        self.failpoint("stock.order_created.before_commit").await?;
+        txn.commit().await?;
+        Ok(true)
+    }
+
+    async fn mark_persisted(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
+        self.gate
+            .mark_persisted(sku.as_str(), order_id)
+            .await
+            .map(drop)
+            .map_err(super::gate_err)
+    }
+}
+
+fn ledger_kind(p: DeductionPolicy) -> &'static str {
+    match p {
+        DeductionPolicy::ReserveThenCommit => "RESERVE",
+        DeductionPolicy::CommitAtOrder => "COMMIT",
+    }
+}
