@@ -2,10 +2,12 @@
 //! (GetOrder as its buyer, a bounded number in flight, a bounded time) until it leaves PENDING.
 //! Under both policies a confirmed order is AWAITING_PAYMENT (or later: PAID, SHIPPED); an
 //! order the saga could not persist is CANCELLED; one still PENDING at the bound never was.
+//! An order already confirmed when first read was confirmed at its `update_time` (the server's
+//! clock on this machine), not when the sweep got to it: a sweep over many orders takes seconds.
 
 use std::{
     sync::Arc,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use flashsale_proto::order::v1::{
@@ -65,14 +67,11 @@ pub async fn follow(
     let mut open: Vec<usize> = (0..accepts.len()).collect();
     let mut bound_hit = false;
     while !open.is_empty() {
-        let items: Vec<(String, usize)> = open
-            .iter()
-            .map(|&i| (accepts[i].order_id.clone(), accepts[i].buyer))
-            .collect();
+        let items: Vec<Accept> = open.iter().map(|&i| accepts[i].clone()).collect();
         let (client, tokens) = (client.clone(), tokens.clone());
-        let sweep = bounded(items, FOLLOW_CONCURRENCY, move |(order_id, buyer)| {
+        let sweep = bounded(items, FOLLOW_CONCURRENCY, move |accept| {
             let (client, tokens) = (client.clone(), tokens.clone());
-            async move { read_state(client, &tokens, order_id, buyer).await }
+            async move { read_state(client, &tokens, accept).await }
         });
         let Ok(read) = tokio::time::timeout_at(until, sweep).await else {
             bound_hit = true;
@@ -100,34 +99,49 @@ pub async fn follow(
 async fn read_state(
     client: OrderServiceClient<Channel>,
     tokens: &[String],
-    order_id: String,
-    buyer: usize,
+    accept: Accept,
 ) -> State {
-    let Some(token) = tokens.get(buyer) else {
+    let Some(token) = tokens.get(accept.buyer) else {
         return State::Pending;
     };
     let answer = retrying(|| {
         let mut client = client.clone();
         let req = request(
             GetOrderRequest {
-                order_id: order_id.clone(),
+                order_id: accept.order_id.clone(),
             },
             token,
         );
         async move { client.get_order(req?).await }
     })
     .await;
-    let at = Instant::now();
-    let status = answer
-        .ok()
-        .and_then(|r| r.into_inner().order)
-        .map(|o| OrderStatus::try_from(o.status));
-    match status {
-        Some(Ok(OrderStatus::AwaitingPayment | OrderStatus::Paid | OrderStatus::Shipped)) => {
-            State::Confirmed(at)
+    let read_at = Instant::now();
+    let Some(order) = answer.ok().and_then(|r| r.into_inner().order) else {
+        return State::Pending;
+    };
+    match OrderStatus::try_from(order.status) {
+        Ok(OrderStatus::AwaitingPayment) => {
+            // Unpaid, so its last change was the confirmation.
+            let changed = order
+                .update_time
+                .and_then(|t| local_instant(t.seconds, t.nanos, read_at, SystemTime::now()));
+            State::Confirmed(changed.map_or(read_at, |c| c.max(accept.at).min(read_at)))
         }
-        Some(Ok(OrderStatus::Cancelled)) => State::Cancelled,
+        Ok(OrderStatus::Paid | OrderStatus::Shipped) => State::Confirmed(read_at),
+        Ok(OrderStatus::Cancelled) => State::Cancelled,
         _ => State::Pending,
+    }
+}
+
+/// A wall-clock instant (Unix seconds and nanos) as an `Instant`, given one moment read on both.
+fn local_instant(seconds: i64, nanos: i32, now: Instant, now_wall: SystemTime) -> Option<Instant> {
+    let at = UNIX_EPOCH.checked_add(Duration::new(
+        u64::try_from(seconds).ok()?,
+        u32::try_from(nanos).ok()?,
+    ))?;
+    match now_wall.duration_since(at) {
+        Ok(ago) => now.checked_sub(ago),
+        Err(ahead) => now.checked_add(ahead.duration()),
     }
 }
 
@@ -237,6 +251,31 @@ mod tests {
         assert!((saga.confirmed_per_sec() - 1.0).abs() < 1e-9);
         assert!(saga.text().contains("1 NEVER CONFIRMED"));
         assert_eq!(saga.to_json()["confirm_s"], 2.0);
+    }
+
+    #[test]
+    fn server_timestamps_map_onto_this_clock() {
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let secs = |t: SystemTime| {
+            let d = t.duration_since(UNIX_EPOCH).unwrap();
+            (
+                i64::try_from(d.as_secs()).unwrap(),
+                i32::try_from(d.subsec_nanos()).unwrap(),
+            )
+        };
+        let (s, n) = secs(wall - Duration::from_millis(1500));
+        assert_eq!(
+            local_instant(s, n, now, wall),
+            Some(now - Duration::from_millis(1500))
+        );
+        let (s, n) = secs(wall + Duration::from_secs(2));
+        assert_eq!(
+            local_instant(s, n, now, wall),
+            Some(now + Duration::from_secs(2))
+        );
+        assert_eq!(local_instant(-5, 0, now, wall), None);
+        assert_eq!(local_instant(5, -1, now, wall), None);
+        assert_eq!(local_instant(i64::MAX, 999_999_999, now, wall), None);
     }
 
     #[test]
