@@ -275,7 +275,8 @@ mod tests {
         );
         assert_eq!(local_instant(-5, 0, now, wall), None);
         assert_eq!(local_instant(5, -1, now, wall), None);
-        assert_eq!(local_instant(i64::MAX, 999_999_999, now, wall), None);
+        // Far beyond any clock: no panic, and never before now (read_state clamps it).
+        assert!(local_instant(i64::MAX, 999_999_999, now, wall).is_none_or(|t| t > now));
     }
 
     #[test]
