@@ -6,6 +6,10 @@
 #   scripts/bench.sh                 all scenarios (flood, big-sale, ticketing)
 #   scripts/bench.sh flood           one scenario
 #   BENCH_ARGS="--requests 20000" scripts/bench.sh flood     smaller runs
+# PostgreSQL allows 100 connections here: the services start with smaller pools (16/16/8, set
+# FLASHSALE_<SERVICE>__DATABASE__MAX_CONNECTIONS to change them) so that they and the bench's own
+# pool (--db-pool, default 32) fit with room to spare. The bench reads the services' pids from
+# $FLASHSALE_RUN_DIR to wait for them to idle between modes and to report their memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCRIPT=bench
@@ -23,6 +27,11 @@ main() {
     export FLASHSALE_PROFILE=release
     export FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS="${FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS:-3600000}"
     export RUST_LOG="${RUST_LOG:-warn}"
+    export FLASHSALE_PRODUCT_STOCK__DATABASE__MAX_CONNECTIONS="${FLASHSALE_PRODUCT_STOCK__DATABASE__MAX_CONNECTIONS:-16}"
+    export FLASHSALE_ORDER__DATABASE__MAX_CONNECTIONS="${FLASHSALE_ORDER__DATABASE__MAX_CONNECTIONS:-16}"
+    export FLASHSALE_OUTBOUND__DATABASE__MAX_CONNECTIONS="${FLASHSALE_OUTBOUND__DATABASE__MAX_CONNECTIONS:-8}"
+    export FLASHSALE_RUN_DIR="$RUN_DIR"
+    log "service pools: product-stock $FLASHSALE_PRODUCT_STOCK__DATABASE__MAX_CONNECTIONS, order $FLASHSALE_ORDER__DATABASE__MAX_CONNECTIONS, outbound $FLASHSALE_OUTBOUND__DATABASE__MAX_CONNECTIONS connections"
     scripts/down.sh >/dev/null 2>&1 || true
     scripts/up.sh
     local s

@@ -9,6 +9,7 @@ mod bench;
 mod health;
 mod order;
 mod output;
+mod procstat;
 mod product;
 mod sale;
 mod shipment;

@@ -22,11 +22,16 @@ pub struct Load {
     pub deadline: Duration,
 }
 
-/// Connects (creating the database when missing) with a pool sized for `concurrency`.
+/// How long a bench call waits for a pooled connection before it counts as an error.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connects (creating the database when missing) with a pool of `pool` connections: the
+/// services' pools and this one must fit together under PostgreSQL's `max_connections`, or
+/// calls wait for a connection and the wait, not the design, sets the figures.
 pub async fn bench_db(
     server_url: &str,
     name: &str,
-    concurrency: usize,
+    pool: u32,
 ) -> anyhow::Result<DatabaseConnection> {
     let admin = Database::connect(format!("{server_url}/postgres"))
         .await
@@ -47,7 +52,10 @@ pub async fn bench_db(
     }
     admin.close().await.ok();
     let mut opts = ConnectOptions::new(format!("{server_url}/{name}"));
-    opts.max_connections(u32::try_from(concurrency.clamp(1, 60)).unwrap_or(60))
+    opts.max_connections(pool.max(1))
+        .min_connections(pool.max(1))
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_timeout(Duration::from_secs(10))
         .sqlx_logging(false);
     Database::connect(opts)
         .await

@@ -1,22 +1,30 @@
 //! `flashsale bench`: the platform measured back to back with its baselines on the same
 //! machine, at the same concurrency, with the same buyers — the naive design it replaces, the
 //! raw gate and raw insert ceilings, and the no-op gRPC ceiling — and the ratios between them.
-//! Every mode is bounded in requests and in time, and stops by itself.
+//! Every mode is bounded in requests and in time, and stops by itself. Before each mode it waits
+//! for the services to go idle; during each it samples their resident memory.
 
 mod baselines;
 mod measure;
 mod platform;
+mod report;
+mod saga;
 
 use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::ValueEnum;
-use serde_json::json;
 
 use baselines::Load;
-use measure::Measurement;
+use report::ModeReport;
 
-use crate::token::Secret;
+use crate::{
+    procstat::{self, PidArgs},
+    token::Secret,
+};
+
+/// The bench's own PostgreSQL pool is at most this large by default.
+const DEFAULT_DB_POOL: usize = 32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
@@ -59,9 +67,19 @@ pub struct Args {
     /// Calls in flight at once (every mode).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
-    /// Bound of each mode, in seconds.
+    /// Bound of each mode, in seconds (and, in the platform mode, of following the saga).
     #[arg(long, default_value_t = 60)]
     max_seconds_per_mode: u64,
+    /// Connections of the bench's PostgreSQL pool (naive and raw-insert modes), 1..=100;
+    /// default min(--concurrency, 32). With the services' pools it must fit under PostgreSQL's
+    /// max_connections.
+    #[arg(long)]
+    db_pool: Option<usize>,
+    /// Longest wait, before each mode, for the services to go idle (0 = do not wait).
+    #[arg(long, default_value_t = 60)]
+    max_idle_wait_secs: u64,
+    #[command(flatten)]
+    pids: PidArgs,
     #[arg(
         long,
         env = "FLASHSALE_PRODUCT_STOCK_URL",
@@ -129,27 +147,55 @@ impl Args {
             (1..=3600).contains(&self.max_seconds_per_mode),
             "--max-seconds-per-mode must be 1..=3600"
         );
+        anyhow::ensure!(
+            self.max_idle_wait_secs <= 600,
+            "--max-idle-wait-secs must be 0..=600 (got {})",
+            self.max_idle_wait_secs
+        );
+        self.db_pool()?;
         Ok((load, limit, ticketing))
+    }
+
+    fn db_pool(&self) -> anyhow::Result<u32> {
+        let pool = self
+            .db_pool
+            .unwrap_or(self.concurrency.min(DEFAULT_DB_POOL));
+        anyhow::ensure!(
+            (1..=100).contains(&pool),
+            "--db-pool must be 1..=100 (got {pool}); PostgreSQL's max_connections bounds it"
+        );
+        u32::try_from(pool).context("--db-pool")
     }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (load, limit, ticketing) = args.load()?;
+    let db_pool = args.db_pool()?;
+    let services = args.pids.services();
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_uppercase();
     let sku = format!("BENCH-{tag}");
-    let mut results: Vec<Measurement> = Vec::new();
+    let mut results: Vec<ModeReport> = Vec::new();
     for mode in &args.modes {
+        let idle =
+            procstat::wait_idle(&services, Duration::from_secs(args.max_idle_wait_secs)).await;
+        match idle {
+            Some(w) if w.idle => {
+                eprintln!("bench: services idle after {:.1} s", w.waited.as_secs_f64())
+            }
+            Some(w) => eprintln!(
+                "bench: services still busy after {:.1} s (--max-idle-wait-secs); going on",
+                w.waited.as_secs_f64()
+            ),
+            None => {}
+        }
         eprintln!("bench: {mode:?} …");
-        let m = match mode {
-            Mode::Noop => baselines::noop(&args.order_url, &load).await?,
+        let sampler = procstat::Sampler::start(services.clone());
+        let (m, saga) = match mode {
+            Mode::Noop => (baselines::noop(&args.order_url, &load).await?, None),
             Mode::Naive => {
-                let db = baselines::bench_db(
-                    &args.postgres_url,
-                    "flashsale_bench_naive",
-                    load.concurrency,
-                )
-                .await?;
-                baselines::naive(db, &load, &sku).await?
+                let db = baselines::bench_db(&args.postgres_url, "flashsale_bench_naive", db_pool)
+                    .await?;
+                (baselines::naive(db, &load, &sku).await?, None)
             }
             Mode::Gate => {
                 let settings = flashsale_platform::settings::RedisSettings {
@@ -163,19 +209,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     settings.key_prefix.clone(),
                     Duration::from_secs(600),
                 );
-                baselines::raw_gate(gate, &load, &sku, limit).await?
+                (baselines::raw_gate(gate, &load, &sku, limit).await?, None)
             }
             Mode::Insert => {
-                let db = baselines::bench_db(
-                    &args.postgres_url,
-                    "flashsale_bench_orders",
-                    load.concurrency,
-                )
-                .await?;
-                baselines::raw_insert(db, &load, &sku).await?
+                let db = baselines::bench_db(&args.postgres_url, "flashsale_bench_orders", db_pool)
+                    .await?;
+                (baselines::raw_insert(db, &load, &sku).await?, None)
             }
             Mode::Platform => {
-                platform::flood(
+                let (m, saga) = platform::flood(
                     &args.product_stock_url,
                     &args.order_url,
                     &args.secret,
@@ -184,74 +226,33 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     limit,
                     ticketing,
                 )
-                .await?
+                .await?;
+                (m, Some(saga))
             }
         };
-        results.push(m);
+        results.push(ModeReport {
+            m,
+            saga,
+            memory: sampler.finish().await,
+            idle,
+        });
     }
     let machine = machine(&args).await;
+    let figures = report::Figures {
+        scenario: format!("{:?}", args.scenario),
+        load: &load,
+        db_pool,
+        machine,
+        services: &services,
+    };
     if args.json {
-        let modes: Vec<_> = results.iter().map(Measurement::to_json).collect();
-        let report = json!({ "scenario": format!("{:?}", args.scenario), "concurrency": load.concurrency,
-            "machine": machine, "modes": modes, "ratios": ratios(&results) });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).context("render report")?
-        );
+        let rendered = serde_json::to_string_pretty(&report::json(&figures, &results))
+            .context("render report")?;
+        println!("{rendered}");
     } else {
-        println!(
-            "scenario {:?}: {} requests from {} buyers for {} units at concurrency {}",
-            args.scenario, load.requests, load.buyers, load.stock, load.concurrency
-        );
-        println!("machine: {machine}");
-        println!("{}", Measurement::header());
-        for m in &results {
-            println!("{}", m.row());
-            if !m.errors.is_empty() {
-                println!("    errors: {:?}", m.errors);
-            }
-        }
-        for (name, value) in ratios(&results).as_object().into_iter().flatten() {
-            println!("{name:<40} {value}");
-        }
+        report::print_text(&figures, &results);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn find<'a>(results: &'a [Measurement], prefix: &str) -> Option<&'a Measurement> {
-    results.iter().find(|m| m.name.starts_with(prefix))
-}
-
-/// platform / baseline, for throughput, accepted orders per second and p99 latency.
-fn ratios(results: &[Measurement]) -> serde_json::Value {
-    let mut out = serde_json::Map::new();
-    let Some(p) = find(results, "platform") else {
-        return out.into();
-    };
-    for base in ["naive", "no-op", "raw gate", "raw insert"] {
-        if let Some(b) = find(results, base) {
-            let key = base.replace(' ', "_").replace('-', "");
-            out.insert(
-                format!("platform/{key} throughput"),
-                json!(round(p.throughput() / b.throughput())),
-            );
-            out.insert(
-                format!("platform/{key} p99"),
-                json!(round(p.p(0.99) / b.p(0.99).max(1e-3))),
-            );
-            if base == "naive" {
-                out.insert(
-                    "platform/naive accepted per second".into(),
-                    json!(round(p.accepted_per_sec() / b.accepted_per_sec().max(1e-9))),
-                );
-            }
-        }
-    }
-    out.into()
-}
-
-fn round(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }
 
 /// Cores and server versions, for the report.

@@ -1,7 +1,11 @@
 //! The platform itself: CreateOrder through the order service's gRPC API (gate, then one
-//! transaction per accepted order), as a gateway sends it for many buyers.
+//! transaction per accepted order), as a gateway sends it for many buyers; then the accepted
+//! orders followed until the saga confirms them.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use flashsale_platform::auth::Role;
 use flashsale_proto::{
@@ -15,6 +19,7 @@ use flashsale_proto::{
 use super::{
     baselines::Load,
     measure::{Measurement, Outcome, drive},
+    saga::{self, Accept, Saga},
 };
 use crate::{
     output::{authorized, connect, status_error},
@@ -29,7 +34,7 @@ pub async fn flood(
     sku: &str,
     per_user_limit: u32,
     ticketing: bool,
-) -> anyhow::Result<Measurement> {
+) -> anyhow::Result<(Measurement, Saga)> {
     let admin = secret.mint("bench", Role::Admin, Duration::from_secs(3600))?;
     let policy = if ticketing {
         DeductionPolicy::CommitAtOrder
@@ -52,7 +57,7 @@ pub async fn flood(
     let tokens: Vec<String> = (0..load.buyers)
         .map(|b| secret.mint(&format!("buyer{b}"), Role::User, Duration::from_secs(3600)))
         .collect::<anyhow::Result<_>>()?;
-    let tokens = std::sync::Arc::new(tokens);
+    let tokens = Arc::new(tokens);
     // A few HTTP/2 connections, as a gateway's pool would have.
     let mut channels = Vec::new();
     for _ in 0..4 {
@@ -61,32 +66,56 @@ pub async fn flood(
         ));
     }
     let (sku, buyers) = (sku.to_owned(), load.buyers.max(1));
-    drive(
+    let accepts: Arc<Mutex<Vec<Accept>>> = Arc::default();
+    let follower = channels[0].clone();
+    let measurement = drive(
         "platform (CreateOrder)",
         load.requests,
         load.concurrency,
         load.deadline,
-        move |i| {
-            let mut c = channels[i % channels.len()].clone();
-            let (tokens, sku) = (tokens.clone(), sku.clone());
-            async move {
-                let req = CreateOrderRequest {
-                    request_id: format!("{sku}-{i}"),
-                    sku,
-                    quantity: 1,
-                };
-                let Ok(req) = authorized(req, &tokens[i % buyers]) else {
-                    return Outcome::Error("token".into());
-                };
-                match c.create_order(req).await {
-                    Ok(_) => Outcome::Accepted,
-                    Err(s) if s.code() == tonic::Code::FailedPrecondition => Outcome::Refused(
-                        flashsale_platform::error::reason_of(&s).unwrap_or_default(),
-                    ),
-                    Err(s) => Outcome::Error(format!("{:?}", s.code())),
+        {
+            let (accepts, tokens) = (accepts.clone(), tokens.clone());
+            move |i| {
+                let mut c = channels[i % channels.len()].clone();
+                let (tokens, sku, accepts) = (tokens.clone(), sku.clone(), accepts.clone());
+                async move {
+                    let req = CreateOrderRequest {
+                        request_id: format!("{sku}-{i}"),
+                        sku,
+                        quantity: 1,
+                    };
+                    let Ok(req) = authorized(req, &tokens[i % buyers]) else {
+                        return Outcome::Error("token".into());
+                    };
+                    match c.create_order(req).await {
+                        Ok(resp) => {
+                            let at = Instant::now();
+                            let Some(order) = resp.into_inner().order else {
+                                return Outcome::Error("no order in the answer".into());
+                            };
+                            if let Ok(mut list) = accepts.lock() {
+                                list.push(Accept {
+                                    order_id: order.order_id,
+                                    buyer: i % buyers,
+                                    at,
+                                });
+                            }
+                            Outcome::Accepted
+                        }
+                        Err(s) if s.code() == tonic::Code::FailedPrecondition => Outcome::Refused(
+                            flashsale_platform::error::reason_of(&s).unwrap_or_default(),
+                        ),
+                        Err(s) => Outcome::Error(format!("{:?}", s.code())),
+                    }
                 }
             }
         },
     )
-    .await
+    .await?;
+    let accepts = match Arc::try_unwrap(accepts) {
+        Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
+        Err(shared) => shared.lock().map(|l| l.clone()).unwrap_or_default(),
+    };
+    let saga = saga::follow(follower, tokens, accepts, load.deadline).await;
+    Ok((measurement, saga))
 }

@@ -9,7 +9,7 @@
 mod checks;
 mod flood;
 mod follow;
-mod read;
+pub(crate) mod read;
 mod report;
 
 use std::{
@@ -33,6 +33,7 @@ use tonic::transport::Channel;
 
 use crate::{
     output::{authorized, connect, status_error},
+    procstat::{PidArgs, Sampler},
     token::Secret,
 };
 
@@ -107,6 +108,9 @@ pub struct Args {
     /// No per-order lines in the report.
     #[arg(long)]
     quiet: bool,
+    /// The service processes whose resident memory the report shows.
+    #[command(flatten)]
+    pids: PidArgs,
     #[command(flatten)]
     secret: Secret,
 }
@@ -219,6 +223,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             )
         })??;
 
+    // The services' resident memory, sampled from the flood until quiescence.
+    let sampler = Sampler::start(args.pids.services());
     progress(&format!(
         "flood: {requests} CreateOrder calls from {} buyers, {} at a time",
         args.buyers, args.concurrency
@@ -236,8 +242,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     run.assign(shares);
     run.act().await;
     run.quiesce().await;
+    let memory = sampler.finish().await;
 
-    let report = report::build(&ctx, &args, shares, &flood, run, started).await;
+    let report = report::build(&ctx, &args, shares, &flood, run, memory, started).await;
     if args.json {
         println!(
             "{}",

@@ -21,6 +21,7 @@ use super::{
     follow::{Outcome, Plan, Run},
     read,
 };
+use crate::procstat::{self, Memory};
 
 /// Quantiles reported, with their labels.
 const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)];
@@ -32,6 +33,8 @@ pub(crate) struct Report {
     drift: Option<i64>,
     checks: Vec<Check>,
     bound_hits: Vec<String>,
+    /// The services' resident memory during the sale.
+    memory: Vec<Memory>,
     elapsed: Duration,
 }
 
@@ -42,6 +45,7 @@ pub(crate) async fn build(
     shares: Shares,
     flood: &Flood,
     mut run: Run,
+    memory: Vec<Memory>,
     started: Instant,
 ) -> Report {
     let hard = ctx.hard_deadline;
@@ -124,6 +128,7 @@ pub(crate) async fn build(
         drift,
         checks,
         bound_hits: run.bound_hits,
+        memory,
         elapsed: started.elapsed(),
     }
 }
@@ -187,6 +192,8 @@ impl Report {
             .iter()
             .map(|c| json!({"name": c.name, "pass": c.pass, "detail": c.detail}))
             .collect();
+        v["memory"] = self.memory.iter().map(Memory::to_json).collect();
+        v["memoryLimitMib"] = json!(procstat::MEMORY_LIMIT_MIB);
         v["timeBoundHit"] = json!(!self.bound_hits.is_empty());
         v["timeBound"] = json!(self.bound_hits);
         v["elapsedSecs"] = json!(self.elapsed.as_secs_f64());
@@ -237,6 +244,10 @@ impl Report {
             None if h["accepted"] == 0 => println!("confirmed   no order to confirm"),
             None => println!("confirmed   not every accepted order (see the time bound)"),
         }
+        println!(
+            "memory      peak VmRSS during the sale: {}",
+            procstat::memory_line(&self.memory)
+        );
         println!("plan        {}", map_text(&t["byPlan"]));
         if !quiet {
             println!();

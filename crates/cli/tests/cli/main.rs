@@ -1,10 +1,11 @@
 //! The `flashsale` binary against real services: token, health, the product commands, the
 //! order commands (with bad input refused with the server's reason), the shipment commands and
-//! the sale driver.
+//! the sale driver, and the benchmark.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod basics;
+mod bench;
 mod full_stack;
 mod helpers;
 mod order;

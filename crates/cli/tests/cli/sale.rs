@@ -22,8 +22,12 @@ fn assert_invariants_pass(report: &Value) {
 #[tokio::test]
 async fn a_small_sale_sells_exactly_its_stock_and_refunds_late_payments() {
     let stack = FullStack::spawn(|_| {}).await;
+    // The services run inside this test process: its memory is theirs.
+    let me = format!("stack={}", std::process::id());
     let run = stack
         .sale(&[
+            "--service-pid",
+            &me,
             "--sku",
             "CLI-SALE-1",
             "--buyers",
@@ -51,6 +55,11 @@ async fn a_small_sale_sells_exactly_its_stock_and_refunds_late_payments() {
     assert!(r["latencyUs"]["p50"].as_u64().unwrap() > 0, "{r}");
     assert!(r["latencyUs"]["max"].as_u64() >= r["latencyUs"]["p99"].as_u64());
     assert!(r["confirmationMs"].is_number(), "{r}");
+    assert_eq!(r["memory"][0]["service"], "stack", "{r}");
+    assert!(
+        r["memory"][0]["peak_rss_mib"].as_f64().unwrap() > 1.0,
+        "{r}"
+    );
     assert_invariants_pass(&r);
 
     let payers = orders_with_plan(&r, "pay");
@@ -163,7 +172,7 @@ async fn a_sale_whose_shipments_all_fail_refunds_every_payment_and_still_passes(
 #[tokio::test]
 async fn sale_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &[&str]); 4] = [
+    let cases: [(&[&str], &[&str]); 6] = [
         (
             &["--pay", "0.8", "--never-pay", "0.5"],
             &["--pay", "--never-pay"],
@@ -171,6 +180,8 @@ async fn sale_refuses_bad_options_naming_the_flag() {
         (&["--buyers", "0"], &["--buyers"]),
         (&["--pay-late", "1.5"], &["--pay-late"]),
         (&["--concurrency", "0"], &["--concurrency"]),
+        (&["--service-pid", "order"], &["--service-pid"]),
+        (&["--service-pid", "order=-3"], &["--service-pid"]),
     ];
     for (args, flags) in cases {
         let mut full = vec!["sale", "--order-url", nowhere, "--outbound-url", nowhere];

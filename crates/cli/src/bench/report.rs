@@ -1,0 +1,147 @@
+//! The bench's report: each mode's figures, the services' memory during it, the saga's pace,
+//! and the ratios of the platform to its baselines — as text or one JSON object.
+
+use serde_json::{Value, json};
+
+use super::{baselines::Load, measure::Measurement, saga::Saga};
+use crate::procstat::{self, IdleWait, Memory, ServicePid};
+
+/// One mode as measured, with what was watched around it.
+pub struct ModeReport {
+    pub m: Measurement,
+    pub saga: Option<Saga>,
+    pub memory: Vec<Memory>,
+    pub idle: Option<IdleWait>,
+}
+
+/// What the whole run shares.
+pub struct Figures<'a> {
+    pub scenario: String,
+    pub load: &'a Load,
+    pub db_pool: u32,
+    pub machine: String,
+    pub services: &'a [ServicePid],
+}
+
+impl ModeReport {
+    fn to_json(&self) -> Value {
+        let mut v = self.m.to_json();
+        v["memory"] = self.memory.iter().map(Memory::to_json).collect();
+        v["memory_over_limit"] = json!(self.memory.iter().any(Memory::over_limit));
+        v["idle_wait_s"] = json!(self.idle.map(|w| w.waited.as_secs_f64()));
+        v["idle_before"] = json!(self.idle.map(|w| w.idle));
+        if let Some(s) = &self.saga {
+            v["saga"] = s.to_json();
+        }
+        v
+    }
+}
+
+pub fn json(f: &Figures<'_>, results: &[ModeReport]) -> Value {
+    json!({
+        "scenario": f.scenario,
+        "requests": f.load.requests,
+        "buyers": f.load.buyers,
+        "stock": f.load.stock,
+        "concurrency": f.load.concurrency,
+        "db_pool": f.db_pool,
+        "machine": f.machine,
+        "services": f.services.iter().map(|s| json!({"service": s.name, "pid": s.pid})).collect::<Vec<_>>(),
+        "memory_limit_mib": procstat::MEMORY_LIMIT_MIB,
+        "modes": results.iter().map(ModeReport::to_json).collect::<Vec<_>>(),
+        "ratios": ratios(results),
+    })
+}
+
+pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
+    let l = f.load;
+    println!(
+        "scenario {}: {} requests from {} buyers for {} units at concurrency {} (bench db pool {})",
+        f.scenario, l.requests, l.buyers, l.stock, l.concurrency, f.db_pool
+    );
+    println!("machine: {}", f.machine);
+    println!("{}", Measurement::header());
+    for r in results {
+        println!("{}", r.m.row());
+        if !r.m.errors.is_empty() {
+            println!("    errors: {} {:?}", r.m.errored(), r.m.errors);
+        }
+        if let Some(last) = r.m.last_accept {
+            println!(
+                "    intake: {} accepted in {:.2} s (mode start → last accept); accepted p50 {:.2} ms, p99 {:.2} ms",
+                r.m.accepted,
+                last.as_secs_f64(),
+                r.m.accepted_p(0.5),
+                r.m.accepted_p(0.99)
+            );
+        }
+        if let Some(s) = &r.saga {
+            println!("    {}", s.text());
+        }
+        if let Some(w) = r.idle {
+            println!(
+                "    waited {:.1} s for idle services before the mode{}",
+                w.waited.as_secs_f64(),
+                if w.idle { "" } else { " (still busy)" }
+            );
+        }
+        println!(
+            "    memory (peak VmRSS during the mode): {}",
+            procstat::memory_line(&r.memory)
+        );
+    }
+    for (name, value) in ratios(results).as_object().into_iter().flatten() {
+        println!("{name:<45} {value}");
+    }
+}
+
+fn find<'a>(results: &'a [ModeReport], prefix: &str) -> Option<&'a ModeReport> {
+    results.iter().find(|r| r.m.name.starts_with(prefix))
+}
+
+/// platform / baseline, for throughput, accepted orders per second and p99 latency; and the
+/// saga's confirmations per second against the raw insert ceiling.
+fn ratios(results: &[ModeReport]) -> Value {
+    let mut out = serde_json::Map::new();
+    let Some(pr) = find(results, "platform") else {
+        return out.into();
+    };
+    let p = &pr.m;
+    for base in ["naive", "no-op", "raw gate", "raw insert"] {
+        let Some(b) = find(results, base).map(|r| &r.m) else {
+            continue;
+        };
+        let key = base.replace(' ', "_").replace('-', "");
+        out.insert(
+            format!("platform/{key} throughput"),
+            json!(round(p.throughput() / b.throughput().max(1e-9))),
+        );
+        out.insert(
+            format!("platform/{key} p99"),
+            json!(round(p.p(0.99) / b.p(0.99).max(1e-3))),
+        );
+        if base == "naive" {
+            out.insert(
+                "platform/naive accepted per second".into(),
+                json!(round(p.accepted_per_sec() / b.accepted_per_sec().max(1e-9))),
+            );
+            out.insert(
+                "platform/naive accepted p99".into(),
+                json!(round(p.accepted_p(0.99) / b.accepted_p(0.99).max(1e-3))),
+            );
+        }
+        if base == "raw insert"
+            && let Some(saga) = &pr.saga
+        {
+            out.insert(
+                "platform saga confirmed/raw insert throughput".into(),
+                json!(round(saga.confirmed_per_sec() / b.throughput().max(1e-9))),
+            );
+        }
+    }
+    out.into()
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}

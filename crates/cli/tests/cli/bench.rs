@@ -1,0 +1,129 @@
+//! `flashsale bench` against the three services in-process: every mode runs, the platform's
+//! accepted orders are followed until the saga confirms them, memory is read for the pids named;
+//! bad options are refused naming the flag before anything is measured.
+
+use serde_json::Value;
+
+use crate::{
+    full_stack::FullStack,
+    helpers::{command, flashsale, output},
+};
+
+#[tokio::test]
+async fn bench_refuses_bad_options_naming_the_flag() {
+    let nowhere = "http://127.0.0.1:1";
+    let cases: [(&[&str], &str); 10] = [
+        (&["--db-pool", "0"], "--db-pool"),
+        (&["--db-pool", "101"], "--db-pool"),
+        (&["--db-pool", "many"], "--db-pool"),
+        (&["--service-pid", "order"], "--service-pid"),
+        (&["--service-pid", "order=abc"], "--service-pid"),
+        (&["--service-pid", "=42"], "--service-pid"),
+        (&["--service-pid", "order=0"], "--service-pid"),
+        (
+            &["--service-pid", "order=1", "--service-pid", "x y=2"],
+            "--service-pid",
+        ),
+        (&["--max-idle-wait-secs", "601"], "--max-idle-wait-secs"),
+        (&["--max-idle-wait-secs=-1"], "--max-idle-wait-secs"),
+    ];
+    for (args, flag) in cases {
+        let mut full = vec![
+            "bench",
+            "--order-url",
+            nowhere,
+            "--postgres-url",
+            "postgres://nobody@127.0.0.1:1",
+            "--redis-url",
+            "redis://127.0.0.1:1",
+        ];
+        full.extend_from_slice(args);
+        let run = flashsale(&full, nowhere).await;
+        assert!(!run.ok, "{args:?} was accepted: {}", run.stdout);
+        assert!(
+            run.stderr.contains(flag),
+            "{args:?}: stderr does not name {flag}: {}",
+            run.stderr
+        );
+        assert!(
+            !run.stderr.contains("bench: "),
+            "{args:?} got as far as measuring: {}",
+            run.stderr
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_small_bench_follows_the_saga_and_reads_the_services_memory() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let me = format!("stack={}", std::process::id());
+    let mut cmd = command(&[
+        "bench",
+        "--scenario",
+        "big-sale",
+        "--requests",
+        "40",
+        "--buyers",
+        "40",
+        "--stock",
+        "10",
+        "--concurrency",
+        "4",
+        "--db-pool",
+        "2",
+        "--max-seconds-per-mode",
+        "30",
+        "--max-idle-wait-secs",
+        "1",
+        "--service-pid",
+        &me,
+        "--postgres-url",
+        &flashsale_test_support::postgres_server_url(),
+        "--redis-url",
+        &flashsale_test_support::redis_url(),
+        "--json",
+    ]);
+    cmd.env("FLASHSALE_PRODUCT_STOCK_URL", &stack.stock_url)
+        .env("FLASHSALE_ORDER_URL", &stack.order_url);
+    let run = output(cmd).await;
+    let r = run.json();
+    let modes = r["modes"].as_array().unwrap();
+    assert_eq!(modes.len(), 5, "{r}");
+    assert_eq!(r["db_pool"], 2, "{r}");
+    for m in modes {
+        assert_eq!(m["errored"], 0, "{m}");
+        let mem = &m["memory"][0];
+        assert_eq!(mem["service"], "stack", "{m}");
+        assert!(mem["peak_rss_mib"].as_f64().unwrap() > 1.0, "{m}");
+        // VmHWM is the process's lifetime peak; the kernel updates it lazily, so it is only
+        // roughly above the sampled peak.
+        assert!(mem["vm_hwm_mib"].as_f64().unwrap() > 1.0, "{m}");
+        assert!(m["idle_wait_s"].as_f64().unwrap() <= 3.0, "{m}");
+    }
+    let naive = &modes[1];
+    assert_eq!(naive["accepted"], 10, "{naive}");
+    assert!(naive["intake_s"].as_f64().unwrap() <= naive["elapsed_s"].as_f64().unwrap());
+    assert!(
+        naive["accepted_latency_ms"]["p99"].as_f64().unwrap() > 0.0,
+        "{naive}"
+    );
+    let platform = &modes[4];
+    assert_eq!(platform["accepted"], 10, "{platform}");
+    let saga = &platform["saga"];
+    assert_eq!(
+        (&saga["followed"], &saga["confirmed"], &saga["unconfirmed"]),
+        (&Value::from(10), &Value::from(10), &Value::from(0)),
+        "{saga}"
+    );
+    assert!(saga["confirm_s"].as_f64().unwrap() > 0.0, "{saga}");
+    assert!(saga["confirmed_per_s"].as_f64().unwrap() > 0.0, "{saga}");
+    let ratios = &r["ratios"];
+    for key in [
+        "platform/naive accepted per second",
+        "platform/naive accepted p99",
+        "platform saga confirmed/raw insert throughput",
+        "platform/raw_insert throughput",
+    ] {
+        assert!(ratios[key].is_number(), "no {key}: {ratios}");
+    }
+}
