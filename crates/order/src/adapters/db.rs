@@ -161,6 +161,7 @@ pub async fn order_by_key<C: ConnectionTrait>(
 }
 
 /// What inserting a new order found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Inserted {
     New,
     /// The same order exists already (same id: same key and payload).
@@ -211,10 +212,11 @@ pub async fn insert_order<C: ConnectionTrait>(
 pub async fn insert_orders<C: ConnectionTrait>(
     c: &C,
     rows: &[(Uuid, &PlaceOrder, i64, Policy)],
-) -> Result<Vec<Uuid>, OrderError> {
+) -> Result<Vec<(Uuid, DateTime<Utc>)>, OrderError> {
     #[derive(FromQueryResult)]
     struct Id {
         order_id: Uuid,
+        created_at: DateTime<Utc>,
     }
     if rows.is_empty() {
         return Ok(Vec::new());
@@ -251,19 +253,19 @@ pub async fn insert_orders<C: ConnectionTrait>(
             policy.as_db().into(),
         ]);
     }
-    sql.push_str(" ON CONFLICT DO NOTHING RETURNING order_id");
-    let inserted: Vec<Uuid> = Id::find_by_statement(stmt(&sql, values))
+    sql.push_str(" ON CONFLICT DO NOTHING RETURNING order_id, created_at");
+    let inserted: Vec<(Uuid, DateTime<Utc>)> = Id::find_by_statement(stmt(&sql, values))
         .all(c)
         .await?
         .into_iter()
-        .map(|r| r.order_id)
+        .map(|r| (r.order_id, r.created_at))
         .collect();
     if !inserted.is_empty() {
         let list = format!(
             "{{{}}}",
             inserted
                 .iter()
-                .map(Uuid::to_string)
+                .map(|(id, _)| id.to_string())
                 .collect::<Vec<_>>()
                 .join(",")
         );

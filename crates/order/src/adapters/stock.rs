@@ -4,8 +4,9 @@
 use std::{sync::Arc, time::Duration};
 
 use flashsale_platform::auth::ServiceToken;
+use flashsale_platform::batch::Batcher;
 use flashsale_proto::product::v1::{
-    DeductionPolicy, GetGateBuyersRequest, ReserveStockRequest,
+    DeductionPolicy, GetGateBuyersRequest, ReserveStockBatchRequest, ReserveStockRequest,
     product_stock_service_client::ProductStockServiceClient,
 };
 use tonic::{Code, transport::Channel};
@@ -49,23 +50,141 @@ pub trait StockPort: Send + Sync + 'static {
     async fn buyers(&self, sku: &str) -> Result<GateBuyers, OrderError>;
 }
 
-/// [`StockPort`] over product-stock's gRPC API.
+/// [`StockPort`] over product-stock's gRPC API. Concurrent reservations are coalesced into
+/// `ReserveStockBatch` calls (one RPC and one Redis round trip for all the CreateOrders waiting
+/// at that moment); a lone one goes at once.
 #[derive(Clone)]
 pub struct GrpcStock {
     client: ProductStockServiceClient<Channel>,
     token: Arc<ServiceToken>,
+    batch: Batcher<ReserveItem, Result<Granted, OrderError>>,
 }
+
+/// One reservation waiting for its batch.
+#[derive(Clone, Debug)]
+struct ReserveItem {
+    order_id: Uuid,
+    user_id: String,
+    sku: String,
+    quantity: i64,
+}
+
+impl ReserveItem {
+    fn request(&self) -> ReserveStockRequest {
+        ReserveStockRequest {
+            order_id: self.order_id.to_string(),
+            user_id: self.user_id.clone(),
+            sku: self.sku.clone(),
+            quantity: self.quantity,
+        }
+    }
+}
+
+/// Most reservations in one `ReserveStockBatch`.
+const MAX_BATCH: usize = 128;
+/// Batches in flight at once (calls arriving meanwhile form the next).
+const PARALLEL_BATCHES: usize = 4;
 
 impl GrpcStock {
     /// A lazily connecting client of `url` (the order service starts even if product-stock is
     /// not up yet; calls then fail `UNAVAILABLE`).
     pub fn new(url: &str, token: Arc<ServiceToken>, timeout: Duration) -> anyhow::Result<Self> {
+        let client =
+            ProductStockServiceClient::new(flashsale_platform::grpc::lazy_channel(url, timeout)?);
+        let (c, t) = (client.clone(), token.clone());
+        let batch = Batcher::spawn(MAX_BATCH, Duration::ZERO, PARALLEL_BATCHES, move |items| {
+            let (c, t) = (c.clone(), t.clone());
+            async move { Ok::<_, std::convert::Infallible>(reserve_batch(c, &t, items).await) }
+        });
         Ok(Self {
-            client: ProductStockServiceClient::new(flashsale_platform::grpc::lazy_channel(
-                url, timeout,
-            )?),
+            client,
             token,
+            batch,
         })
+    }
+}
+
+/// One `ReserveStockBatch` for `items`; one answer each. A product-stock that does not know
+/// the batch call yet (an older replica during a rolling update) gets one call per item.
+async fn reserve_batch(
+    client: ProductStockServiceClient<Channel>,
+    token: &ServiceToken,
+    items: Vec<ReserveItem>,
+) -> Vec<Result<Granted, OrderError>> {
+    if let [one] = items.as_slice() {
+        return vec![reserve_one(client, token, one).await];
+    }
+    let msg = ReserveStockBatchRequest {
+        items: items.iter().map(ReserveItem::request).collect(),
+    };
+    let req = match flashsale_platform::grpc::service_request(msg, token) {
+        Ok(r) => r,
+        Err(e) => {
+            return items
+                .iter()
+                .map(|_| {
+                    Err(OrderError::Internal(anyhow::anyhow!(
+                        "service request: {e}"
+                    )))
+                })
+                .collect();
+        }
+    };
+    match client.clone().reserve_stock_batch(req).await {
+        Ok(resp) => {
+            let mut outcomes = resp.into_inner().outcomes.into_iter();
+            items
+                .iter()
+                .map(|item| match outcomes.next() {
+                    Some(o) => match o.reserved {
+                        Some(r) => Ok(granted(&r)),
+                        None => Err(map_error(
+                            Code::from(o.code),
+                            &o.message,
+                            (!o.reason.is_empty()).then_some(o.reason),
+                            o.fields,
+                            &item.sku,
+                        )),
+                    },
+                    None => Err(OrderError::Unavailable(
+                        "product-stock answered fewer reservations than asked".into(),
+                    )),
+                })
+                .collect()
+        }
+        Err(s) if s.code() == Code::Unimplemented => {
+            let each = items.iter().map(|i| reserve_one(client.clone(), token, i));
+            futures_util::future::join_all(each).await
+        }
+        Err(s) => items
+            .iter()
+            .map(|i| Err(map_status(s.clone(), &i.sku)))
+            .collect(),
+    }
+}
+
+async fn reserve_one(
+    mut client: ProductStockServiceClient<Channel>,
+    token: &ServiceToken,
+    item: &ReserveItem,
+) -> Result<Granted, OrderError> {
+    let req = flashsale_platform::grpc::service_request(item.request(), token)
+        .map_err(|e| OrderError::Internal(anyhow::anyhow!("service request: {e}")))?;
+    match client.reserve_stock(req).await {
+        Ok(resp) => Ok(granted(&resp.into_inner())),
+        Err(s) => Err(map_status(s, &item.sku)),
+    }
+}
+
+fn granted(r: &flashsale_proto::product::v1::ReserveStockResponse) -> Granted {
+    let policy = match DeductionPolicy::try_from(r.deduction_policy) {
+        Ok(DeductionPolicy::CommitAtOrder) => Policy::CommitAtOrder,
+        _ => Policy::ReserveThenCommit,
+    };
+    Granted {
+        unit_price_cents: r.unit_price_cents,
+        policy,
+        replayed: r.replayed,
     }
 }
 
@@ -78,28 +197,15 @@ impl StockPort for GrpcStock {
         sku: &str,
         quantity: i64,
     ) -> Result<Granted, OrderError> {
-        let msg = ReserveStockRequest {
-            order_id: order_id.to_string(),
+        let item = ReserveItem {
+            order_id,
             user_id: user_id.to_owned(),
             sku: sku.to_owned(),
             quantity,
         };
-        let req = flashsale_platform::grpc::service_request(msg, &self.token)
-            .map_err(|e| OrderError::Internal(anyhow::anyhow!("service request: {e}")))?;
-        match self.client.clone().reserve_stock(req).await {
-            Ok(resp) => {
-                let r = resp.into_inner();
-                let policy = match DeductionPolicy::try_from(r.deduction_policy) {
-                    Ok(DeductionPolicy::CommitAtOrder) => Policy::CommitAtOrder,
-                    _ => Policy::ReserveThenCommit,
-                };
-                Ok(Granted {
-                    unit_price_cents: r.unit_price_cents,
-                    policy,
-                    replayed: r.replayed,
-                })
-            }
-            Err(s) => Err(map_status(s, sku)),
+        match self.batch.call(item).await {
+            Ok(answer) => answer,
+            Err(e) => Err(OrderError::Unavailable(format!("stock reservations: {e}"))),
         }
     }
 
@@ -124,28 +230,41 @@ impl StockPort for GrpcStock {
 }
 
 fn map_status(s: tonic::Status, sku: &str) -> OrderError {
-    match s.code() {
-        Code::FailedPrecondition => {
-            let reason = flashsale_platform::error::reason_of(&s)
-                .unwrap_or_else(|| "FAILED_PRECONDITION".into());
-            OrderError::Refused(reason, s.message().to_owned())
-        }
+    map_error(
+        s.code(),
+        s.message(),
+        flashsale_platform::error::reason_of(&s),
+        flashsale_platform::error::violated_fields(&s),
+        sku,
+    )
+}
+
+fn map_error(
+    code: Code,
+    message: &str,
+    reason: Option<String>,
+    fields: Vec<String>,
+    sku: &str,
+) -> OrderError {
+    match code {
+        Code::FailedPrecondition => OrderError::Refused(
+            reason.unwrap_or_else(|| "FAILED_PRECONDITION".into()),
+            message.to_owned(),
+        ),
         Code::NotFound => OrderError::UnknownProduct(sku.to_owned()),
         Code::InvalidArgument => OrderError::Invalid(
-            flashsale_platform::error::violated_fields(&s)
+            fields
                 .into_iter()
-                .map(|f| (f, s.message().to_owned()))
+                .map(|f| (f, message.to_owned()))
                 .collect(),
         ),
         Code::Unavailable
         | Code::DeadlineExceeded
         | Code::Cancelled
         | Code::ResourceExhausted
-        | Code::Unknown => OrderError::Unavailable(format!("product-stock: {}", s.message())),
-        _ => OrderError::Internal(anyhow::anyhow!(
-            "product-stock answered {:?}: {}",
-            s.code(),
-            s.message()
+        | Code::Unknown => OrderError::Unavailable(format!("product-stock: {message}")),
+        other => OrderError::Internal(anyhow::anyhow!(
+            "product-stock answered {other:?}: {message}"
         )),
     }
 }

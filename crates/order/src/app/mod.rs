@@ -23,7 +23,7 @@ mod saga;
 mod saga_batch;
 mod sold_out;
 
-pub use place::{PendingWrite, write_pending, write_pending_batch};
+pub use place::{PendingWrite, Written, write_pending, write_pending_batch};
 pub use query::WatchHub;
 pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
 pub use sold_out::{SoldOutCache, Verdict};
@@ -40,7 +40,7 @@ pub struct Orders {
     payment_timeout: DelayQueue,
     sold_out: SoldOutCache,
     /// Writes accepted orders, many per transaction (one commit for a batch).
-    writes: flashsale_platform::batch::Batcher<place::PendingWrite, crate::adapters::db::Inserted>,
+    writes: flashsale_platform::batch::Batcher<place::PendingWrite, place::Written>,
     watch: WatchHub,
     failpoints: flashsale_platform::failpoint::Failpoints,
 }

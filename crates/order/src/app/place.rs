@@ -44,13 +44,25 @@ impl Orders {
             Err(e) => return Err(e),
         };
         match self.persist(&p, order_id, &granted).await {
-            Ok(Inserted::New) => {
+            Ok(Written {
+                inserted: Inserted::New,
+                order,
+            }) => {
                 metrics::counter!("flashsale_orders_accepted_total").increment(1);
-                let order = self.load(order_id).await?;
+                let order = match order {
+                    Some(o) => o,
+                    None => self.load(order_id).await?,
+                };
                 Ok((order, false))
             }
-            Ok(Inserted::SameOrder) => Ok((self.load(order_id).await?, true)),
-            Ok(Inserted::KeyTaken) => {
+            Ok(Written {
+                inserted: Inserted::SameOrder,
+                ..
+            }) => Ok((self.load(order_id).await?, true)),
+            Ok(Written {
+                inserted: Inserted::KeyTaken,
+                ..
+            }) => {
                 self.release_hold(&p, order_id).await;
                 Err(OrderError::IdempotencyKeyReused("request_id"))
             }
@@ -66,7 +78,7 @@ impl Orders {
         p: &PlaceOrder,
         order_id: uuid::Uuid,
         g: &crate::adapters::stock::Granted,
-    ) -> Result<Inserted, OrderError> {
+    ) -> Result<Written, OrderError> {
         self.failpoint("order.create.before_write").await?;
         debug_assert_eq!(order_id, p.order_id());
         let write = PendingWrite {
@@ -160,12 +172,20 @@ pub struct PendingWrite {
     pub policy: crate::domain::Policy,
 }
 
+/// What [`write_pending_batch`] did with one write.
+#[derive(Clone, Debug)]
+pub struct Written {
+    pub inserted: Inserted,
+    /// The new order as written (for `Inserted::New`), so the caller need not read it back.
+    pub order: Option<Order>,
+}
+
 /// Writes many PENDING orders and their `order.created` events in one transaction: one commit
 /// (one WAL flush) for the whole batch instead of one per order. Answers per write, in order.
 pub async fn write_pending_batch(
     db: &sea_orm::DatabaseConnection,
     writes: Vec<PendingWrite>,
-) -> Result<Vec<Inserted>, OrderError> {
+) -> Result<Vec<Written>, OrderError> {
     let ids: Vec<uuid::Uuid> = writes.iter().map(|w| w.place.order_id()).collect();
     let rows: Vec<_> = writes
         .iter()
@@ -173,14 +193,14 @@ pub async fn write_pending_batch(
         .map(|(w, id)| (*id, &w.place, w.unit_price_cents, w.policy))
         .collect();
     let txn = db.begin().await?;
-    let mut inserted: std::collections::HashSet<uuid::Uuid> =
+    let mut inserted: std::collections::HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>> =
         db::insert_orders(&txn, &rows).await?.into_iter().collect();
     let mut events = Vec::new();
     let mut answers = Vec::with_capacity(writes.len());
     let mut missing = Vec::new();
     for (i, (w, id)) in writes.iter().zip(&ids).enumerate() {
         // The first write of an id that was inserted is the new one; any repeat is the same order.
-        if inserted.remove(id) {
+        if let Some(created_at) = inserted.remove(id) {
             let p = &w.place;
             let ev = OrderCreated {
                 order_id: id.to_string(),
@@ -197,7 +217,26 @@ pub async fn write_pending_batch(
                 "",
                 PRODUCER,
             ));
-            answers.push(Some(Inserted::New));
+            answers.push(Some(Written {
+                inserted: Inserted::New,
+                order: Some(Order {
+                    order_id: *id,
+                    user_id: p.user_id.clone(),
+                    request_id: p.request_id.clone(),
+                    sku: p.sku.clone(),
+                    quantity: p.quantity,
+                    unit_price_cents: w.unit_price_cents,
+                    total_cents: w.unit_price_cents * p.quantity,
+                    policy: w.policy,
+                    status: crate::domain::Status::Pending,
+                    cancel_reason: None,
+                    payment_deadline: None,
+                    payment_id: None,
+                    refund: None,
+                    created_at,
+                    updated_at: created_at,
+                }),
+            }));
         } else {
             missing.push(i);
             answers.push(None);
@@ -208,16 +247,25 @@ pub async fn write_pending_batch(
         let probe: Vec<uuid::Uuid> = missing.iter().map(|&i| ids[i]).collect();
         let found = db::orders(&txn, &probe).await?;
         for (&i, f) in missing.iter().zip(found) {
-            answers[i] = Some(if f.is_some() {
+            let inserted = if f.is_some() {
                 Inserted::SameOrder
             } else {
                 Inserted::KeyTaken
+            };
+            answers[i] = Some(Written {
+                inserted,
+                order: None,
             });
         }
     }
     txn.commit().await?;
     Ok(answers
         .into_iter()
-        .map(|a| a.unwrap_or(Inserted::KeyTaken))
+        .map(|a| {
+            a.unwrap_or(Written {
+                inserted: Inserted::KeyTaken,
+                order: None,
+            })
+        })
         .collect())
 }

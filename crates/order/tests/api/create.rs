@@ -242,7 +242,7 @@ async fn one_batch_write_tells_new_repeated_and_reused_keys_apart() {
     let got = write_pending_batch(&conn, batch).await.unwrap();
     let kinds: Vec<&str> = got
         .iter()
-        .map(|i| match i {
+        .map(|w| match w.inserted {
             Inserted::New => "new",
             Inserted::SameOrder => "same",
             Inserted::KeyTaken => "taken",
@@ -252,7 +252,7 @@ async fn one_batch_write_tells_new_repeated_and_reused_keys_apart() {
     let again = write_pending_batch(&conn, vec![w("b", "k", 1)])
         .await
         .unwrap();
-    assert!(matches!(again[0], Inserted::SameOrder));
+    assert!(matches!(again[0].inserted, Inserted::SameOrder));
     #[derive(sea_orm::FromQueryResult)]
     struct N {
         n: i64,

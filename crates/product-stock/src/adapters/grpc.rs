@@ -10,8 +10,9 @@ use flashsale_proto::product::v1::{
     self as pb, AdjustStockRequest, AdjustStockResponse, CommitReservationRequest,
     CommitReservationResponse, CreateProductRequest, CreateProductResponse, GetGateBuyersRequest,
     GetGateBuyersResponse, GetProductRequest, GetProductResponse, ListProductsRequest,
-    ListProductsResponse, ReconcileStockRequest, ReconcileStockResponse, ReserveStockRequest,
-    ReserveStockResponse, product_stock_service_server::ProductStockService,
+    ListProductsResponse, ReconcileStockRequest, ReconcileStockResponse, ReserveStockBatchRequest,
+    ReserveStockBatchResponse, ReserveStockOutcome, ReserveStockRequest, ReserveStockResponse,
+    product_stock_service_server::ProductStockService,
 };
 use tonic::{Request, Response, Status};
 
@@ -37,6 +38,8 @@ impl ProductStockApi {
 
 const ADMIN: &[Role] = &[Role::Admin];
 const SERVICE: &[Role] = &[Role::Service, Role::Admin];
+/// Most reservations in one ReserveStockBatch.
+const MAX_RESERVE_BATCH: usize = 256;
 /// Most buyers one GetGateBuyers lists.
 const MAX_GATE_BUYERS: u32 = 100_000;
 /// Most bytes of user ids one GetGateBuyers answer carries (well under the 4 MiB default
@@ -219,6 +222,71 @@ impl ProductStockService for ProductStockApi {
             gate_available: ok.gate_available,
             replayed: ok.replayed,
         }))
+    }
+
+    async fn reserve_stock_batch(
+        &self,
+        req: Request<ReserveStockBatchRequest>,
+    ) -> Result<Response<ReserveStockBatchResponse>, Status> {
+        authorize(&req, SERVICE)?;
+        let items = req.into_inner().items;
+        if items.is_empty() || items.len() > MAX_RESERVE_BATCH {
+            return Err(status(StockError::invalid(
+                "items",
+                format!("must hold 1..={MAX_RESERVE_BATCH} reservations"),
+            )));
+        }
+        let max = self.service.settings().max_quantity;
+        // Items that fail validation are answered as ReserveStock would; the rest go to the
+        // gate together.
+        let parsed: Vec<Result<ReserveRequest, StockError>> = items
+            .iter()
+            .map(|r| ReserveRequest::new(&r.order_id, &r.user_id, &r.sku, r.quantity, max))
+            .collect();
+        let valid: Vec<ReserveRequest> = parsed
+            .iter()
+            .filter_map(|p| p.as_ref().ok().cloned())
+            .collect();
+        let mut reserved = self
+            .service
+            .reserve_many(&valid)
+            .await
+            .map_err(status)?
+            .into_iter();
+        let outcomes = parsed
+            .into_iter()
+            .map(|p| {
+                let result = match p {
+                    Ok(_) => reserved.next().unwrap_or_else(|| {
+                        Err(StockError::Internal(anyhow::anyhow!("missing gate answer")))
+                    }),
+                    Err(e) => Err(e),
+                };
+                match result {
+                    Ok(ok) => ReserveStockOutcome {
+                        reserved: Some(ReserveStockResponse {
+                            status: pb::ReservationStatus::Reserved as i32,
+                            unit_price_cents: ok.unit_price_cents,
+                            deduction_policy: policy_to_proto(ok.policy),
+                            gate_available: ok.gate_available,
+                            replayed: ok.replayed,
+                        }),
+                        ..ReserveStockOutcome::default()
+                    },
+                    Err(e) => {
+                        let s = status(e);
+                        ReserveStockOutcome {
+                            reserved: None,
+                            code: s.code() as i32,
+                            message: s.message().to_owned(),
+                            reason: flashsale_platform::error::reason_of(&s).unwrap_or_default(),
+                            fields: flashsale_platform::error::violated_fields(&s),
+                        }
+                    }
+                }
+            })
+            .collect();
+        Ok(Response::new(ReserveStockBatchResponse { outcomes }))
     }
 
     async fn get_gate_buyers(

@@ -4,7 +4,7 @@
 use crate::{
     adapters::{
         db,
-        redis::gate::{GateBuyers, ReserveOutcome},
+        redis::gate::{GateBuyers, ReserveArgs, ReserveOutcome},
     },
     domain::{DeductionPolicy, Refusal, ReserveRequest, Sku, StockError},
 };
@@ -37,32 +37,9 @@ impl StockService {
                 )
                 .await
                 .map_err(gate_err)?;
-            let refused = |r: Refusal, available: i64| {
-                metrics::counter!("flashsale_reserve_refused_total", "reason" => r.reason())
-                    .increment(1);
-                Err(StockError::Refused(r, available))
-            };
-            return match outcome {
-                ReserveOutcome::Reserved {
-                    remaining,
-                    replayed,
-                } => {
-                    metrics::counter!("flashsale_reserve_accepted_total").increment(1);
-                    Ok(Reserved {
-                        unit_price_cents: terms.price_cents,
-                        policy: terms.policy,
-                        gate_available: remaining,
-                        replayed,
-                    })
-                }
-                ReserveOutcome::SoldOut => refused(Refusal::SoldOut, 0),
-                ReserveOutcome::InsufficientStock { available } => {
-                    refused(Refusal::InsufficientStock, available)
-                }
-                ReserveOutcome::UserLimitExceeded { .. } => refused(Refusal::UserLimitExceeded, 0),
-                ReserveOutcome::Mismatch => Err(StockError::IdempotencyKeyReused("order_id")),
-                ReserveOutcome::Released => Err(StockError::ReservationReleased(req.order_id)),
-                ReserveOutcome::NotLoaded => {
+            return match answer(outcome, &terms, &req) {
+                Some(a) => a,
+                None => {
                     self.rebuild_gate(&req.sku).await?;
                     continue;
                 }
@@ -96,6 +73,63 @@ impl StockService {
         ))
     }
 
+    /// [`reserve`](Self::reserve) for many orders with one gate round trip; one answer per
+    /// request, in order. `Err` only when the gate could not be asked at all.
+    pub async fn reserve_many(
+        &self,
+        reqs: &[ReserveRequest],
+    ) -> Result<Vec<Result<Reserved, StockError>>, StockError> {
+        let mut terms = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            terms.push(self.terms(&r.sku).await);
+        }
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let args: Vec<ReserveArgs<'_>> = reqs
+            .iter()
+            .zip(&terms)
+            .filter_map(|(r, t)| {
+                let t = t.as_ref().ok()?;
+                Some(ReserveArgs {
+                    sku: r.sku.as_str(),
+                    order_id: r.order_id,
+                    user_id: &r.user_id,
+                    qty: r.quantity,
+                    per_user_limit: t.per_user_limit,
+                    now_ms,
+                })
+            })
+            .collect();
+        let mut outcomes = self
+            .gate
+            .reserve_many(&args)
+            .await
+            .map_err(gate_err)?
+            .into_iter();
+        let mut answers = Vec::with_capacity(reqs.len());
+        for (req, t) in reqs.iter().zip(terms) {
+            let t = match t {
+                Ok(t) => t,
+                Err(e) => {
+                    answers.push(Err(e));
+                    continue;
+                }
+            };
+            let a = match outcomes.next() {
+                Some(Ok(outcome)) => match answer(outcome, &t, req) {
+                    Some(a) => a,
+                    // The gate lost the product: the one-by-one path rebuilds it.
+                    None => self.reserve(req.clone()).await,
+                },
+                Some(Err(e)) => Err(gate_err(e)),
+                None => Err(StockError::Internal(anyhow::anyhow!(
+                    "the gate answered fewer reservations than asked"
+                ))),
+            };
+            answers.push(a);
+        }
+        Ok(answers)
+    }
+
     /// Loads a product's gate keys from the database (ARCHITECTURE §6, cold start). Safe to run
     /// on several replicas at once: the gate loads only if the keys are still missing.
     pub async fn rebuild_gate(&self, sku: &Sku) -> Result<bool, StockError> {
@@ -114,4 +148,38 @@ impl StockService {
         }
         Ok(loaded)
     }
+}
+
+/// What the gate's outcome means for the caller; `None` when the gate lost the product.
+fn answer(
+    outcome: ReserveOutcome,
+    terms: &crate::domain::ProductTerms,
+    req: &ReserveRequest,
+) -> Option<Result<Reserved, StockError>> {
+    let refused = |r: Refusal, available: i64| {
+        metrics::counter!("flashsale_reserve_refused_total", "reason" => r.reason()).increment(1);
+        Err(StockError::Refused(r, available))
+    };
+    Some(match outcome {
+        ReserveOutcome::Reserved {
+            remaining,
+            replayed,
+        } => {
+            metrics::counter!("flashsale_reserve_accepted_total").increment(1);
+            Ok(Reserved {
+                unit_price_cents: terms.price_cents,
+                policy: terms.policy,
+                gate_available: remaining,
+                replayed,
+            })
+        }
+        ReserveOutcome::SoldOut => refused(Refusal::SoldOut, 0),
+        ReserveOutcome::InsufficientStock { available } => {
+            refused(Refusal::InsufficientStock, available)
+        }
+        ReserveOutcome::UserLimitExceeded { .. } => refused(Refusal::UserLimitExceeded, 0),
+        ReserveOutcome::Mismatch => Err(StockError::IdempotencyKeyReused("order_id")),
+        ReserveOutcome::Released => Err(StockError::ReservationReleased(req.order_id)),
+        ReserveOutcome::NotLoaded => return None,
+    })
 }

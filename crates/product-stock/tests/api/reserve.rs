@@ -321,3 +321,121 @@ async fn bad_gate_buyers_input_is_refused() {
         .unwrap_err();
     assert_eq!(denied.code(), Code::PermissionDenied);
 }
+
+fn batch(
+    items: Vec<ReserveStockRequest>,
+) -> flashsale_proto::product::v1::ReserveStockBatchRequest {
+    flashsale_proto::product::v1::ReserveStockBatchRequest { items }
+}
+
+#[tokio::test]
+async fn a_reserve_batch_answers_each_item_as_reserve_stock_would() {
+    let app = spawn_app().await;
+    app.create("RB1", 2, 1, RTC).await;
+    app.create("RB2", 1, 0, RTC).await;
+    let mut c = app.client().await;
+    let first = Uuid::new_v4();
+    let items = vec![
+        reserve_req(first, "u1", "RB1", 1),
+        reserve_req(Uuid::new_v4(), "u1", "RB1", 1), // u1's limit is 1
+        reserve_req(Uuid::new_v4(), "u2", "RB1", 1),
+        reserve_req(Uuid::new_v4(), "u3", "RB1", 1), // sold out by now
+        reserve_req(Uuid::new_v4(), "u4", "NOPE", 1),
+        ReserveStockRequest {
+            order_id: "not-a-uuid".into(),
+            ..reserve_req(Uuid::new_v4(), "u5", "RB2", 1)
+        },
+        reserve_req(Uuid::new_v4(), "u6", "RB2", 2), // only 1 left
+        reserve_req(first, "u1", "RB1", 1),          // a replay
+    ];
+    let out = c
+        .reserve_stock_batch(service(batch(items)))
+        .await
+        .unwrap()
+        .into_inner()
+        .outcomes;
+    assert_eq!(out.len(), 8);
+    let got: Vec<(bool, i32, &str)> = out
+        .iter()
+        .map(|o| (o.reserved.is_some(), o.code, o.reason.as_str()))
+        .collect();
+    let fp = Code::FailedPrecondition as i32;
+    assert_eq!(
+        got,
+        [
+            (true, 0, ""),
+            (false, fp, "USER_LIMIT_EXCEEDED"),
+            (true, 0, ""),
+            (false, fp, "SOLD_OUT"),
+            (false, Code::NotFound as i32, "NOT_FOUND"),
+            (false, Code::InvalidArgument as i32, "INVALID_ARGUMENT"),
+            (false, fp, "INSUFFICIENT_STOCK"),
+            (true, 0, ""),
+        ]
+    );
+    assert_eq!(out[5].fields, ["order_id"]);
+    assert!(out[7].reserved.as_ref().unwrap().replayed);
+    assert_eq!(out[2].reserved.as_ref().unwrap().gate_available, 0);
+    let snap = app.gate.snapshot("RB1").await.unwrap().unwrap();
+    assert_eq!((snap.available, snap.held), (0, 2));
+    let snap = app.gate.snapshot("RB2").await.unwrap().unwrap();
+    assert_eq!((snap.available, snap.held), (1, 0), "refusals took nothing");
+}
+
+#[tokio::test]
+async fn bad_reserve_batches_are_refused_whole() {
+    let app = spawn_app().await;
+    app.create("RB3", 5, 0, RTC).await;
+    let mut c = app.client().await;
+    let empty = c
+        .reserve_stock_batch(service(batch(vec![])))
+        .await
+        .unwrap_err();
+    assert_eq!(empty.code(), Code::InvalidArgument);
+    assert_eq!(
+        flashsale_platform::error::violated_fields(&empty),
+        ["items"]
+    );
+    let many: Vec<_> = (0..257)
+        .map(|i| reserve_req(Uuid::new_v4(), &format!("u{i}"), "RB3", 1))
+        .collect();
+    let big = c
+        .reserve_stock_batch(service(batch(many)))
+        .await
+        .unwrap_err();
+    assert_eq!(big.code(), Code::InvalidArgument);
+    let denied = c
+        .reserve_stock_batch(user(batch(vec![reserve_req(
+            Uuid::new_v4(),
+            "u",
+            "RB3",
+            1,
+        )])))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    let snap = app.gate.snapshot("RB3").await.unwrap().unwrap();
+    assert_eq!(snap.available, 5, "nothing reserved");
+}
+
+#[tokio::test]
+async fn a_reserve_batch_after_redis_lost_the_product_rebuilds_it_first() {
+    let app = spawn_app().await;
+    app.create("COLDB", 3, 0, RTC).await;
+    assert!(app.gate.forget("COLDB").await.unwrap() > 0);
+    let mut c = app.client().await;
+    let items = (0..4)
+        .map(|i| reserve_req(Uuid::new_v4(), &format!("u{i}"), "COLDB", 1))
+        .collect();
+    let out = c
+        .reserve_stock_batch(service(batch(items)))
+        .await
+        .unwrap()
+        .into_inner()
+        .outcomes;
+    let reserved = out.iter().filter(|o| o.reserved.is_some()).count();
+    let sold_out = out.iter().filter(|o| o.reason == "SOLD_OUT").count();
+    assert_eq!((reserved, sold_out), (3, 1), "{out:?}");
+    let snap = app.gate.snapshot("COLDB").await.unwrap().unwrap();
+    assert_eq!((snap.available, snap.held), (0, 3));
+}

@@ -174,18 +174,82 @@ impl RedisGate {
         per_user_limit: u32,
         now_ms: i64,
     ) -> Result<ReserveOutcome, GateError> {
+        let r = ReserveArgs {
+            sku,
+            order_id,
+            user_id,
+            qty,
+            per_user_limit,
+            now_ms,
+        };
+        let (keys, args) = self.reserve_call(&r)?;
+        reserve_outcome(RESERVE.run(&mut self.conn().await?, &keys, &args).await?)
+    }
+
+    /// [`reserve`](Self::reserve) for many orders in one Redis round trip (a pipeline; each
+    /// script still runs atomically on its own). One answer per item, in order.
+    pub async fn reserve_many(
+        &self,
+        items: &[ReserveArgs<'_>],
+    ) -> Result<Vec<Result<ReserveOutcome, GateError>>, GateError> {
+        let mut calls = Vec::with_capacity(items.len());
+        let mut answers: Vec<Option<Result<ReserveOutcome, GateError>>> =
+            Vec::with_capacity(items.len());
+        for r in items {
+            match self.reserve_call(r) {
+                Ok(call) => {
+                    calls.push(Some(call));
+                    answers.push(None);
+                }
+                Err(e) => {
+                    calls.push(None);
+                    answers.push(Some(Err(e)));
+                }
+            }
+        }
+        let batch: Vec<&(Vec<String>, Vec<String>)> = calls.iter().flatten().collect();
+        let mut replies = RESERVE
+            .run_many(&mut self.conn().await?, &batch)
+            .await?
+            .into_iter();
+        for (i, call) in calls.iter().enumerate() {
+            if call.is_none() {
+                continue;
+            }
+            answers[i] = Some(match replies.next() {
+                Some(Ok(value)) => reserve_outcome(value),
+                Some(Err(e)) => Err(e),
+                None => Err(GateError::Script("reserve pipeline: missing reply".into())),
+            });
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(GateError::Script("no answer".into()))))
+            .collect())
+    }
+
+    /// The keys and arguments of one reserve script call, after checking the input.
+    fn reserve_call(&self, r: &ReserveArgs<'_>) -> Result<(Vec<String>, Vec<String>), GateError> {
+        let (sku, order_id, user_id, qty, per_user_limit, now_ms) = (
+            r.sku,
+            r.order_id,
+            r.user_id,
+            r.qty,
+            r.per_user_limit,
+            r.now_ms,
+        );
         let k = self.keys(sku)?;
         validate_user(user_id)?;
         validate_qty(qty)?;
         validate_amount(now_ms, "now_ms must be 0..=2^53-1")?;
-        let keys = [
+        let keys = vec![
             k.avail(),
             k.held(),
             k.pending(),
             k.users(),
             k.order(order_id),
         ];
-        let args = [
+        let args = vec![
             order_id.hyphenated().to_string(),
             user_id.to_owned(),
             qty.to_string(),
@@ -193,37 +257,7 @@ impl RedisGate {
             now_ms.to_string(),
             self.record_ttl_ms.clone(),
         ];
-        let r = Reply::new(RESERVE.run(&mut self.conn().await?, &keys, &args).await?)?;
-        Ok(match r.code()? {
-            "H" => ReserveOutcome::Reserved {
-                remaining: r.int(1)?,
-                replayed: false,
-            },
-            "S" => ReserveOutcome::SoldOut,
-            "L" => ReserveOutcome::UserLimitExceeded { bought: r.int(1)? },
-            "I" => ReserveOutcome::InsufficientStock {
-                available: r.int(1)?,
-            },
-            "N" => ReserveOutcome::NotLoaded,
-            "C" => ReserveOutcome::Mismatch,
-            "R" => match r.text(1)? {
-                "H" | "P" => ReserveOutcome::Reserved {
-                    remaining: r.int(2)?,
-                    replayed: true,
-                },
-                "L" => ReserveOutcome::UserLimitExceeded { bought: r.int(2)? },
-                "I" => ReserveOutcome::InsufficientStock {
-                    available: r.int(2)?,
-                },
-                "X" => ReserveOutcome::Released,
-                other => {
-                    return Err(GateError::Script(format!(
-                        "order record in unknown state {other:?}"
-                    )));
-                }
-            },
-            other => return Err(unknown_code("reserve", other)),
-        })
+        Ok((keys, args))
     }
 
     /// The database now holds this reservation: the hold moves from H to P and its units leave
@@ -376,6 +410,51 @@ impl RedisGate {
     }
 }
 
+/// One reservation of [`RedisGate::reserve_many`].
+#[derive(Clone, Copy, Debug)]
+pub struct ReserveArgs<'a> {
+    pub sku: &'a str,
+    pub order_id: Uuid,
+    pub user_id: &'a str,
+    pub qty: i64,
+    pub per_user_limit: u32,
+    pub now_ms: i64,
+}
+
+/// Reads the reserve script's reply.
+fn reserve_outcome(value: deadpool_redis::redis::Value) -> Result<ReserveOutcome, GateError> {
+    let r = Reply::new(value)?;
+    Ok(match r.code()? {
+        "H" => ReserveOutcome::Reserved {
+            remaining: r.int(1)?,
+            replayed: false,
+        },
+        "S" => ReserveOutcome::SoldOut,
+        "L" => ReserveOutcome::UserLimitExceeded { bought: r.int(1)? },
+        "I" => ReserveOutcome::InsufficientStock {
+            available: r.int(1)?,
+        },
+        "N" => ReserveOutcome::NotLoaded,
+        "C" => ReserveOutcome::Mismatch,
+        "R" => match r.text(1)? {
+            "H" | "P" => ReserveOutcome::Reserved {
+                remaining: r.int(2)?,
+                replayed: true,
+            },
+            "L" => ReserveOutcome::UserLimitExceeded { bought: r.int(2)? },
+            "I" => ReserveOutcome::InsufficientStock {
+                available: r.int(2)?,
+            },
+            "X" => ReserveOutcome::Released,
+            other => {
+                return Err(GateError::Script(format!(
+                    "order record in unknown state {other:?}"
+                )));
+            }
+        },
+        other => return Err(unknown_code("reserve", other)),
+    })
+}
 fn unknown_code(script: &str, code: &str) -> GateError {
     GateError::Script(format!("{script} script answered unknown code {code:?}"))
 }

@@ -74,6 +74,47 @@ impl LuaScript {
     }
 }
 
+impl LuaScript {
+    /// Runs the script once per `(keys, args)` in one pipeline (one round trip; each run is
+    /// atomic on its own, the pipeline as a whole is not). One reply per call, in order; a
+    /// call the server could not run because it forgot the script is run again with `EVAL`.
+    pub(super) async fn run_many(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        calls: &[&(Vec<String>, Vec<String>)],
+    ) -> Result<Vec<Result<Value, GateError>>, GateError> {
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.sha.get().is_none() {
+            self.load(conn).await?;
+        }
+        let sha = self.sha.get().map_or("", String::as_str);
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for (keys, args) in calls {
+            pipe.cmd("EVALSHA")
+                .arg(sha)
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
+        }
+        let replies: Vec<redis::RedisResult<Value>> =
+            pipe.query_async(conn).await.map_err(redis_error)?;
+        let mut out = Vec::with_capacity(replies.len());
+        for (reply, (keys, args)) in replies.into_iter().zip(calls) {
+            out.push(match reply {
+                Ok(v) => Ok(v),
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    self.run(conn, keys, args).await
+                }
+                Err(e) => Err(redis_error(e)),
+            });
+        }
+        Ok(out)
+    }
+}
+
 /// Connection trouble and a server that cannot serve right now are `Unavailable`; anything
 /// else (a script error, a wrong key type) is `Script`.
 pub(super) fn redis_error(e: RedisError) -> GateError {
