@@ -246,8 +246,11 @@ impl Run {
     }
 
     /// Phase (e): waits until every order is SHIPPED or CANCELLED and the product's stock has
-    /// settled (nothing reserved, the gate equal to the database).
-    pub async fn quiesce(&mut self) {
+    /// settled: nothing reserved, the gate equal to the database, and every unit of `stock`
+    /// either shipped or available again (a cancelled order's unit comes back only once
+    /// product-stock has consumed its `order.cancelled`; under COMMIT_AT_ORDER nothing else
+    /// shows that it is still on its way).
+    pub async fn quiesce(&mut self, stock: i64) {
         progress("waiting for quiescence: every order SHIPPED or CANCELLED");
         let until = self.ctx.work_deadline;
         let terminal = |o: &Order| {
@@ -281,14 +284,23 @@ impl Run {
             return;
         }
         let ctx = self.ctx.clone();
-        let stock_settled = |p: &Product| p.reserved == 0 && p.gate_available == p.available;
+        let shipped: i64 = self
+            .tracked
+            .iter()
+            .filter_map(|t| t.order.as_ref())
+            .filter(|o| o.status == OrderStatus::Shipped as i32)
+            .map(|o| o.quantity)
+            .sum();
+        let stock_settled = |p: &Product| {
+            p.reserved == 0 && p.gate_available == p.available && p.available + shipped == stock
+        };
         loop {
             if product(&ctx).await.as_ref().is_some_and(stock_settled) {
                 return;
             }
             if Instant::now() >= until {
                 self.bound_hits.push(
-                    "the product's stock had not settled (reserved 0, gate = database) at the time bound"
+                    "the product's stock had not settled (reserved 0, gate = database, shipped + available = stock) at the time bound"
                         .into(),
                 );
                 return;

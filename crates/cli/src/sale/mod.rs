@@ -241,7 +241,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     run.confirm(flood.last_accept).await;
     run.assign(shares);
     run.act().await;
-    run.quiesce().await;
+    run.quiesce(args.stock).await;
     let memory = sampler.finish().await;
 
     let report = report::build(&ctx, &args, shares, &flood, run, memory, started).await;
