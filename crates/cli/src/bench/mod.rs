@@ -4,6 +4,7 @@
 //! Every mode is bounded in requests and in time, and stops by itself. Before each mode it waits
 //! for the services to go idle; during each it samples their resident memory.
 
+mod amqp_version;
 mod baselines;
 mod measure;
 mod platform;
@@ -106,6 +107,13 @@ pub struct Args {
         default_value = "redis://127.0.0.1:6379"
     )]
     redis_url: String,
+    /// RabbitMQ, only asked for its version (for the report).
+    #[arg(
+        long,
+        env = "FLASHSALE_BENCH_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_url: String,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -289,5 +297,8 @@ async fn machine(args: &Args) -> String {
     }
     .await
     .unwrap_or_else(|| "?".into());
-    format!("{cores} cores, PostgreSQL {pg}, Redis {redis}")
+    let broker = amqp_version::probe(&args.amqp_url, Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|| "broker ?".into());
+    format!("{cores} cores, PostgreSQL {pg}, Redis {redis}, {broker}")
 }
