@@ -15,6 +15,7 @@ use super::{
 };
 
 /// One order in the report.
+#[derive(Clone)]
 pub(super) struct Line {
     pub order_id: String,
     pub buyer: String,
@@ -33,6 +34,38 @@ pub(super) struct Check {
 
 pub(super) fn status_is(o: &Order, s: OrderStatus) -> bool {
     o.status == s as i32
+}
+
+/// Runs a per-product check for each product on that product's orders; one product's check is
+/// returned as is, several are folded into one that passes when all pass.
+pub(super) fn per_product(
+    products: &[(String, Option<Product>, Option<i64>)],
+    lines: &[Line],
+    check: impl Fn(&[Line], Option<&Product>, Option<i64>) -> Check,
+) -> Check {
+    if let [(_, p, d)] = products {
+        return check(lines, p.as_ref(), *d);
+    }
+    let mut name = "";
+    let mut pass = true;
+    let mut details = Vec::with_capacity(products.len());
+    for (sku, p, d) in products {
+        // An order not read back may be of any product: each counts it (as sold, say).
+        let mine: Vec<Line> = lines
+            .iter()
+            .filter(|l| l.order.as_ref().is_none_or(|o| &o.sku == sku))
+            .cloned()
+            .collect();
+        let c = check(&mine, p.as_ref(), *d);
+        name = c.name;
+        pass &= c.pass;
+        details.push(format!("{sku}: {}", c.detail));
+    }
+    Check {
+        name,
+        pass,
+        detail: details.join("; "),
+    }
 }
 
 /// Units sold (orders not cancelled) ≤ stock; an order not read back counts as sold.

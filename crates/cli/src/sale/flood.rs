@@ -79,9 +79,12 @@ async fn worker(ctx: Arc<Ctx>, next: Arc<AtomicU64>, total: u64) -> anyhow::Resu
             break;
         }
         let buyer = usize::try_from(i % buyers).context("buyer index")?;
+        // Each buyer's calls go to the products in turn, starting at a different one per buyer.
+        let product = usize::try_from((i % buyers + i / buyers) % ctx.skus.len() as u64)
+            .context("product index")?;
         let req = CreateOrderRequest {
             request_id: uuid::Uuid::new_v4().to_string(),
-            sku: ctx.sku.clone(),
+            sku: ctx.skus[product].clone(),
             quantity: 1,
         };
         let req = authorized(req, &ctx.tokens[buyer])?;

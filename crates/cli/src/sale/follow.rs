@@ -284,18 +284,27 @@ impl Run {
             return;
         }
         let ctx = self.ctx.clone();
-        let shipped: i64 = self
-            .tracked
-            .iter()
-            .filter_map(|t| t.order.as_ref())
-            .filter(|o| o.status == OrderStatus::Shipped as i32)
-            .map(|o| o.quantity)
-            .sum();
-        let stock_settled = |p: &Product| {
-            p.reserved == 0 && p.gate_available == p.available && p.available + shipped == stock
+        let mut shipped: std::collections::BTreeMap<String, i64> =
+            std::collections::BTreeMap::new();
+        for o in self.tracked.iter().filter_map(|t| t.order.as_ref()) {
+            if o.status == OrderStatus::Shipped as i32 {
+                *shipped.entry(o.sku.clone()).or_default() += o.quantity;
+            }
+        }
+        let settled = |p: &Product| {
+            p.reserved == 0
+                && p.gate_available == p.available
+                && p.available + shipped.get(&p.sku).copied().unwrap_or(0) == stock
         };
         loop {
-            if product(&ctx).await.as_ref().is_some_and(stock_settled) {
+            let mut all = true;
+            for sku in &ctx.skus {
+                if !product(&ctx, sku).await.as_ref().is_some_and(settled) {
+                    all = false;
+                    break;
+                }
+            }
+            if all {
                 return;
             }
             if Instant::now() >= until {

@@ -65,13 +65,18 @@ pub struct Args {
         default_value = "http://127.0.0.1:50053"
     )]
     outbound_url: String,
-    /// The product to create and sell; `SALE-<8 random hex>` when unset.
+    /// The product to create and sell; `SALE-<8 random hex>` when unset. With `--products N`
+    /// above 1, the products are `<sku>-1` … `<sku>-N`.
     #[arg(long)]
     sku: Option<String>,
-    /// Units on sale.
+    /// How many products are on sale at once, each with `--stock` units, `--per-user-limit`,
+    /// `--policy` and `--price-cents`; each buyer's calls go to the products in turn.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    products: u32,
+    /// Units on sale, per product.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(0..=1_000_000_000))]
     stock: i64,
-    /// Most units one buyer may buy; 0 = no limit.
+    /// Most units one buyer may buy of each product; 0 = no limit.
     #[arg(long, default_value_t = 1)]
     per_user_limit: u32,
     /// When the product's stock is deducted.
@@ -159,7 +164,8 @@ pub(crate) struct Ctx {
     /// Buyer names and their user tokens, by buyer index.
     pub buyers: Vec<String>,
     pub tokens: Vec<String>,
-    pub sku: String,
+    /// The products on sale (one unless `--products`).
+    pub skus: Vec<String>,
     /// When the flood and the waits give up, leaving time for the report before the hard bound.
     pub work_deadline: tokio::time::Instant,
     /// The hard bound on the whole run.
@@ -178,6 +184,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let hex = uuid::Uuid::new_v4().simple().to_string();
         format!("SALE-{}", hex[..8].to_uppercase())
     });
+    let skus: Vec<String> = if args.products == 1 {
+        vec![sku.clone()]
+    } else {
+        (1..=args.products).map(|k| format!("{sku}-{k}")).collect()
+    };
     let bound = Duration::from_secs(args.max_duration_secs);
     // Tokens outlive the run: a late payment near the bound must still be accepted.
     let ttl = bound + CALL_TIMEOUT * 6;
@@ -198,14 +209,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             admin: args.secret.mint("sale", Role::Admin, ttl)?,
             buyers,
             tokens,
-            sku: sku.clone(),
+            skus: skus.clone(),
             // The report's read-back gets the last fifth of the bound (0.5..=10 s).
             work_deadline: hard_deadline
                 - (bound / 5).clamp(Duration::from_millis(500), CALL_TIMEOUT),
             hard_deadline,
         });
         progress(&format!(
-            "creating {sku}: {} units at {} cents, {}, per-user limit {}",
+            "creating {}: {} units each at {} cents, {}, per-user limit {}",
+            skus.join(", "),
             args.stock,
             args.price_cents,
             args.policy.name(),
@@ -288,20 +300,22 @@ impl Args {
 
 async fn create_product(ctx: &Ctx, args: &Args) -> anyhow::Result<()> {
     let deduction_policy = args.policy.to_proto() as i32;
-    let req = CreateProductRequest {
-        sku: ctx.sku.clone(),
-        name: format!("Flash sale {}", ctx.sku),
-        price_cents: args.price_cents,
-        initial_stock: args.stock,
-        per_user_limit: args.per_user_limit,
-        deduction_policy,
-    };
-    ctx.stock
-        .clone()
-        .create_product(authorized(req, &ctx.admin)?)
-        .await
-        .map_err(status_error)
-        .with_context(|| format!("create product {}", ctx.sku))?;
+    for sku in &ctx.skus {
+        let req = CreateProductRequest {
+            sku: sku.clone(),
+            name: format!("Flash sale {sku}"),
+            price_cents: args.price_cents,
+            initial_stock: args.stock,
+            per_user_limit: args.per_user_limit,
+            deduction_policy,
+        };
+        ctx.stock
+            .clone()
+            .create_product(authorized(req, &ctx.admin)?)
+            .await
+            .map_err(status_error)
+            .with_context(|| format!("create product {sku}"))?;
+    }
     Ok(())
 }
 

@@ -44,13 +44,13 @@ pub(crate) async fn orders(ctx: &Arc<Ctx>, ids: Vec<String>) -> Vec<Option<Order
     .collect()
 }
 
-/// The sale's product as it is now.
-pub(crate) async fn product(ctx: &Ctx) -> Option<Product> {
+/// One of the sale's products as it is now.
+pub(crate) async fn product(ctx: &Ctx, sku: &str) -> Option<Product> {
     let resp = retrying(|| {
         let mut client = ctx.stock.clone();
         let req = request(
             GetProductRequest {
-                sku: ctx.sku.clone(),
+                sku: sku.to_owned(),
             },
             &ctx.admin,
         );
@@ -81,7 +81,7 @@ pub(crate) async fn list_of(ctx: &Ctx, buyer: usize) -> Result<Vec<String>, toni
         ids.extend(
             page.orders
                 .into_iter()
-                .filter(|o| o.sku == ctx.sku)
+                .filter(|o| ctx.skus.contains(&o.sku))
                 .map(|o| o.order_id),
         );
         if page.next_page_token.is_empty() {
@@ -125,24 +125,26 @@ pub(crate) async fn shipments(ctx: &Arc<Ctx>, run: &Run) -> Vec<Option<Shipment>
     .collect()
 }
 
-/// The product's drift between gate and database (ReconcileStock without repair).
-pub(crate) async fn drift(ctx: &Ctx) -> Option<i64> {
+/// Each product's drift between gate and database (ReconcileStock without repair), by sku.
+pub(crate) async fn drift(ctx: &Ctx) -> std::collections::BTreeMap<String, i64> {
     let resp = retrying(|| {
         let mut client = ctx.stock.clone();
         let req = ReconcileStockRequest {
-            skus: vec![ctx.sku.clone()],
+            skus: ctx.skus.clone(),
             repair: false,
         };
         let req = request(req, &ctx.admin);
         async move { client.reconcile_stock(req?).await }
     })
     .await;
-    resp.ok()?
-        .into_inner()
-        .reports
-        .into_iter()
-        .find(|r| r.sku == ctx.sku)
-        .map(|r| r.drift)
+    resp.map(|r| {
+        r.into_inner()
+            .reports
+            .into_iter()
+            .map(|r| (r.sku, r.drift))
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// `message` with the bearer `token`, as a gRPC request.

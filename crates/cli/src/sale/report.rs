@@ -29,8 +29,8 @@ const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), 
 pub(crate) struct Report {
     head: Value,
     lines: Vec<Line>,
-    product: Option<Product>,
-    drift: Option<i64>,
+    /// Each product of the sale as read back: `(sku, product, drift)`.
+    products: Vec<(String, Option<Product>, Option<i64>)>,
     checks: Vec<Check>,
     bound_hits: Vec<String>,
     /// The services' resident memory during the sale.
@@ -60,14 +60,24 @@ pub(crate) async fn build(
             .bound_hits
             .push("the orders could not be read back before the time bound".into()),
     }
-    let product = tokio::time::timeout_at(hard, read::product(ctx))
+    let mut products = Vec::with_capacity(ctx.skus.len());
+    for sku in &ctx.skus {
+        let p = tokio::time::timeout_at(hard, read::product(ctx, sku))
+            .await
+            .ok()
+            .flatten();
+        products.push((sku.clone(), p));
+    }
+    let drifts = tokio::time::timeout_at(hard, read::drift(ctx))
         .await
-        .ok()
-        .flatten();
-    let drift = tokio::time::timeout_at(hard, read::drift(ctx))
-        .await
-        .ok()
-        .flatten();
+        .unwrap_or_default();
+    let products: Vec<(String, Option<Product>, Option<i64>)> = products
+        .into_iter()
+        .map(|(sku, p)| {
+            let d = drifts.get(&sku).copied();
+            (sku, p, d)
+        })
+        .collect();
     let shipments = tokio::time::timeout_at(hard, read::shipments(ctx, &run))
         .await
         .unwrap_or_else(|_| vec![None; run.tracked.len()]);
@@ -90,11 +100,15 @@ pub(crate) async fn build(
         })
         .collect();
     let checks = vec![
-        checks::sold(&lines, args.stock),
+        checks::per_product(&products, &lines, |lines, _, _| {
+            checks::sold(lines, args.stock)
+        }),
         checks::terminal(&lines, run.unlisted_buyers),
-        checks::conserved(&lines, product.as_ref(), args.stock),
+        checks::per_product(&products, &lines, |lines, p, _| {
+            checks::conserved(lines, p, args.stock)
+        }),
         checks::refunds(&lines),
-        checks::gate(product.as_ref(), drift),
+        checks::per_product(&products, &lines, |_, p, d| checks::gate(p, d)),
     ];
 
     let latency: serde_json::Map<String, Value> = QUANTILES
@@ -103,7 +117,8 @@ pub(crate) async fn build(
         .chain([("max".to_owned(), json!(flood.latency.max()))])
         .collect();
     let head = json!({
-        "sku": ctx.sku,
+        "sku": ctx.skus.first(),
+        "skus": ctx.skus,
         "policy": args.policy.name(),
         "stock": args.stock,
         "perUserLimit": args.per_user_limit,
@@ -124,8 +139,7 @@ pub(crate) async fn build(
     Report {
         head,
         lines,
-        product,
-        drift,
+        products,
         checks,
         bound_hits: run.bound_hits,
         memory,
@@ -178,15 +192,25 @@ impl Report {
 
     pub fn to_json(&self, quiet: bool) -> Value {
         let mut v = self.head.clone();
-        let p = self.product.as_ref();
         v["totals"] = self.totals();
-        v["product"] = json!({
-            "onHand": p.map(|p| p.on_hand),
-            "reserved": p.map(|p| p.reserved),
-            "available": p.map(|p| p.available),
-            "gateAvailable": p.map(|p| p.gate_available),
-            "drift": self.drift,
-        });
+        let products: Vec<Value> = self
+            .products
+            .iter()
+            .map(|(sku, p, drift)| {
+                let p = p.as_ref();
+                json!({
+                    "sku": sku,
+                    "onHand": p.map(|p| p.on_hand),
+                    "reserved": p.map(|p| p.reserved),
+                    "available": p.map(|p| p.available),
+                    "gateAvailable": p.map(|p| p.gate_available),
+                    "drift": drift,
+                })
+            })
+            .collect();
+        // `product` is the first (the only one unless --products).
+        v["product"] = products.first().cloned().unwrap_or(Value::Null);
+        v["products"] = json!(products);
         v["invariants"] = self
             .checks
             .iter()
@@ -207,9 +231,13 @@ impl Report {
     pub fn print_text(&self, quiet: bool) {
         let h = &self.head;
         let t = self.totals();
+        let skus: Vec<String> = h["skus"]
+            .as_array()
+            .map(|a| a.iter().map(text).collect())
+            .unwrap_or_default();
         println!(
-            "flash sale {}: {} units at {} cents, {}, per-user limit {}",
-            text(&h["sku"]),
+            "flash sale {}: {} units each at {} cents, {}, per-user limit {}",
+            skus.join(", "),
             h["stock"],
             h["priceCents"],
             text(&h["policy"]),
@@ -267,15 +295,18 @@ impl Report {
             "shipped     {} units; refunds {} ({} cents)",
             t["shippedUnits"], t["refunds"], t["refundedCents"]
         );
-        if let Some(p) = &self.product {
-            println!(
-                "product     on hand {}, reserved {}, available {}, gate {}, drift {}",
-                p.on_hand,
-                p.reserved,
-                p.available,
-                p.gate_available,
-                self.drift.map_or("?".into(), |d| d.to_string())
-            );
+        for (sku, p, drift) in &self.products {
+            match p {
+                Some(p) => println!(
+                    "product     {sku}: on hand {}, reserved {}, available {}, gate {}, drift {}",
+                    p.on_hand,
+                    p.reserved,
+                    p.available,
+                    p.gate_available,
+                    drift.map_or("?".into(), |d| d.to_string())
+                ),
+                None => println!("product     {sku}: could not be read back"),
+            }
         }
         println!();
         println!("invariants");
@@ -310,6 +341,7 @@ impl Line {
         let o = self.order.as_ref();
         json!({
             "orderId": self.order_id,
+            "sku": o.map(|o| o.sku.as_str()),
             "buyer": self.buyer,
             "plan": plan_name(self.plan),
             "status": o.map(order_status),

@@ -170,9 +170,90 @@ async fn a_sale_whose_shipments_all_fail_refunds_every_payment_and_still_passes(
 }
 
 #[tokio::test]
+async fn a_sale_of_several_products_sells_each_exactly_its_stock() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let run = stack
+        .sale(&[
+            "--sku",
+            "CLI-MULTI",
+            "--products",
+            "3",
+            "--buyers",
+            "40",
+            "--requests-per-buyer",
+            "3",
+            "--stock",
+            "5",
+            "--concurrency",
+            "16",
+            "--pay",
+            "1",
+            "--never-pay",
+            "0",
+            "--pay-late",
+            "0",
+            "--max-duration-secs",
+            "120",
+            "--json",
+        ])
+        .await;
+    let r = report(&run);
+    assert_eq!(r["requests"], 120, "{r}");
+    assert_eq!(r["accepted"], 15, "5 units of each of 3 products: {r}");
+    assert_eq!(
+        r["skus"],
+        serde_json::json!(["CLI-MULTI-1", "CLI-MULTI-2", "CLI-MULTI-3"])
+    );
+    assert_invariants_pass(&r);
+    let products = r["products"].as_array().unwrap();
+    assert_eq!(products.len(), 3, "{r}");
+    for p in products {
+        assert_eq!(
+            (&p["onHand"], &p["available"], &p["reserved"], &p["drift"]),
+            (
+                &Value::from(0),
+                &Value::from(0),
+                &Value::from(0),
+                &Value::from(0)
+            ),
+            "every unit of {p} shipped"
+        );
+    }
+    let shipped_by_sku = |sku: &str| {
+        r["orders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["status"] == "SHIPPED" && o["sku"] == sku)
+            .count()
+    };
+    for k in 1..=3 {
+        assert_eq!(shipped_by_sku(&format!("CLI-MULTI-{k}")), 5, "{r}");
+    }
+    // Each product's check is folded into one line naming every product.
+    let conserved = r["invariants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "stock conserved")
+        .unwrap();
+    for k in 1..=3 {
+        assert!(
+            conserved["detail"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("CLI-MULTI-{k}:")),
+            "{conserved}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn sale_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 8] = [
+        (&["--products", "0"], &["--products"]),
+        (&["--products", "51"], &["--products"]),
         (
             &["--pay", "0.8", "--never-pay", "0.5"],
             &["--pay", "--never-pay"],
