@@ -61,7 +61,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     );
     let o = orders.clone();
     // Two batches at once: one commits while the next forms.
-    let reserved = crate::app::reserved_batcher(orders.clone(), 2);
+    let reserved =
+        crate::app::reserved_batcher(orders.clone(), 2, usize::from(settings.amqp.prefetch) / 2);
     let handler = move |msg| amqp::handle(o.clone(), reserved.clone(), msg);
     let topologies = [amqp::topology(&settings.amqp)];
     let messaging = flashsale_messaging::wiring::start(

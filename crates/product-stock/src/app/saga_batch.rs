@@ -34,6 +34,11 @@ pub struct Created {
     pub trace: outbox::TraceHeaders,
 }
 
+/// How long a batch waits for more deliveries once the first arrived: a few milliseconds more
+/// on a saga step no buyer waits for, in exchange for fewer, larger transactions while a burst
+/// of orders (and the CreateOrders behind it) competes for the same CPU.
+pub const GATHER: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Most deliveries persisted in one transaction.
 pub const MAX_BATCH: usize = 128;
 
@@ -41,11 +46,14 @@ pub const MAX_BATCH: usize = 128;
 /// until its last handle is dropped (when the consumer stops).
 pub type CreatedBatcher = Batcher<Created, Result<(), StockError>>;
 
-/// Starts the worker; `parallel` batches may run at once.
-pub fn created_batcher(service: StockService, parallel: usize) -> CreatedBatcher {
+/// Starts the worker; `parallel` batches may run at once, each of at most `max_batch`
+/// deliveries (at most [`MAX_BATCH`]). Size batches to what the consumer can hold: with a
+/// prefetch of P and two batches at once, `P / 2` — a batch that cannot fill up would wait
+/// the whole [`GATHER`] every time.
+pub fn created_batcher(service: StockService, parallel: usize, max_batch: usize) -> CreatedBatcher {
     Batcher::spawn(
-        MAX_BATCH,
-        std::time::Duration::ZERO,
+        max_batch.clamp(1, MAX_BATCH),
+        GATHER,
         parallel,
         move |items: Vec<Created>| {
             let service = service.clone();
