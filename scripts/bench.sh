@@ -21,6 +21,22 @@ CLI="$CARGO_TARGET_DIR/release/flashsale"
 scenarios=("$@")
 ((${#scenarios[@]})) || scenarios=(flood big-sale ticketing)
 
+# Drops the flashsale_bench_* databases (the services are stopped by then).
+drop_bench_databases() { # server url
+    if ! have psql; then
+        warn "psql not found: the bench databases of earlier runs are reused"
+        return 0
+    fi
+    local db dbs=()
+    mapfile -t dbs < <(psql "$1/postgres" -w -Atqc \
+        "select datname from pg_database where datname like 'flashsale\\_bench\\_%' order by 1")
+    for db in "${dbs[@]}"; do
+        [[ "$db" =~ ^flashsale_bench_[a-z_]+$ ]] || continue
+        psql "$1/postgres" -w -qc "drop database if exists \"$db\" with (force)" >/dev/null
+    done
+    ((${#dbs[@]} == 0)) || log "dropped ${#dbs[@]} bench database(s) of earlier runs"
+}
+
 main() {
     mkdir -p "$OUT"
     # Orders must stay unpaid for the whole run: a long payment timeout, the default warehouse.
@@ -31,8 +47,16 @@ main() {
     export FLASHSALE_ORDER__DATABASE__MAX_CONNECTIONS="${FLASHSALE_ORDER__DATABASE__MAX_CONNECTIONS:-16}"
     export FLASHSALE_OUTBOUND__DATABASE__MAX_CONNECTIONS="${FLASHSALE_OUTBOUND__DATABASE__MAX_CONNECTIONS:-8}"
     export FLASHSALE_RUN_DIR="$RUN_DIR"
+    # The services get databases of their own for the benchmark, dropped before each run (as
+    # are the baselines'): every run starts from empty tables and indexes, not from what the
+    # runs before it left behind (which makes each run slower than the last).
+    local pg="${FLASHSALE_BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432}"
+    export FLASHSALE_PRODUCT_STOCK__DATABASE__URL="${FLASHSALE_PRODUCT_STOCK__DATABASE__URL:-$pg/flashsale_bench_product}"
+    export FLASHSALE_ORDER__DATABASE__URL="${FLASHSALE_ORDER__DATABASE__URL:-$pg/flashsale_bench_svc_orders}"
+    export FLASHSALE_OUTBOUND__DATABASE__URL="${FLASHSALE_OUTBOUND__DATABASE__URL:-$pg/flashsale_bench_outbound}"
     log "service pools: product-stock $FLASHSALE_PRODUCT_STOCK__DATABASE__MAX_CONNECTIONS, order $FLASHSALE_ORDER__DATABASE__MAX_CONNECTIONS, outbound $FLASHSALE_OUTBOUND__DATABASE__MAX_CONNECTIONS connections"
     scripts/down.sh >/dev/null 2>&1 || true
+    drop_bench_databases "$pg"
     scripts/up.sh
     local s
     for s in "${scenarios[@]}"; do

@@ -71,6 +71,8 @@ pub async fn naive(db: DatabaseConnection, load: &Load, sku: &str) -> anyhow::Re
              quantity bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now());",
     )
     .await?;
+    db.execute_unprepared("TRUNCATE naive_stock, naive_orders")
+        .await?;
     db.execute_raw(sea_orm::Statement::from_sql_and_values(
         sea_orm::DatabaseBackend::Postgres,
         "INSERT INTO naive_stock (sku, available) VALUES ($1, $2) ON CONFLICT (sku) DO UPDATE SET available = $2",
@@ -179,6 +181,11 @@ pub async fn raw_insert(
     flashsale_order::migration::Migrator::up(&db, None)
         .await
         .context("migrate the bench order database")?;
+    // Every run starts from empty tables: indexes grown by earlier runs would make each run
+    // slower than the last.
+    db.execute_unprepared("TRUNCATE orders, order_status_history, outbox CASCADE")
+        .await
+        .context("empty the bench order tables")?;
     let (db, sku, buyers) = (Arc::new(db), sku.to_owned(), load.buyers.max(1));
     let tag = Uuid::new_v4().simple().to_string();
     drive(

@@ -22,6 +22,11 @@ use crate::sale::read::{bounded, request, retrying};
 const FOLLOW_CONCURRENCY: usize = 16;
 /// Pause between two sweeps over the orders still pending.
 const POLL: Duration = Duration::from_millis(50);
+/// Open orders read per sweep, oldest accept first. The saga confirms roughly in accept order
+/// and each confirmation is timed by the server's `update_time`, so reading only the oldest
+/// open orders loses nothing — and reading all of them every sweep would load the order
+/// service (and slow the very saga being measured) in proportion to its backlog.
+const SWEEP_WINDOW: usize = 512;
 
 /// An order CreateOrder accepted, and when.
 #[derive(Clone, Debug)]
@@ -67,7 +72,8 @@ pub async fn follow(
     let mut open: Vec<usize> = (0..accepts.len()).collect();
     let mut bound_hit = false;
     while !open.is_empty() {
-        let items: Vec<Accept> = open.iter().map(|&i| accepts[i].clone()).collect();
+        let window: Vec<usize> = open.iter().copied().take(SWEEP_WINDOW).collect();
+        let items: Vec<Accept> = window.iter().map(|&i| accepts[i].clone()).collect();
         let (client, tokens) = (client.clone(), tokens.clone());
         let sweep = bounded(items, FOLLOW_CONCURRENCY, move |accept| {
             let (client, tokens) = (client.clone(), tokens.clone());
@@ -77,7 +83,7 @@ pub async fn follow(
             bound_hit = true;
             break;
         };
-        for (&i, state) in open.iter().zip(read) {
+        for (&i, state) in window.iter().zip(read) {
             if let Some(s) = state {
                 states[i] = s;
             }
