@@ -48,17 +48,13 @@ pub async fn claim_many<C: ConnectionTrait>(
     if message_ids.is_empty() {
         return Ok(0);
     }
-    let mut sql = String::from("INSERT INTO inbox (consumer, message_id) VALUES ");
-    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(message_ids.len() + 1);
-    values.push(consumer.into());
-    for (i, id) in message_ids.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str(&format!("($1, ${})", i + 2));
-        values.push((*id).into());
+    let mut insert =
+        flashsale_platform::db::MultiRow::new("INSERT INTO inbox (consumer, message_id) VALUES");
+    for id in message_ids {
+        insert.row([consumer.into(), (*id).into()]);
     }
-    sql.push_str(" ON CONFLICT DO NOTHING");
-    let stmt = Statement::from_sql_and_values(conn.get_database_backend(), sql, values);
-    Ok(usize::try_from(conn.execute_raw(stmt).await?.rows_affected()).unwrap_or(usize::MAX))
+    let done = conn
+        .execute_raw(insert.finish("ON CONFLICT DO NOTHING"))
+        .await?;
+    Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
 }

@@ -8,6 +8,47 @@ use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+/// The metric names of one kind of [`together_or_each`] batch.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchMetrics {
+    /// Histogram of the sizes of batches applied together.
+    pub size: &'static str,
+    /// Counter of batches that fell back to one by one.
+    pub fallbacks: &'static str,
+}
+
+/// Applies `items` (several at once) with `together` — `Ok(true)` when it applied them all,
+/// `Ok(false)` or `Err` when it applied none and each must go on its own — else with `each`
+/// per item, concurrently. A single item goes straight to `each`. One answer per item, in order.
+pub async fn together_or_each<'a, T, E, TF, TFut, EF, EFut>(
+    items: &'a [T],
+    metrics: BatchMetrics,
+    together: TF,
+    each: EF,
+) -> Vec<Result<(), E>>
+where
+    TF: FnOnce(&'a [T]) -> TFut,
+    TFut: Future<Output = Result<bool, E>>,
+    EF: FnMut(&'a T) -> EFut,
+    EFut: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    if items.len() > 1 {
+        match together(items).await {
+            Ok(true) => {
+                metrics::histogram!(metrics.size).record(items.len() as f64);
+                return items.iter().map(|_| Ok(())).collect();
+            }
+            Ok(false) => metrics::counter!(metrics.fallbacks).increment(1),
+            Err(e) => {
+                tracing::debug!(error = %e, size = items.len(), batch = metrics.size, "batch failed; one by one");
+                metrics::counter!(metrics.fallbacks).increment(1);
+            }
+        }
+    }
+    futures_util::future::join_all(items.iter().map(each)).await
+}
+
 /// Why a batched call got no answer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BatchError {

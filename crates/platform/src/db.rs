@@ -59,3 +59,77 @@ async fn ensure_database(url: &str) -> anyhow::Result<()> {
     admin.close().await.ok();
     Ok(())
 }
+
+/// A multi-row `INSERT … VALUES (…), (…)` for PostgreSQL: each row's values become numbered
+/// parameters, so callers never count placeholders.
+#[derive(Debug)]
+pub struct MultiRow {
+    sql: String,
+    values: Vec<sea_orm::Value>,
+    rows: usize,
+}
+
+impl MultiRow {
+    /// `head` is the statement up to and including `VALUES`, e.g.
+    /// `"INSERT INTO inbox (consumer, message_id) VALUES"`.
+    pub fn new(head: &str) -> Self {
+        Self {
+            sql: head.trim_end().to_owned(),
+            values: Vec::new(),
+            rows: 0,
+        }
+    }
+
+    /// Appends one row; every row must have as many values as the statement has columns.
+    pub fn row(&mut self, values: impl IntoIterator<Item = sea_orm::Value>) -> &mut Self {
+        self.sql.push_str(if self.rows == 0 { " (" } else { ", (" });
+        for (i, v) in values.into_iter().enumerate() {
+            if i > 0 {
+                self.sql.push_str(", ");
+            }
+            self.values.push(v);
+            self.sql.push_str(&format!("${}", self.values.len()));
+        }
+        self.sql.push(')');
+        self.rows += 1;
+        self
+    }
+
+    /// Rows appended so far.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// The statement, with `tail` (e.g. `"ON CONFLICT DO NOTHING"`) after the rows.
+    pub fn finish(self, tail: &str) -> Statement {
+        let sql = if tail.is_empty() {
+            self.sql
+        } else {
+            format!("{} {tail}", self.sql)
+        };
+        Statement::from_sql_and_values(sea_orm::DatabaseBackend::Postgres, sql, self.values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MultiRow;
+
+    #[test]
+    fn rows_are_numbered_in_order() {
+        let mut m = MultiRow::new("INSERT INTO t (a, b) VALUES ");
+        m.row([1i64.into(), "x".into()])
+            .row([2i64.into(), "y".into()]);
+        assert_eq!(m.len(), 2);
+        let s = m.finish("ON CONFLICT DO NOTHING");
+        assert_eq!(
+            s.sql,
+            "INSERT INTO t (a, b) VALUES ($1, $2), ($3, $4) ON CONFLICT DO NOTHING"
+        );
+        assert_eq!(s.values.map(|v| v.0.len()), Some(4));
+    }
+}

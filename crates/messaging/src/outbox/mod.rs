@@ -7,7 +7,7 @@ mod relay;
 use std::time::Duration;
 
 use flashsale_proto::events::v1::Envelope;
-use sea_orm::{ConnectionTrait, DbErr, Statement, Value};
+use sea_orm::{ConnectionTrait, DbErr, Statement};
 
 pub use relay::{FP_AFTER_PUBLISH, FP_BEFORE_MARK, OutboxRelay, RelayOptions};
 
@@ -114,34 +114,21 @@ async fn insert<C: ConnectionTrait>(
         )
     };
     let current = to_json(&trace::current_headers());
-    let mut sql = String::from(
-        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, payload, headers) VALUES ",
+    let mut insert = flashsale_platform::db::MultiRow::new(
+        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, payload, headers) VALUES",
     );
-    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 6);
-    for (i, (env, target, own)) in rows.iter().enumerate() {
+    for (env, target, own) in rows {
         let id = envelope::check(env).map_err(|e| DbErr::Custom(format!("outbox: {e}")))?;
-        let n = i * 6;
-        if i > 0 {
-            sql.push(',');
-        }
-        sql.push_str(&format!(
-            "(${},${},${},${},${},${})",
-            n + 1,
-            n + 2,
-            n + 3,
-            n + 4,
-            n + 5,
-            n + 6
-        ));
-        values.push(id.into());
-        values.push(target.exchange.map(str::to_owned).into());
-        values.push(target.routing_key.to_owned().into());
-        values.push(env.r#type.clone().into());
-        values.push(envelope::encode(env).into());
-        values.push(own.map_or_else(|| current.clone(), to_json).into());
+        insert.row([
+            id.into(),
+            target.exchange.map(str::to_owned).into(),
+            target.routing_key.to_owned().into(),
+            env.r#type.clone().into(),
+            envelope::encode(env).into(),
+            own.map_or_else(|| current.clone(), to_json).into(),
+        ]);
     }
-    let stmt = Statement::from_sql_and_values(conn.get_database_backend(), sql, values);
-    conn.execute_raw(stmt).await?;
+    conn.execute_raw(insert.finish("")).await?;
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 //! the timeout, two replicas' consumers) have exactly one winner.
 
 use chrono::{DateTime, Utc};
+use flashsale_platform::db::MultiRow;
 use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement, Value};
 use uuid::Uuid;
 
@@ -221,28 +222,12 @@ pub async fn insert_orders<C: ConnectionTrait>(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let mut sql = String::from(
+    let mut insert = MultiRow::new(
         "INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, total_cents, \
-         deduction_policy, status) VALUES ",
+         deduction_policy, status) VALUES",
     );
-    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 8);
-    for (i, (id, p, price, policy)) in rows.iter().enumerate() {
-        let b = i * 8;
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str(&format!(
-            "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, 'PENDING')",
-            b + 1,
-            b + 2,
-            b + 3,
-            b + 4,
-            b + 5,
-            b + 6,
-            b + 7,
-            b + 8
-        ));
-        values.extend([
+    for (id, p, price, policy) in rows {
+        insert.row([
             (*id).into(),
             p.user_id.clone().into(),
             p.request_id.clone().into(),
@@ -251,15 +236,17 @@ pub async fn insert_orders<C: ConnectionTrait>(
             (*price).into(),
             (price * p.quantity).into(),
             policy.as_db().into(),
+            Status::Pending.as_db().into(),
         ]);
     }
-    sql.push_str(" ON CONFLICT DO NOTHING RETURNING order_id, created_at");
-    let inserted: Vec<(Uuid, DateTime<Utc>)> = Id::find_by_statement(stmt(&sql, values))
-        .all(c)
-        .await?
-        .into_iter()
-        .map(|r| (r.order_id, r.created_at))
-        .collect();
+    let inserted: Vec<(Uuid, DateTime<Utc>)> = Id::find_by_statement(
+        insert.finish("ON CONFLICT DO NOTHING RETURNING order_id, created_at"),
+    )
+    .all(c)
+    .await?
+    .into_iter()
+    .map(|r| (r.order_id, r.created_at))
+    .collect();
     if !inserted.is_empty() {
         let list = format!(
             "{{{}}}",
@@ -362,19 +349,18 @@ pub async fn await_payment_many<C: ConnectionTrait>(
     if moved.is_empty() {
         return Ok(moved);
     }
-    let mut sql = String::from(
-        "INSERT INTO order_status_history (order_id, from_status, to_status, reason) VALUES ",
+    let mut history = MultiRow::new(
+        "INSERT INTO order_status_history (order_id, from_status, to_status, reason) VALUES",
     );
-    let mut values: Vec<Value> = Vec::with_capacity(moved.len() + 1);
-    values.push(note.into());
-    for (i, id) in moved.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str(&format!("(${}, 'PENDING', 'AWAITING_PAYMENT', $1)", i + 2));
-        values.push((*id).into());
+    for id in &moved {
+        history.row([
+            (*id).into(),
+            Status::Pending.as_db().into(),
+            Status::AwaitingPayment.as_db().into(),
+            note.into(),
+        ]);
     }
-    c.execute_raw(stmt(&sql, values)).await?;
+    c.execute_raw(history.finish("")).await?;
     Ok(moved)
 }
 

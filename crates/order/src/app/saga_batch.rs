@@ -7,7 +7,7 @@
 
 use chrono::Utc;
 use flashsale_messaging::{envelope, inbox, outbox};
-use flashsale_platform::batch::Batcher;
+use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
 use flashsale_proto::events::v1::{Envelope, PaymentTimeout, envelope::Payload};
 use sea_orm::TransactionTrait as _;
 
@@ -58,28 +58,16 @@ pub fn reserved_batcher(orders: Orders, parallel: usize, max_batch: usize) -> Re
 impl Orders {
     /// Applies a batch of `stock.reserved`; one answer per delivery, in order.
     pub async fn confirm_reserved(&self, items: Vec<Reserved>) -> Vec<Result<(), OrderError>> {
-        if items.len() > 1 {
-            match self.confirm_reserved_together(&items).await {
-                Ok(true) => {
-                    metrics::histogram!("flashsale_stock_reserved_batch_size")
-                        .record(items.len() as f64);
-                    return items.iter().map(|_| Ok(())).collect();
-                }
-                Ok(false) => {
-                    metrics::counter!("flashsale_stock_reserved_batch_fallbacks_total")
-                        .increment(1);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, size = items.len(), "batched stock.reserved failed; one by one");
-                    metrics::counter!("flashsale_stock_reserved_batch_fallbacks_total")
-                        .increment(1);
-                }
-            }
-        }
-        let each = items
-            .iter()
-            .map(|r| self.on_stock_reserved(&r.consumer, &r.env, &r.order_id));
-        futures_util::future::join_all(each).await
+        together_or_each(
+            &items,
+            BatchMetrics {
+                size: "flashsale_stock_reserved_batch_size",
+                fallbacks: "flashsale_stock_reserved_batch_fallbacks_total",
+            },
+            |all| self.confirm_reserved_together(all),
+            |r| self.on_stock_reserved(&r.consumer, &r.env, &r.order_id),
+        )
+        .await
     }
 
     /// The common case in one transaction; `Ok(false)` (nothing committed) when some delivery

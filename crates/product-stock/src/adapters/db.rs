@@ -4,6 +4,7 @@
 //! `UPDATE … WHERE on_hand - reserved >= q` re-checks on the new row version, and the CHECK
 //! constraint refuses anything that slips through.
 
+use flashsale_platform::db::MultiRow;
 use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement, Value};
 use uuid::Uuid;
 
@@ -283,36 +284,23 @@ pub async fn insert_reservations<C: ConnectionTrait>(
     if rows.is_empty() {
         return Ok(0);
     }
-    let mut sql = String::from(
-        "INSERT INTO reservations (order_id, sku, user_id, quantity, state, policy, cause) VALUES ",
+    let mut insert = MultiRow::new(
+        "INSERT INTO reservations (order_id, sku, user_id, quantity, state, policy, cause) VALUES",
     );
-    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 6 + 1);
-    values.push(cause.into());
-    for (i, r) in rows.iter().enumerate() {
-        let b = i * 6 + 1;
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str(&format!(
-            "(${}, ${}, ${}, ${}, ${}, ${}, $1)",
-            b + 1,
-            b + 2,
-            b + 3,
-            b + 4,
-            b + 5,
-            b + 6
-        ));
-        values.extend([
+    for r in rows {
+        insert.row([
             r.order_id.into(),
             r.sku.as_str().into(),
             r.user_id.clone().into(),
             r.quantity.into(),
             r.state.as_db().into(),
             r.policy.as_db().into(),
+            cause.into(),
         ]);
     }
-    sql.push_str(" ON CONFLICT (order_id) DO NOTHING");
-    let res = c.execute_raw(stmt(&sql, values)).await?;
+    let res = c
+        .execute_raw(insert.finish("ON CONFLICT (order_id) DO NOTHING"))
+        .await?;
     Ok(usize::try_from(res.rows_affected()).unwrap_or(usize::MAX))
 }
 
@@ -325,31 +313,19 @@ pub async fn ledger_many<C: ConnectionTrait>(
     if rows.is_empty() {
         return Ok(());
     }
-    let mut sql = String::from(
-        "INSERT INTO stock_ledger (sku, kind, on_hand_delta, reserved_delta, cause) VALUES ",
+    let mut insert = MultiRow::new(
+        "INSERT INTO stock_ledger (sku, kind, on_hand_delta, reserved_delta, cause) VALUES",
     );
-    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 4 + 1);
-    values.push(kind.into());
-    for (i, (sku, on_hand, reserved, cause)) in rows.iter().enumerate() {
-        let b = i * 4 + 1;
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str(&format!(
-            "(${}, $1, ${}, ${}, ${})",
-            b + 1,
-            b + 2,
-            b + 3,
-            b + 4
-        ));
-        values.extend([
+    for (sku, on_hand, reserved, cause) in rows {
+        insert.row([
             sku.as_str().into(),
+            kind.into(),
             (*on_hand).into(),
             (*reserved).into(),
             (*cause).into(),
         ]);
     }
-    c.execute_raw(stmt(&sql, values)).await?;
+    c.execute_raw(insert.finish("")).await?;
     Ok(())
 }
 

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use flashsale_messaging::{envelope, inbox, outbox};
-use flashsale_platform::batch::Batcher;
+use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
 use flashsale_proto::events::v1::{Envelope, OrderCreated, StockReserved, envelope::Payload};
 use sea_orm::TransactionTrait as _;
 use uuid::Uuid;
@@ -65,26 +65,16 @@ pub fn created_batcher(service: StockService, parallel: usize, max_batch: usize)
 impl StockService {
     /// Persists a batch of `order.created`; one answer per delivery, in order.
     pub async fn persist_created(&self, items: Vec<Created>) -> Vec<Result<(), StockError>> {
-        if items.len() > 1 {
-            match self.persist_created_together(&items).await {
-                Ok(true) => {
-                    metrics::histogram!("flashsale_order_created_batch_size")
-                        .record(items.len() as f64);
-                    return items.iter().map(|_| Ok(())).collect();
-                }
-                Ok(false) => {
-                    metrics::counter!("flashsale_order_created_batch_fallbacks_total").increment(1);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, size = items.len(), "batched order.created failed; one by one");
-                    metrics::counter!("flashsale_order_created_batch_fallbacks_total").increment(1);
-                }
-            }
-        }
-        let each = items
-            .iter()
-            .map(|c| self.on_order_created(&c.consumer, &c.env, &c.ev));
-        futures_util::future::join_all(each).await
+        together_or_each(
+            &items,
+            BatchMetrics {
+                size: "flashsale_order_created_batch_size",
+                fallbacks: "flashsale_order_created_batch_fallbacks_total",
+            },
+            |all| self.persist_created_together(all),
+            |c| self.on_order_created(&c.consumer, &c.env, &c.ev),
+        )
+        .await
     }
 
     /// The common case in one transaction; `Ok(false)` (nothing committed) when some delivery
