@@ -210,3 +210,41 @@ async fn a_batch_with_unusual_deliveries_gives_each_its_own_answer() {
         "the ghost's unit went back to the gate"
     );
 }
+
+#[tokio::test]
+async fn a_batch_the_database_cannot_cover_never_oversells() {
+    let app = spawn_app().await;
+    app.create("SHORT", 3, 0, RTC).await;
+    let batch: Vec<Envelope> = [
+        held(&app, "a", "SHORT", 1).await,
+        held(&app, "b", "SHORT", 1).await,
+        held(&app, "c", "SHORT", 1).await,
+    ]
+    .into();
+    // The database has fewer units than the gate handed out (a write-off the gate missed).
+    app.exec("UPDATE stock SET on_hand = 2 WHERE sku = 'SHORT'")
+        .await;
+    let answers = stock_service(&app)
+        .persist_created(batch.iter().map(item).collect())
+        .await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert_eq!(
+        app.count("SELECT reserved AS n FROM stock WHERE sku = 'SHORT'")
+            .await,
+        2,
+        "never more than on hand"
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) AS n FROM reservations WHERE state = 'RESERVED'")
+            .await,
+        2
+    );
+    assert_eq!(app.outbox_of("stock.reserved").await.len(), 2);
+    let failed = app.outbox_of("stock.reservation_failed").await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(matches!(
+        &failed[0].payload,
+        Some(Payload::StockReservationFailed(f))
+            if f.reason == ReservationFailureReason::InsufficientStock as i32
+    ));
+}
