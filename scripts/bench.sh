@@ -6,6 +6,9 @@
 #   scripts/bench.sh                 all scenarios (flood, big-sale, ticketing)
 #   scripts/bench.sh flood           one scenario
 #   BENCH_ARGS="--requests 20000" scripts/bench.sh flood     smaller runs
+# Every run starts and ends clean: the services get flashsale_bench_* databases and fs_bench:
+# Redis keys of their own, dropped before the run and again after it (the services are stopped
+# at the end); only the reports stay.
 # PostgreSQL allows 100 connections here: the services start with smaller pools (16/16/8, set
 # FLASHSALE_<SERVICE>__DATABASE__MAX_CONNECTIONS to change them) so that they and the bench's own
 # pool (--db-pool, default 32) fit with room to spare. The bench reads the services' pids from
@@ -20,6 +23,18 @@ OUT="${FLASHSALE_BENCH_DIR:-.run/bench}"
 CLI="$CARGO_TARGET_DIR/release/flashsale"
 scenarios=("$@")
 ((${#scenarios[@]})) || scenarios=(flood big-sale ticketing)
+
+# Unlinks the bench's Redis keys: the services' (prefix fs_bench:) and the raw-gate baseline's
+# (prefix fs_bench_gate_<tag>:). A benchmark leaves hundreds of thousands of order records behind, which
+# would slow down everything that scans the keyspace afterwards.
+drop_bench_keys() { # redis url
+    if ! have redis-cli; then
+        warn "redis-cli not found: the bench's Redis keys are left in place"
+        return 0
+    fi
+    redis-cli -u "$1" --scan --pattern 'fs_bench*' 2>/dev/null |
+        xargs -r -n 500 redis-cli -u "$1" unlink >/dev/null 2>&1 || true
+}
 
 # Drops the flashsale_bench_* databases (the services are stopped by then).
 drop_bench_databases() { # server url
@@ -54,9 +69,13 @@ main() {
     export FLASHSALE_PRODUCT_STOCK__DATABASE__URL="${FLASHSALE_PRODUCT_STOCK__DATABASE__URL:-$pg/flashsale_bench_product}"
     export FLASHSALE_ORDER__DATABASE__URL="${FLASHSALE_ORDER__DATABASE__URL:-$pg/flashsale_bench_svc_orders}"
     export FLASHSALE_OUTBOUND__DATABASE__URL="${FLASHSALE_OUTBOUND__DATABASE__URL:-$pg/flashsale_bench_outbound}"
+    export FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX="${FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX:-fs_bench:}"
+    export FLASHSALE_ORDER__REDIS__KEY_PREFIX="${FLASHSALE_ORDER__REDIS__KEY_PREFIX:-fs_bench:}"
+    local redis="${FLASHSALE_BENCH_REDIS_URL:-redis://127.0.0.1:6379}"
     log "service pools: product-stock $FLASHSALE_PRODUCT_STOCK__DATABASE__MAX_CONNECTIONS, order $FLASHSALE_ORDER__DATABASE__MAX_CONNECTIONS, outbound $FLASHSALE_OUTBOUND__DATABASE__MAX_CONNECTIONS connections"
     scripts/down.sh >/dev/null 2>&1 || true
     drop_bench_databases "$pg"
+    drop_bench_keys "$redis"
     scripts/up.sh
     local s
     for s in "${scenarios[@]}"; do
@@ -64,7 +83,11 @@ main() {
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of options
         "$CLI" bench --scenario "$s" ${BENCH_ARGS:-} --json | tee "$OUT/$s.json"
     done
-    log "reports in $OUT; stop the services with scripts/down.sh"
+    # Nothing is left behind but the reports: the services stop, their databases and keys go.
+    scripts/down.sh >/dev/null 2>&1 || true
+    drop_bench_databases "$pg"
+    drop_bench_keys "$redis"
+    log "reports in $OUT"
 }
 
 main

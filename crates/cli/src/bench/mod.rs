@@ -208,7 +208,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Mode::Gate => {
                 let settings = flashsale_platform::settings::RedisSettings {
                     url: args.redis_url.clone(),
-                    key_prefix: format!("bench{tag}:"),
+                    key_prefix: format!("fs_bench_gate_{tag}:"),
                     pool_size: load.concurrency.clamp(1, 256),
                 };
                 let pool = flashsale_platform::redis::pool(&settings)?;
