@@ -10,7 +10,7 @@ use sea_orm::DatabaseConnection;
 
 use crate::{
     AmqpConfig, Broker, Consumer, DeadLetterAdmin, DeadLetterDrainer, DelayQueue, Handler,
-    OutboxRelay, Publisher, QueueTopology,
+    OutboxRelay, Publisher, QueueTopology, RelayOptions,
 };
 
 /// What [`start`] hands back.
@@ -31,6 +31,31 @@ pub async fn start<H: Handler + Clone>(
     delay_queues: Vec<DelayQueue>,
     handler: H,
     failpoints: &Failpoints,
+) -> anyhow::Result<Started> {
+    start_with(
+        runner,
+        db,
+        config,
+        topologies,
+        delay_queues,
+        handler,
+        failpoints,
+        RelayOptions::default(),
+    )
+    .await
+}
+
+/// [`start`] with the outbox relay tuned by `relay` (e.g. to yield to the service's intake).
+#[allow(clippy::too_many_arguments)]
+pub async fn start_with<H: Handler + Clone>(
+    runner: &mut Runner,
+    db: &DatabaseConnection,
+    config: &AmqpConfig,
+    topologies: &[QueueTopology],
+    delay_queues: Vec<DelayQueue>,
+    handler: H,
+    failpoints: &Failpoints,
+    relay: RelayOptions,
 ) -> anyhow::Result<Started> {
     let broker = Broker::connect(config.clone())
         .await
@@ -53,7 +78,8 @@ pub async fn start<H: Handler + Clone>(
     };
 
     let relay = OutboxRelay::new(db, Publisher::with_delay_queues(&broker, delay_queues))?
-        .with_failpoints(failpoints.clone());
+        .with_failpoints(failpoints.clone())
+        .with_options(relay);
     let s = stop.clone();
     runner.spawn(async move { relay.run(s()).await });
     for t in topologies {

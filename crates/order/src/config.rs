@@ -41,6 +41,12 @@ pub struct SagaSettings {
     pub max_quantity: i64,
     /// Deadline of one call to product-stock.
     pub stock_call_timeout_ms: u64,
+    /// Accepting orders comes first: the outbox relay waits until no order was accepted for
+    /// this long before it publishes the saga's events (0: it never waits).
+    pub intake_quiet_ms: u64,
+    /// ... but defers a batch of events by at most this long, so a burst that never pauses
+    /// still sees its events go out (one relay batch per this interval).
+    pub intake_max_lag_ms: u64,
 }
 
 impl Default for SagaSettings {
@@ -51,6 +57,8 @@ impl Default for SagaSettings {
             sold_out_cache_ms: 1_000,
             max_quantity: 100,
             stock_call_timeout_ms: 3_000,
+            intake_quiet_ms: 50,
+            intake_max_lag_ms: 2_000,
         }
     }
 }
@@ -84,6 +92,18 @@ impl Validate for SagaSettings {
         check_range(
             &format!("{p}.stock_call_timeout_ms"),
             self.stock_call_timeout_ms,
+            10,
+            60_000,
+        )?;
+        check_range(
+            &format!("{p}.intake_quiet_ms"),
+            self.intake_quiet_ms,
+            0,
+            10_000,
+        )?;
+        check_range(
+            &format!("{p}.intake_max_lag_ms"),
+            self.intake_max_lag_ms,
             10,
             60_000,
         )
@@ -138,7 +158,7 @@ mod tests {
     #[test]
     fn bad_saga_values_name_their_key() {
         type Case = (&'static str, fn(&mut Settings));
-        let cases: [Case; 5] = [
+        let cases: [Case; 8] = [
             ("order.saga.payment_timeout_ms", |s| {
                 s.saga.payment_timeout_ms = 0
             }),
@@ -149,6 +169,15 @@ mod tests {
                 s.saga.sold_out_cache_ms = 3_600_000
             }),
             ("order.saga.max_quantity", |s| s.saga.max_quantity = 0),
+            ("order.saga.intake_quiet_ms", |s| {
+                s.saga.intake_quiet_ms = 10_001
+            }),
+            ("order.saga.intake_max_lag_ms", |s| {
+                s.saga.intake_max_lag_ms = 0
+            }),
+            ("order.saga.intake_max_lag_ms", |s| {
+                s.saga.intake_max_lag_ms = 60_001
+            }),
             ("order.upstream.product_stock_url", |s| {
                 s.upstream.product_stock_url = "ftp://x".into()
             }),

@@ -65,7 +65,11 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         crate::app::reserved_batcher(orders.clone(), 2, usize::from(settings.amqp.prefetch) / 2);
     let handler = move |msg| amqp::handle(o.clone(), reserved.clone(), msg);
     let topologies = [amqp::topology(&settings.amqp)];
-    let messaging = flashsale_messaging::wiring::start(
+    let relay = flashsale_messaging::RelayOptions {
+        yield_to: orders.relay_yield(),
+        ..Default::default()
+    };
+    let messaging = flashsale_messaging::wiring::start_with(
         &mut f.runner,
         &f.db,
         &settings.amqp,
@@ -73,6 +77,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         vec![timeout_queue],
         handler,
         &failpoints,
+        relay,
     )
     .await?;
     let dead_letters = messaging.dead_letters;

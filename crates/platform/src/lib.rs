@@ -11,6 +11,7 @@ pub mod error;
 pub mod failpoint;
 pub mod grpc;
 pub mod metrics;
+pub mod pressure;
 pub mod redis;
 pub mod settings;
 pub mod shutdown;

@@ -43,6 +43,10 @@ pub struct RelayOptions {
     pub poll_interval: Duration,
     /// Published rows older than this are deleted (checked every 10 minutes).
     pub retention: Duration,
+    /// Foreground work this relay gives way to: before each batch it waits until the foreground
+    /// has been quiet for a moment, deferring a batch by at most the yield's `max_lag` (so the
+    /// events of a burst go out right after it, and one batch per `max_lag` during it).
+    pub yield_to: Option<flashsale_platform::pressure::Yield>,
 }
 
 impl Default for RelayOptions {
@@ -51,6 +55,7 @@ impl Default for RelayOptions {
             batch_size: 256,
             poll_interval: Duration::from_secs(1),
             retention: Duration::from_secs(7 * 24 * 3600),
+            yield_to: None,
         }
     }
 }
@@ -122,6 +127,18 @@ impl OutboxRelay {
             // Drain: batches until one comes back short.
             let mut failed = false;
             loop {
+                if let Some(y) = &self.options.yield_to {
+                    tokio::select! {
+                        waited = y.wait(tokio::time::Instant::now()) => {
+                            if !waited.is_zero() {
+                                metrics::counter!("flashsale_outbox_yielded_ms_total")
+                                    .increment(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
+                                metrics::counter!("flashsale_outbox_yields_total").increment(1);
+                            }
+                        }
+                        _ = &mut shutdown => return Ok(()),
+                    }
+                }
                 let batch = self.relay_batch();
                 futures_util::pin_mut!(batch);
                 let res = tokio::select! {

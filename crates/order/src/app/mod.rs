@@ -43,6 +43,8 @@ pub struct Orders {
     writes: flashsale_platform::batch::Batcher<place::PendingWrite, place::Written>,
     watch: WatchHub,
     failpoints: flashsale_platform::failpoint::Failpoints,
+    /// Marked whenever the gate grants units: the outbox relay waits while orders pour in.
+    intake: flashsale_platform::pressure::Foreground,
 }
 
 impl Orders {
@@ -70,7 +72,17 @@ impl Orders {
             writes,
             watch,
             failpoints,
+            intake: flashsale_platform::pressure::Foreground::new(),
         }
+    }
+
+    /// How the outbox relay gives way to this replica's intake (`None`: it never waits).
+    pub fn relay_yield(&self) -> Option<flashsale_platform::pressure::Yield> {
+        (self.settings.intake_quiet_ms > 0).then(|| flashsale_platform::pressure::Yield {
+            foreground: self.intake.clone(),
+            quiet: Duration::from_millis(self.settings.intake_quiet_ms),
+            max_lag: Duration::from_millis(self.settings.intake_max_lag_ms),
+        })
     }
 
     pub fn settings(&self) -> &SagaSettings {

@@ -43,6 +43,7 @@ impl Orders {
             }
             Err(e) => return Err(e),
         };
+        self.intake.mark();
         match self.persist(&p, order_id, &granted).await {
             Ok(Written {
                 inserted: Inserted::New,
