@@ -27,6 +27,11 @@ const POLL: Duration = Duration::from_millis(50);
 /// open orders loses nothing — and reading all of them every sweep would load the order
 /// service (and slow the very saga being measured) in proportion to its backlog.
 const SWEEP_WINDOW: usize = 512;
+/// Between full sweeps of the window, the follower reads from the oldest open order on, a chunk
+/// at a time, and stops at the first chunk the saga has not reached: a backlog of thousands of
+/// orders would otherwise be re-read every sweep, loading the saga being measured. The whole
+/// window is swept this often anyway (the saga confirms roughly, not exactly, in accept order).
+const FULL_SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// An order CreateOrder accepted, and when.
 #[derive(Clone, Debug)]
@@ -71,21 +76,55 @@ pub async fn follow(
     let mut states = vec![State::Pending; accepts.len()];
     let mut open: Vec<usize> = (0..accepts.len()).collect();
     let mut bound_hit = false;
-    while !open.is_empty() {
-        let window: Vec<usize> = open.iter().copied().take(SWEEP_WINDOW).collect();
+    let mut last_full = tokio::time::Instant::now();
+    let read = |window: Vec<usize>| {
         let items: Vec<Accept> = window.iter().map(|&i| accepts[i].clone()).collect();
         let (client, tokens) = (client.clone(), tokens.clone());
         let sweep = bounded(items, FOLLOW_CONCURRENCY, move |accept| {
             let (client, tokens) = (client.clone(), tokens.clone());
             async move { read_state(client, &tokens, accept).await }
         });
-        let Ok(read) = tokio::time::timeout_at(until, sweep).await else {
-            bound_hit = true;
-            break;
-        };
-        for (&i, state) in window.iter().zip(read) {
-            if let Some(s) = state {
-                states[i] = s;
+        async move {
+            tokio::time::timeout_at(until, sweep)
+                .await
+                .ok()
+                .map(|read| window.into_iter().zip(read).collect::<Vec<_>>())
+        }
+    };
+    'follow: while !open.is_empty() {
+        if last_full.elapsed() >= FULL_SWEEP_EVERY {
+            // The whole window, in case the saga confirmed some orders out of accept order.
+            last_full = tokio::time::Instant::now();
+            let Some(read) = read(open.iter().copied().take(SWEEP_WINDOW).collect()).await else {
+                bound_hit = true;
+                break;
+            };
+            for (i, state) in read {
+                if let Some(s) = state {
+                    states[i] = s;
+                }
+            }
+        } else {
+            // From the oldest open order on, a chunk at a time, up to the first chunk the saga
+            // has not reached yet.
+            for chunk in open
+                .chunks(FOLLOW_CONCURRENCY)
+                .take(SWEEP_WINDOW / FOLLOW_CONCURRENCY)
+            {
+                let Some(read) = read(chunk.to_vec()).await else {
+                    bound_hit = true;
+                    break 'follow;
+                };
+                let mut moved = false;
+                for (i, state) in read {
+                    if let Some(s) = state {
+                        moved |= s != State::Pending;
+                        states[i] = s;
+                    }
+                }
+                if !moved {
+                    break;
+                }
             }
         }
         open.retain(|&i| states[i] == State::Pending);

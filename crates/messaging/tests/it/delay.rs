@@ -82,6 +82,7 @@ fn payment_timeout(order_id: &str) -> flashsale_proto::events::v1::Envelope {
     let payload = Payload::PaymentTimeout(PaymentTimeout {
         order_id: order_id.to_owned(),
         deadline: None,
+        more_order_ids: Vec::new(),
     });
     flashsale_messaging::envelope::new(payload, order_id, "", "it")
 }

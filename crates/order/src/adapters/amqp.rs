@@ -82,7 +82,12 @@ pub async fn handle(
             }
         }
         Some(Payload::StockReservationFailed(ev)) => orders.on_reservation_failed(q, env, ev).await,
-        Some(Payload::PaymentTimeout(ev)) => orders.on_payment_timeout(q, env, &ev.order_id).await,
+        Some(Payload::PaymentTimeout(ev)) => {
+            let ids: Vec<&str> = std::iter::once(ev.order_id.as_str())
+                .chain(ev.more_order_ids.iter().map(String::as_str))
+                .collect();
+            orders.on_payment_timeout(q, env, &ids).await
+        }
         Some(Payload::OutboundCompleted(ev)) => {
             orders.on_outbound_completed(q, env, &ev.order_id).await
         }

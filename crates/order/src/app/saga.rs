@@ -18,6 +18,8 @@ use crate::{
 };
 
 const SWEEP_BATCH: u64 = 200;
+/// Most orders one payment-timeout message may name (a confirmation batch holds at most 128).
+pub const MAX_TIMER_ORDERS: usize = 1_000;
 
 impl Orders {
     async fn claim(
@@ -74,6 +76,7 @@ impl Orders {
                     seconds: deadline.timestamp(),
                     nanos: i32::try_from(deadline.timestamp_subsec_nanos()).unwrap_or(0),
                 }),
+                more_order_ids: Vec::new(),
             };
             let timer = envelope::caused_by(env, Payload::PaymentTimeout(timer), PRODUCER);
             outbox::enqueue_delayed(&txn, &timer, &self.payment_timeout).await?;
@@ -114,18 +117,37 @@ impl Orders {
         Ok(())
     }
 
-    /// The delayed payment timeout: AWAITING_PAYMENT past its deadline → CANCELLED.
+    /// The delayed payment timeout of one order or of a confirmation batch's orders: each
+    /// AWAITING_PAYMENT past its deadline → CANCELLED, in one transaction. A malformed or
+    /// unknown id refuses the whole message and changes nothing.
     pub async fn on_payment_timeout(
         &self,
         consumer: &str,
         env: &Envelope,
-        order_id: &str,
+        order_ids: &[&str],
     ) -> Result<(), OrderError> {
+        if order_ids.is_empty() || order_ids.len() > MAX_TIMER_ORDERS {
+            return Err(OrderError::invalid(
+                "more_order_ids",
+                format!("a payment timeout names 1..={MAX_TIMER_ORDERS} orders"),
+            ));
+        }
+        for id in order_ids {
+            parse_order_id(id)?;
+        }
         let Some(txn) = self.claim(consumer, env).await? else {
             return Ok(());
         };
-        let order = Self::subject(&txn, order_id).await?;
-        self.expire_if_due(&txn, &order, Some(env)).await?;
+        for (i, id) in order_ids.iter().enumerate() {
+            let order = Self::subject(&txn, id).await?;
+            // Each order's cancellation is correlated with that order, caused by this message.
+            let cause = (i > 0).then(|| Envelope {
+                correlation_id: (*id).to_owned(),
+                ..env.clone()
+            });
+            self.expire_if_due(&txn, &order, Some(cause.as_ref().unwrap_or(env)))
+                .await?;
+        }
         txn.commit().await?;
         Ok(())
     }

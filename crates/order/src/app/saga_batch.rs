@@ -104,22 +104,23 @@ impl Orders {
         {
             return Ok(false);
         }
-        let timers: Vec<(Envelope, outbox::TraceHeaders)> = items
-            .iter()
-            .map(|r| {
-                let timer = PaymentTimeout {
-                    order_id: r.order_id.clone(),
-                    deadline: Some(prost_types::Timestamp {
-                        seconds: deadline.timestamp(),
-                        nanos: i32::try_from(deadline.timestamp_subsec_nanos()).unwrap_or(0),
-                    }),
-                };
-                (
-                    envelope::caused_by(&r.env, Payload::PaymentTimeout(timer), PRODUCER),
-                    r.trace.clone(),
-                )
-            })
-            .collect();
+        // One delayed timer for the whole batch (they share the deadline), linked to the first
+        // delivery; the deadline sweeper stands behind it as behind every timer.
+        let Some(first) = items.first() else {
+            return Ok(true);
+        };
+        let timer = PaymentTimeout {
+            order_id: first.order_id.clone(),
+            deadline: Some(prost_types::Timestamp {
+                seconds: deadline.timestamp(),
+                nanos: i32::try_from(deadline.timestamp_subsec_nanos()).unwrap_or(0),
+            }),
+            more_order_ids: items[1..].iter().map(|r| r.order_id.clone()).collect(),
+        };
+        let timers = [(
+            envelope::caused_by(&first.env, Payload::PaymentTimeout(timer), PRODUCER),
+            first.trace.clone(),
+        )];
         outbox::enqueue_many_traced(&txn, &timers, Some(&self.payment_timeout)).await?;
         txn.commit().await?;
         Ok(true)

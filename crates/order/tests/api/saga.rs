@@ -247,3 +247,95 @@ async fn a_refusal_for_an_order_never_written_is_dropped_not_parked() {
     assert_eq!(app.parked().await, 0);
     assert_eq!(app.count("SELECT COUNT(*) AS n FROM orders").await, 0);
 }
+
+fn batch_timer(first: &str, more: &[&str]) -> Payload {
+    Payload::PaymentTimeout(flashsale_proto::events::v1::PaymentTimeout {
+        order_id: first.to_owned(),
+        deadline: None,
+        more_order_ids: more.iter().map(|s| (*s).to_owned()).collect(),
+    })
+}
+
+#[tokio::test]
+async fn one_batch_timer_cancels_each_of_its_orders_that_is_past_due() {
+    // No timer of its own and no sweep fires during the test: only the batch timer acts.
+    let app = spawn_stack(|s| {
+        s.saga.payment_timeout_ms = 3_600_000;
+        s.saga.sweep_interval_ms = 3_600_000;
+    })
+    .await;
+    app.product("T9", 5, 0).await;
+    let mut ids = Vec::new();
+    for user in ["u1", "u2", "u3"] {
+        let o = app.order(user, "k", "T9", 1).await.unwrap();
+        app.wait_status(user, &o.order_id, OrderStatus::AwaitingPayment)
+            .await;
+        ids.push(o.order_id);
+    }
+    // u1 and u3 are past their deadline; u2 still has time.
+    app.exec(&format!(
+        "UPDATE orders SET payment_deadline = now() - interval '1 second' WHERE order_id IN ('{}', '{}')",
+        ids[0], ids[2]
+    ))
+    .await;
+    app.publish(batch_timer(&ids[0], &[&ids[1], &ids[2]]), &ids[0])
+        .await;
+    for (user, id) in [("u1", &ids[0]), ("u3", &ids[2])] {
+        let done = app.wait_status(user, id, OrderStatus::Cancelled).await;
+        assert_eq!(done.cancel_reason, CancelReason::PaymentTimeout as i32);
+    }
+    assert_eq!(
+        app.get("u2", &ids[1]).await.status,
+        OrderStatus::AwaitingPayment as i32
+    );
+    // Each cancellation is correlated with its own order.
+    let mut correlated: Vec<String> = app
+        .outbox_of("order.cancelled")
+        .await
+        .into_iter()
+        .map(|e| e.correlation_id)
+        .collect();
+    correlated.sort();
+    let mut want = vec![ids[0].clone(), ids[2].clone()];
+    want.sort();
+    assert_eq!(correlated, want);
+}
+
+#[tokio::test]
+async fn a_batch_timer_with_a_malformed_or_unknown_id_is_parked_and_changes_nothing() {
+    let app = spawn_stack(|s| {
+        s.saga.payment_timeout_ms = 3_600_000;
+        s.saga.sweep_interval_ms = 3_600_000;
+    })
+    .await;
+    app.product("T10", 5, 0).await;
+    let o = app.order("u1", "k", "T10", 1).await.unwrap();
+    app.wait_status("u1", &o.order_id, OrderStatus::AwaitingPayment)
+        .await;
+    app.exec(&format!(
+        "UPDATE orders SET payment_deadline = now() - interval '1 second' WHERE order_id = '{}'",
+        o.order_id
+    ))
+    .await;
+    let unknown = uuid::Uuid::new_v4().to_string();
+    app.publish(batch_timer(&o.order_id, &["not-a-uuid"]), "x")
+        .await;
+    app.publish(batch_timer(&o.order_id, &[&unknown]), "x")
+        .await;
+    let too_many: Vec<String> = (0..1_000)
+        .map(|_| uuid::Uuid::new_v4().to_string())
+        .collect();
+    let too_many: Vec<&str> = too_many.iter().map(String::as_str).collect();
+    app.publish(batch_timer(&o.order_id, &too_many), "x").await;
+    flashsale_test_support::eventually(Duration::from_secs(20), "three parked", || async {
+        (app.parked().await == 3).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        app.get("u1", &o.order_id).await.status,
+        OrderStatus::AwaitingPayment as i32,
+        "the valid order named in refused timers is untouched"
+    );
+    assert!(app.outbox_of("order.cancelled").await.is_empty());
+}

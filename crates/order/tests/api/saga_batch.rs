@@ -125,9 +125,22 @@ async fn a_batch_of_reserved_orders_awaits_payment_in_one_transaction() {
     );
     assert_eq!(
         count(&conn, "SELECT COUNT(*) AS n FROM outbox WHERE message_type = 'order.payment_timeout' AND exchange = '' AND routing_key LIKE '%payment_timeout%'").await,
-        30,
-        "one payment timer each, through the delay queue"
+        1,
+        "one payment timer for the batch, through the delay queue"
     );
+    let timers = flashsale_test_support::probe::outbox(&conn, Some("order.payment_timeout"))
+        .await
+        .unwrap();
+    let Some(Payload::PaymentTimeout(timer)) = &timers[0].payload else {
+        panic!("not a payment timeout: {:?}", timers[0]);
+    };
+    let mut named: Vec<String> = std::iter::once(timer.order_id.clone())
+        .chain(timer.more_order_ids.iter().cloned())
+        .collect();
+    named.sort();
+    let mut want: Vec<String> = envs.iter().map(|e| e.correlation_id.clone()).collect();
+    want.sort();
+    assert_eq!(named, want, "the timer names every order of the batch once");
     // The same batch delivered again: no second effect.
     let again = orders
         .confirm_reserved(envs.iter().map(item).collect())
@@ -139,7 +152,7 @@ async fn a_batch_of_reserved_orders_awaits_payment_in_one_transaction() {
             "SELECT COUNT(*) AS n FROM outbox WHERE message_type = 'order.payment_timeout'"
         )
         .await,
-        30
+        1
     );
 }
 
