@@ -69,6 +69,9 @@ main() {
     export FLASHSALE_PRODUCT_STOCK__DATABASE__URL="${FLASHSALE_PRODUCT_STOCK__DATABASE__URL:-$pg/flashsale_bench_product}"
     export FLASHSALE_ORDER__DATABASE__URL="${FLASHSALE_ORDER__DATABASE__URL:-$pg/flashsale_bench_svc_orders}"
     export FLASHSALE_OUTBOUND__DATABASE__URL="${FLASHSALE_OUTBOUND__DATABASE__URL:-$pg/flashsale_bench_outbound}"
+    # The saga follower reads order states from the order service's database (one query per
+    # poll) rather than through GetOrder per order, which would load the service being timed.
+    export FLASHSALE_BENCH_ORDERS_DB_URL="${FLASHSALE_BENCH_ORDERS_DB_URL:-$FLASHSALE_ORDER__DATABASE__URL}"
     export FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX="${FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX:-fs_bench:}"
     export FLASHSALE_ORDER__REDIS__KEY_PREFIX="${FLASHSALE_ORDER__REDIS__KEY_PREFIX:-fs_bench:}"
     local redis="${FLASHSALE_BENCH_REDIS_URL:-redis://127.0.0.1:6379}"

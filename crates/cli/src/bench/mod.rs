@@ -100,6 +100,12 @@ pub struct Args {
         default_value = "postgres://postgres@127.0.0.1:5432"
     )]
     postgres_url: String,
+    /// The order service's own database. When given, the platform mode's saga follower reads
+    /// the accepted orders' states from it, one query per poll, instead of one GetOrder per
+    /// order as their buyers: following 20,000 orders through the API loads the very service
+    /// (and database) whose saga is being timed, which the raw-insert baseline does not pay.
+    #[arg(long, env = "FLASHSALE_BENCH_ORDERS_DB_URL")]
+    orders_db_url: Option<String>,
     /// Redis for the raw-gate mode.
     #[arg(
         long,
@@ -161,6 +167,11 @@ impl Args {
             self.max_idle_wait_secs
         );
         self.db_pool()?;
+        if let Some(url) = &self.orders_db_url {
+            let ok = url::Url::parse(url)
+                .is_ok_and(|u| matches!(u.scheme(), "postgres" | "postgresql") && u.has_host());
+            anyhow::ensure!(ok, "--orders-db-url must be a postgres://host/database URL");
+        }
         Ok((load, limit, ticketing))
     }
 
@@ -225,6 +236,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 (baselines::raw_insert(db, &load, &sku).await?, None)
             }
             Mode::Platform => {
+                let follow_db = match &args.orders_db_url {
+                    Some(url) => Some(
+                        sea_orm::Database::connect(
+                            sea_orm::ConnectOptions::new(url.clone())
+                                .max_connections(2)
+                                .sqlx_logging(false)
+                                .to_owned(),
+                        )
+                        .await
+                        .context("connect to --orders-db-url")?,
+                    ),
+                    None => None,
+                };
                 let (m, saga) = platform::flood(
                     &args.product_stock_url,
                     &args.order_url,
@@ -233,6 +257,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     &sku,
                     limit,
                     ticketing,
+                    follow_db,
                 )
                 .await?;
                 (m, Some(saga))

@@ -34,6 +34,7 @@ pub async fn flood(
     sku: &str,
     per_user_limit: u32,
     ticketing: bool,
+    follow_db: Option<sea_orm::DatabaseConnection>,
 ) -> anyhow::Result<(Measurement, Saga)> {
     let admin = secret.mint("bench", Role::Admin, Duration::from_secs(3600))?;
     let policy = if ticketing {
@@ -116,6 +117,10 @@ pub async fn flood(
         Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
         Err(shared) => shared.lock().map(|l| l.clone()).unwrap_or_default(),
     };
-    let saga = saga::follow(follower, tokens, accepts, load.deadline).await;
+    let source = match follow_db {
+        Some(db) => saga::Source::Database(db),
+        None => saga::Source::Api(follower, tokens),
+    };
+    let saga = saga::follow(source, accepts, load.deadline).await;
     Ok((measurement, saga))
 }

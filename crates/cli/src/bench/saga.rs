@@ -61,13 +61,18 @@ enum State {
     Cancelled,
 }
 
+/// Where the follower reads the accepted orders' states.
+#[derive(Clone)]
+pub enum Source {
+    /// GetOrder as each order's buyer (what a buyer polling its order sees).
+    Api(OrderServiceClient<Channel>, Arc<Vec<String>>),
+    /// The order service's database, one query per read of a window (loads the service under
+    /// measurement far less).
+    Database(sea_orm::DatabaseConnection),
+}
+
 /// Follows `accepts` until none is PENDING or `bound` has passed.
-pub async fn follow(
-    client: OrderServiceClient<Channel>,
-    tokens: Arc<Vec<String>>,
-    accepts: Vec<Accept>,
-    bound: Duration,
-) -> Saga {
+pub async fn follow(source: Source, accepts: Vec<Accept>, bound: Duration) -> Saga {
     eprintln!(
         "bench: following {} accepted orders until the saga confirms them",
         accepts.len()
@@ -79,11 +84,19 @@ pub async fn follow(
     let mut last_full = tokio::time::Instant::now();
     let read = |window: Vec<usize>| {
         let items: Vec<Accept> = window.iter().map(|&i| accepts[i].clone()).collect();
-        let (client, tokens) = (client.clone(), tokens.clone());
-        let sweep = bounded(items, FOLLOW_CONCURRENCY, move |accept| {
-            let (client, tokens) = (client.clone(), tokens.clone());
-            async move { read_state(client, &tokens, accept).await }
-        });
+        let source = source.clone();
+        let sweep = async move {
+            match source {
+                Source::Api(client, tokens) => {
+                    bounded(items, FOLLOW_CONCURRENCY, move |accept| {
+                        let (client, tokens) = (client.clone(), tokens.clone());
+                        async move { read_state(client, &tokens, accept).await }
+                    })
+                    .await
+                }
+                Source::Database(db) => read_states_from_db(&db, &items).await,
+            }
+        };
         async move {
             tokio::time::timeout_at(until, sweep)
                 .await
@@ -176,6 +189,59 @@ async fn read_state(
         Ok(OrderStatus::Cancelled) => State::Cancelled,
         _ => State::Pending,
     }
+}
+
+/// The states of `accepts` read from the order service's database in one query (`None` where an
+/// order is missing or the query failed: read again at the next poll).
+async fn read_states_from_db(
+    db: &sea_orm::DatabaseConnection,
+    accepts: &[Accept],
+) -> Vec<Option<State>> {
+    use sea_orm::{ConnectionTrait as _, DbBackend, Statement};
+    let ids: Vec<uuid::Uuid> = accepts
+        .iter()
+        .filter_map(|a| a.order_id.parse().ok())
+        .collect();
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT order_id, status, updated_at FROM orders WHERE order_id = ANY($1)",
+            [ids.into()],
+        ))
+        .await;
+    let read_at = Instant::now();
+    let now_wall = SystemTime::now();
+    let mut found = std::collections::HashMap::new();
+    for row in rows.unwrap_or_default() {
+        let (Ok(id), Ok(status), Ok(at)) = (
+            row.try_get::<uuid::Uuid>("", "order_id"),
+            row.try_get::<String>("", "status"),
+            row.try_get::<chrono::DateTime<chrono::Utc>>("", "updated_at"),
+        ) else {
+            continue;
+        };
+        found.insert(id.to_string(), (status, at));
+    }
+    accepts
+        .iter()
+        .map(|a| {
+            let (status, at) = found.get(&a.order_id)?;
+            Some(match status.as_str() {
+                "PENDING" => State::Pending,
+                "CANCELLED" => State::Cancelled,
+                "AWAITING_PAYMENT" => {
+                    let changed = local_instant(
+                        at.timestamp(),
+                        i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0),
+                        read_at,
+                        now_wall,
+                    );
+                    State::Confirmed(changed.map_or(read_at, |c| c.max(a.at).min(read_at)))
+                }
+                _ => State::Confirmed(read_at),
+            })
+        })
+        .collect()
 }
 
 /// A wall-clock instant (Unix seconds and nanos) as an `Instant`, given one moment read on both.

@@ -12,7 +12,7 @@ use crate::{
 #[tokio::test]
 async fn bench_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--db-pool", "0"], "--db-pool"),
         (&["--db-pool", "101"], "--db-pool"),
         (&["--db-pool", "many"], "--db-pool"),
@@ -26,6 +26,11 @@ async fn bench_refuses_bad_options_naming_the_flag() {
         ),
         (&["--max-idle-wait-secs", "601"], "--max-idle-wait-secs"),
         (&["--max-idle-wait-secs=-1"], "--max-idle-wait-secs"),
+        (
+            &["--orders-db-url", "http://127.0.0.1/orders"],
+            "--orders-db-url",
+        ),
+        (&["--orders-db-url", "not a url"], "--orders-db-url"),
     ];
     for (args, flag) in cases {
         let mut full = vec![
@@ -126,4 +131,44 @@ async fn a_small_bench_follows_the_saga_and_reads_the_services_memory() {
     ] {
         assert!(ratios[key].is_number(), "no {key}: {ratios}");
     }
+}
+
+#[tokio::test]
+async fn the_saga_follower_can_read_the_order_database_instead_of_the_api() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let mut cmd = command(&[
+        "bench",
+        "--scenario",
+        "big-sale",
+        "--modes",
+        "platform",
+        "--requests",
+        "40",
+        "--buyers",
+        "40",
+        "--stock",
+        "10",
+        "--concurrency",
+        "4",
+        "--max-seconds-per-mode",
+        "30",
+        "--max-idle-wait-secs",
+        "0",
+        "--orders-db-url",
+        &stack.order_db_url,
+        "--json",
+    ]);
+    cmd.env("FLASHSALE_PRODUCT_STOCK_URL", &stack.stock_url)
+        .env("FLASHSALE_ORDER_URL", &stack.order_url);
+    let run = output(cmd).await;
+    let r = run.json();
+    let platform = &r["modes"][0];
+    assert_eq!(platform["accepted"], 10, "{platform}");
+    let saga = &platform["saga"];
+    assert_eq!(
+        (&saga["followed"], &saga["confirmed"], &saga["unconfirmed"]),
+        (&Value::from(10), &Value::from(10), &Value::from(0)),
+        "{saga}"
+    );
+    assert!(saga["confirm_s"].as_f64().unwrap() > 0.0, "{saga}");
 }

@@ -15,6 +15,8 @@ pub struct FullStack {
     pub stock_url: String,
     pub order_url: String,
     pub outbound_url: String,
+    /// The order service's database.
+    pub order_db_url: String,
     stops: Vec<Shutdown>,
     _dbs: Vec<TestDatabase>,
 }
@@ -69,6 +71,7 @@ impl FullStack {
             stock_url,
             order_url: format!("http://127.0.0.1:{order_port}"),
             outbound_url: format!("http://127.0.0.1:{outbound_port}"),
+            order_db_url: order_db.url.clone(),
             stops: vec![outbound_stop, order_stop, stock_stop],
             _dbs: vec![out_db, order_db, stock_db],
         }
