@@ -26,6 +26,7 @@ use crate::{
     token::Secret,
 };
 
+#[allow(clippy::too_many_arguments)]
 pub async fn flood(
     product_stock_url: &str,
     order_url: &str,
