@@ -53,7 +53,12 @@ impl WatchHub {
                 listener.listen(ORDER_CHANGES_CHANNEL).await?;
                 loop {
                     let n = listener.recv().await?;
-                    if let Ok(id) = n.payload().parse::<Uuid>() {
+                    // One id, or the ids a statement changed joined by commas.
+                    for id in n
+                        .payload()
+                        .split(',')
+                        .filter_map(|s| s.parse::<Uuid>().ok())
+                    {
                         let _ = self.tx.send(id);
                     }
                 }

@@ -4,6 +4,7 @@ use sea_orm_migration::{MigrationTrait, MigratorTrait, async_trait::async_trait}
 
 pub mod m0001_orders;
 pub mod m0002_orders_by_sku;
+pub mod m0003_statement_notify;
 
 pub struct Migrator;
 
@@ -15,6 +16,7 @@ impl MigratorTrait for Migrator {
             Box::new(flashsale_messaging::migration::CreateDeadLetters),
             Box::new(m0001_orders::Migration),
             Box::new(m0002_orders_by_sku::Migration),
+            Box::new(m0003_statement_notify::Migration),
         ]
     }
 }

@@ -9,6 +9,7 @@ mod create;
 mod foundation;
 mod helpers;
 mod load;
+mod notify;
 mod pay;
 mod query;
 mod saga;
