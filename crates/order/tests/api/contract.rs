@@ -58,8 +58,25 @@ async fn consumed_fixtures_are_accepted() {
     for (kind, from, to) in cases {
         let app = spawn_stack(|_| {}).await;
         let id = fixture_order(&app, from).await;
-        deliver(&app, &fixtures::envelope(kind).unwrap()).await;
+        let env = fixtures::envelope(kind).unwrap();
+        // A batch timer names further orders of the same confirmation batch.
+        let more = match &env.payload {
+            Some(Payload::PaymentTimeout(t)) => t.more_order_ids.clone(),
+            _ => Vec::new(),
+        };
+        for (i, other) in more.iter().enumerate() {
+            app.exec(&format!(
+                "INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, total_cents, \
+                 deduction_policy, status, payment_deadline) SELECT '{other}', user_id, 'fx-more-{i}', sku, quantity, \
+                 unit_price_cents, total_cents, deduction_policy, status, payment_deadline FROM orders WHERE order_id = '{id}'"
+            ))
+            .await;
+        }
+        deliver(&app, &env).await;
         assert_eq!(app.get("alice", &id).await.status, to as i32, "{kind}");
+        for other in &more {
+            assert_eq!(app.get("alice", other).await.status, to as i32, "{kind}");
+        }
     }
 }
 
