@@ -38,6 +38,94 @@ pub struct Measurement {
     pub latency_us: Histogram<u64>,
     /// The accepted calls only.
     pub accepted_latency_us: Histogram<u64>,
+    /// The calls by when they completed, in slots of [`SLOT`]: where in the run the slow ones
+    /// were (the intake, the sell-out, the saga behind it).
+    pub timeline: Vec<Slot>,
+    /// The calls that completed after the last accept (the refusals once sold out).
+    pub after_intake: Option<Slot>,
+}
+
+/// Width of one [`Slot`] of the timeline.
+pub const SLOT: Duration = Duration::from_millis(250);
+
+/// The calls that completed in one stretch of the run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slot {
+    /// Start of the stretch, since the mode started.
+    pub from: Duration,
+    pub requests: usize,
+    pub accepted: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Slot {
+    /// The figures of `samples` (latencies in µs, sorted ascending).
+    fn of(from: Duration, sorted_us: &[u32], accepted: usize) -> Option<Self> {
+        let q = |q: f64| {
+            let i = ((sorted_us.len() as f64 * q).ceil() as usize).clamp(1, sorted_us.len()) - 1;
+            f64::from(sorted_us[i]) / 1000.0
+        };
+        let last = *sorted_us.last()?;
+        Some(Self {
+            from,
+            requests: sorted_us.len(),
+            accepted,
+            p50_ms: q(0.5),
+            p99_ms: q(0.99),
+            max_ms: f64::from(last) / 1000.0,
+        })
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "from_s": self.from.as_secs_f64(),
+            "requests": self.requests,
+            "accepted": self.accepted,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            "max_ms": self.max_ms,
+        })
+    }
+}
+
+/// One call as the timeline sees it: completion since the start, latency, accepted.
+#[derive(Clone, Copy)]
+struct Sample {
+    done: Duration,
+    us: u32,
+    accepted: bool,
+}
+
+/// The timeline slots and the after-intake figures of `samples`.
+fn timeline(mut samples: Vec<Sample>, last_accept: Option<Duration>) -> (Vec<Slot>, Option<Slot>) {
+    samples.sort_by_key(|s| s.done);
+    let mut slots = Vec::new();
+    let mut rest = samples.as_slice();
+    let mut from = Duration::ZERO;
+    while !rest.is_empty() {
+        let end = from + SLOT;
+        let n = rest.partition_point(|s| s.done < end);
+        let (this, tail) = rest.split_at(n);
+        let mut us: Vec<u32> = this.iter().map(|s| s.us).collect();
+        us.sort_unstable();
+        if let Some(slot) = Slot::of(from, &us, this.iter().filter(|s| s.accepted).count()) {
+            slots.push(slot);
+        }
+        rest = tail;
+        from = end;
+    }
+    let after = last_accept.and_then(|last| {
+        let mut us: Vec<u32> = samples
+            .iter()
+            .filter(|s| s.done > last)
+            .map(|s| s.us)
+            .collect();
+        us.sort_unstable();
+        Slot::of(last, &us, 0)
+    });
+    (slots, after)
 }
 
 impl Measurement {
@@ -89,6 +177,8 @@ impl Measurement {
             "accepted_latency_ms": {
                 "p50": self.accepted_p(0.5), "p99": self.accepted_p(0.99),
             },
+            "after_intake": self.after_intake.as_ref().map(Slot::to_json),
+            "timeline": self.timeline.iter().map(Slot::to_json).collect::<Vec<_>>(),
         })
     }
 
@@ -152,6 +242,7 @@ where
                 all: histogram().ok(),
                 accepted: histogram().ok(),
                 outcomes: Vec::new(),
+                samples: Vec::new(),
                 first_accept: None,
                 last_accept: None,
             };
@@ -169,6 +260,11 @@ where
                 if let Some(h) = part.all.as_mut() {
                     let _ = h.record(us);
                 }
+                part.samples.push(Sample {
+                    done: done.saturating_duration_since(started),
+                    us: u32::try_from(us).unwrap_or(u32::MAX),
+                    accepted: o == Outcome::Accepted,
+                });
                 if o == Outcome::Accepted {
                     if let Some(h) = part.accepted.as_mut() {
                         let _ = h.record(us);
@@ -192,7 +288,10 @@ where
         last_accept: None,
         latency_us: histogram()?,
         accepted_latency_us: histogram()?,
+        timeline: Vec::new(),
+        after_intake: None,
     };
+    let mut samples = Vec::new();
     while let Some(joined) = workers.join_next().await {
         let Ok(part) = joined else {
             continue;
@@ -210,6 +309,7 @@ where
         if let Some(l) = part.last_accept.map(since) {
             m.last_accept = Some(m.last_accept.map_or(l, |x| x.max(l)));
         }
+        samples.extend(part.samples);
         for o in part.outcomes {
             m.requests += 1;
             match o {
@@ -220,6 +320,7 @@ where
         }
     }
     m.elapsed = started.elapsed();
+    (m.timeline, m.after_intake) = timeline(samples, m.last_accept);
     Ok(m)
 }
 
@@ -228,6 +329,7 @@ struct Part {
     all: Option<Histogram<u64>>,
     accepted: Option<Histogram<u64>>,
     outcomes: Vec<Outcome>,
+    samples: Vec<Sample>,
     first_accept: Option<Instant>,
     last_accept: Option<Instant>,
 }
@@ -265,6 +367,45 @@ mod tests {
         assert_eq!(m.latency_us.len(), 12);
         assert!(m.accepted_p(0.99) < m.p(0.99));
         assert_eq!(m.errored(), 0);
+        // The timeline holds every call once, the accepts where they happened; after the
+        // intake only the slow refusals remain.
+        assert_eq!(m.timeline.iter().map(|s| s.requests).sum::<usize>(), 12);
+        assert_eq!(m.timeline.iter().map(|s| s.accepted).sum::<usize>(), 4);
+        assert_eq!(m.timeline[0].from, Duration::ZERO);
+        assert!(m.timeline.windows(2).all(|w| w[0].from < w[1].from));
+        let after = m.after_intake.clone().unwrap();
+        assert_eq!((after.requests, after.accepted), (8, 0));
+        assert!(after.p50_ms >= 20.0, "{after:?}");
+        assert!(
+            m.timeline
+                .iter()
+                .all(|s| s.p50_ms <= s.p99_ms && s.p99_ms <= s.max_ms)
+        );
+    }
+
+    #[test]
+    fn slots_split_calls_by_completion_and_rank_their_latencies() {
+        let at = |ms: u64, us: u32, accepted: bool| Sample {
+            done: Duration::from_millis(ms),
+            us,
+            accepted,
+        };
+        let mut samples: Vec<Sample> = (1..=100).map(|i| at(10, i * 10, false)).collect();
+        samples.push(at(600, 5_000, true));
+        samples.push(at(700, 1_000, false));
+        let (slots, after) = timeline(samples, Some(Duration::from_millis(600)));
+        // 0–250 ms: the hundred calls; 250–500 ms: none (no slot); 500–750 ms: two.
+        assert_eq!(slots.len(), 2, "{slots:?}");
+        assert_eq!((slots[0].requests, slots[0].accepted), (100, 0));
+        assert_eq!(
+            (slots[0].p50_ms, slots[0].p99_ms, slots[0].max_ms),
+            (0.5, 0.99, 1.0)
+        );
+        assert_eq!(slots[1].from, Duration::from_millis(500));
+        assert_eq!((slots[1].requests, slots[1].accepted), (2, 1));
+        assert_eq!(slots[1].max_ms, 5.0);
+        let after = after.unwrap();
+        assert_eq!((after.requests, after.max_ms), (1, 1.0));
     }
 
     #[tokio::test]

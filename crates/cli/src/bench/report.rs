@@ -75,6 +75,25 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
                 r.m.accepted_p(0.99)
             );
         }
+        if let Some(a) = &r.m.after_intake {
+            println!(
+                "    after the last accept: {} calls, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                a.requests, a.p50_ms, a.p99_ms, a.max_ms
+            );
+        }
+        if let Some(worst) =
+            r.m.timeline
+                .iter()
+                .max_by(|a, b| a.p99_ms.total_cmp(&b.p99_ms))
+        {
+            println!(
+                "    slowest 250 ms of the run: from {:.2} s, {} calls ({} accepted), p99 {:.2} ms",
+                worst.from.as_secs_f64(),
+                worst.requests,
+                worst.accepted,
+                worst.p99_ms
+            );
+        }
         if let Some(s) = &r.saga {
             println!("    {}", s.text());
         }
