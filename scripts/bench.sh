@@ -6,9 +6,9 @@
 #   scripts/bench.sh                 all scenarios (flood, big-sale, ticketing)
 #   scripts/bench.sh flood           one scenario
 #   BENCH_ARGS="--requests 20000" scripts/bench.sh flood     smaller runs
-# Every run starts and ends clean: the services get flashsale_bench_* databases and fs_bench:
-# Redis keys of their own, dropped before the run and again after it (the services are stopped
-# at the end); only the reports stay.
+# Every run starts and ends clean: the services get flashsale_bench_* databases, fs_bench:
+# Redis keys and fs_bench_<run>.* queues of their own, dropped before the run and again after
+# it (the services are stopped at the end); only the reports stay.
 # PostgreSQL allows 100 connections here: the services start with smaller pools (16/16/8, set
 # FLASHSALE_<SERVICE>__DATABASE__MAX_CONNECTIONS to change them) so that they and the bench's own
 # pool (--db-pool, default 32) fit with room to spare. The bench reads the services' pids from
@@ -34,6 +34,24 @@ drop_bench_keys() { # redis url
     fi
     redis-cli -u "$1" --scan --pattern 'fs_bench*' 2>/dev/null |
         xargs -r -n 500 redis-cli -u "$1" unlink >/dev/null 2>&1 || true
+}
+
+# Deletes the bench's RabbitMQ queues (named fs_bench_<run>.…): a run stopped mid-saga leaves
+# its services' queues holding messages that the next run's services would otherwise consume
+# (for orders and products their fresh databases never had). Each run also uses queue names and
+# an exchange of its own and lets the broker expire its queues an hour after it stopped
+# (amqp.queue_expires_ms), for brokers rabbitmqctl cannot reach.
+drop_bench_queues() {
+    if ! have rabbitmqctl; then
+        warn "rabbitmqctl not found: the bench's queues expire an hour after the run instead"
+        return 0
+    fi
+    local q n=0 queues=()
+    mapfile -t queues < <(rabbitmqctl -q list_queues name 2>/dev/null | grep -E '^fs_bench_[0-9_]+\.' || true)
+    for q in "${queues[@]}"; do
+        rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 && n=$((n + 1))
+    done
+    ((n == 0)) || log "deleted $n bench queue(s)"
 }
 
 # Drops the flashsale_bench_* databases (the services are stopped by then).
@@ -75,10 +93,18 @@ main() {
     export FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX="${FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX:-fs_bench:}"
     export FLASHSALE_ORDER__REDIS__KEY_PREFIX="${FLASHSALE_ORDER__REDIS__KEY_PREFIX:-fs_bench:}"
     local redis="${FLASHSALE_BENCH_REDIS_URL:-redis://127.0.0.1:6379}"
+    local run_tag svc
+    run_tag="fs_bench_$(date +%s)_$$"
+    for svc in PRODUCT_STOCK ORDER OUTBOUND; do
+        export "FLASHSALE_${svc}__AMQP__EXCHANGE=$run_tag.events"
+        export "FLASHSALE_${svc}__AMQP__QUEUE_PREFIX=$run_tag."
+        export "FLASHSALE_${svc}__AMQP__QUEUE_EXPIRES_MS=3600000"
+    done
     log "service pools: product-stock $FLASHSALE_PRODUCT_STOCK__DATABASE__MAX_CONNECTIONS, order $FLASHSALE_ORDER__DATABASE__MAX_CONNECTIONS, outbound $FLASHSALE_OUTBOUND__DATABASE__MAX_CONNECTIONS connections"
     scripts/down.sh >/dev/null 2>&1 || true
     drop_bench_databases "$pg"
     drop_bench_keys "$redis"
+    drop_bench_queues
     scripts/up.sh
     local s
     for s in "${scenarios[@]}"; do
@@ -90,6 +116,7 @@ main() {
     scripts/down.sh >/dev/null 2>&1 || true
     drop_bench_databases "$pg"
     drop_bench_keys "$redis"
+    drop_bench_queues
     log "reports in $OUT"
 }
 

@@ -19,7 +19,12 @@ pub struct BatchMetrics {
 
 /// Applies `items` (several at once) with `together` — `Ok(true)` when it applied them all,
 /// `Ok(false)` or `Err` when it applied none and each must go on its own — else with `each`
-/// per item, concurrently. A single item goes straight to `each`. One answer per item, in order.
+/// per item, at most [`EACH_CONCURRENCY`] at a time. A single item goes straight to `each`.
+/// One answer per item, in order.
+///
+/// The bound matters: a batch of a hundred deliveries the database cannot take together (say,
+/// for products this database has never seen) would otherwise ask for a hundred connections
+/// at once, drain the service's pool and stall its request path behind them.
 pub async fn together_or_each<'a, T, E, TF, TFut, EF, EFut>(
     items: &'a [T],
     metrics: BatchMetrics,
@@ -46,8 +51,15 @@ where
             }
         }
     }
-    futures_util::future::join_all(items.iter().map(each)).await
+    use futures_util::StreamExt as _;
+    futures_util::stream::iter(items.iter().map(each))
+        .buffered(EACH_CONCURRENCY)
+        .collect()
+        .await
 }
+
+/// Items [`together_or_each`] applies one by one at the same time.
+pub const EACH_CONCURRENCY: usize = 4;
 
 /// Why a batched call got no answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -200,5 +212,44 @@ mod tests {
             Ok::<Vec<u8>, String>(vec![])
         });
         assert!(matches!(short.call(1).await, Err(BatchError::Failed(_))));
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_falls_back_runs_at_most_a_few_items_at_once_and_answers_in_order() {
+        let running = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let items: Vec<u32> = (0..50).collect();
+        let metrics = BatchMetrics {
+            size: "test_batch_size",
+            fallbacks: "test_batch_fallbacks_total",
+        };
+        let answers = together_or_each(
+            &items,
+            metrics,
+            |_| async { Ok::<bool, String>(false) },
+            |i| {
+                let (running, peak) = (running.clone(), peak.clone());
+                async move {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    // Later items finish sooner: the answers must still come back in order.
+                    tokio::time::sleep(Duration::from_millis(u64::from(50 - *i))).await;
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    if *i % 7 == 0 {
+                        Err(format!("item {i}"))
+                    } else {
+                        Ok(())
+                    }
+                }
+            },
+        )
+        .await;
+        assert_eq!(answers.len(), 50);
+        for (i, a) in answers.iter().enumerate() {
+            assert_eq!(a.is_err(), i % 7 == 0, "answer {i}: {a:?}");
+        }
+        assert_eq!(answers[14], Err("item 14".to_owned()));
+        let peak = peak.load(Ordering::SeqCst);
+        assert!(peak <= EACH_CONCURRENCY && peak > 1, "{peak} at once");
     }
 }
