@@ -51,11 +51,21 @@ where
             }
         }
     }
-    use futures_util::StreamExt as _;
-    futures_util::stream::iter(items.iter().map(each))
-        .buffered(EACH_CONCURRENCY)
-        .collect()
-        .await
+    let permits = Semaphore::new(EACH_CONCURRENCY);
+    let permits = &permits;
+    let mut each = each;
+    let runs: Vec<_> = items
+        .iter()
+        .map(|item| {
+            let run = each(item);
+            async move {
+                // Never closed, so a permit always comes.
+                let _permit = permits.acquire().await.ok();
+                run.await
+            }
+        })
+        .collect();
+    futures_util::future::join_all(runs).await
 }
 
 /// Items [`together_or_each`] applies one by one at the same time.
