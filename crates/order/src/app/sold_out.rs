@@ -8,7 +8,9 @@
 //! orders still being written on any replica) together with the users that have an order for it
 //! in this service's database (which includes cancelled orders, whose units left the gate's
 //! count). A request from one of them goes to the gate as usual — it answers replays exactly —
-//! and everyone else is refused at once. While the list is being read, requests go to the gate.
+//! and everyone else is refused at once. While the list is being read, requests go to the gate —
+//! except while an expired list is read again: the previous one keeps answering meanwhile (for
+//! at most one more TTL), since units coming back would have removed it.
 //!
 //! A new buyer can only appear after units come back (a cancellation, a restock); every replica
 //! hears of that through the `stock.released`, `stock.adjusted` and `stock.reservation_failed`
@@ -37,8 +39,15 @@ pub enum Verdict {
 
 #[derive(Debug)]
 enum Entry {
-    /// Sold out; the possible replayers are being read (since then).
-    Loading { since: Instant, generation: u64 },
+    /// Sold out; the possible replayers are being read (since then). A re-read after the
+    /// entry expired keeps serving the previous list meanwhile (until `stale.1`): nothing
+    /// came back since (that would have removed the entry), and asking the gate for every
+    /// request during each re-read made a hiccup in the refusals' latency every TTL.
+    Loading {
+        since: Instant,
+        generation: u64,
+        stale: Option<(Arc<HashSet<String>>, Instant)>,
+    },
     /// Sold out until `until`, with who may be replaying.
     Ready {
         until: Instant,
@@ -80,6 +89,16 @@ impl SoldOutCache {
         };
         match state.entries.get(sku) {
             None => Verdict::Open,
+            Some(Entry::Loading {
+                stale: Some((replayers, until)),
+                ..
+            }) if *until > Instant::now() => {
+                if replayers.contains(user_id) {
+                    Verdict::AskGate
+                } else {
+                    Verdict::Refuse
+                }
+            }
             Some(Entry::Loading { .. }) => Verdict::AskGate,
             Some(Entry::Ready { until, replayers }) => {
                 if *until <= Instant::now() {
@@ -117,11 +136,16 @@ impl SoldOutCache {
             });
         }
         let generation = state.generation;
+        let stale = match state.entries.remove(sku) {
+            Some(Entry::Ready { replayers, .. }) => Some((replayers, now + self.ttl)),
+            _ => None,
+        };
         state.entries.insert(
             sku.to_owned(),
             Entry::Loading {
                 since: now,
                 generation,
+                stale,
             },
         );
         Some(generation)
@@ -242,6 +266,35 @@ mod tests {
         c.install("A", g, set(&[]));
         c.clear();
         assert_eq!(c.verdict("A", "bob"), Verdict::Open);
+    }
+
+    #[tokio::test]
+    async fn an_expired_list_keeps_refusing_while_it_is_read_again_unless_units_came_back() {
+        let c = SoldOutCache::new(Duration::from_millis(30));
+        let g = c.begin_load("A").unwrap();
+        c.install("A", g, set(&["alice"]));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        // Expired: the next request asks the gate, whose SOLD_OUT starts a re-read ...
+        assert_eq!(c.verdict("A", "bob"), Verdict::Open);
+        let g = c.begin_load("A").unwrap();
+        // ... during which the previous list still answers.
+        assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
+        assert_eq!(c.verdict("A", "alice"), Verdict::AskGate);
+        c.install("A", g, set(&["alice", "carol"]));
+        assert_eq!(c.verdict("A", "carol"), Verdict::AskGate);
+        // Units coming back during a re-read drop the old list at once.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let _ = c.begin_load("A").unwrap();
+        assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
+        c.forget("A");
+        assert_eq!(c.verdict("A", "bob"), Verdict::Open);
+        // A re-read that takes too long stops serving the old list after one more TTL.
+        let g = c.begin_load("A").unwrap();
+        c.install("A", g, set(&[]));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let _ = c.begin_load("A").unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(c.verdict("A", "bob"), Verdict::AskGate);
     }
 
     #[tokio::test]
