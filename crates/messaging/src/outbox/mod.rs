@@ -98,6 +98,43 @@ pub async fn enqueue_to<C: ConnectionTrait>(
     insert(conn, &[(env, target, None)]).await
 }
 
+/// The outbox columns of events bound for the event exchange, as arrays, for a caller that
+/// writes them inside its own statement (`INSERT INTO outbox (message_id, exchange,
+/// routing_key, message_type, payload, headers) SELECT m, NULL, t, t, p, h::jsonb FROM
+/// unnest($m::uuid[], $t::text[], $p::bytea[], $h::text[])`), e.g. together with the rows they
+/// report in one round trip. Each carries the current span's trace context, as [`enqueue_many`].
+#[derive(Clone, Debug, Default)]
+pub struct EventColumns {
+    pub message_ids: Vec<uuid::Uuid>,
+    /// Also the routing key.
+    pub message_types: Vec<String>,
+    pub payloads: Vec<Vec<u8>>,
+    /// JSON objects, as text.
+    pub headers: Vec<String>,
+}
+
+impl EventColumns {
+    /// The columns of `envs` (each checked as [`enqueue`] would).
+    pub fn of(envs: &[Envelope]) -> Result<Self, DbErr> {
+        let current = serde_json::Value::Object(
+            trace::current_headers()
+                .into_iter()
+                .map(|(k, v)| (k, serde_json::Value::String(v)))
+                .collect(),
+        )
+        .to_string();
+        let mut c = Self::default();
+        for env in envs {
+            let id = envelope::check(env).map_err(|e| DbErr::Custom(format!("outbox: {e}")))?;
+            c.message_ids.push(id);
+            c.message_types.push(env.r#type.clone());
+            c.payloads.push(envelope::encode(env));
+            c.headers.push(current.clone());
+        }
+        Ok(c)
+    }
+}
+
 /// Rows with `None` headers carry the current span's trace context.
 async fn insert<C: ConnectionTrait>(
     conn: &C,

@@ -3,7 +3,6 @@
 //! the timeout, two replicas' consumers) have exactly one winner.
 
 use chrono::{DateTime, Utc};
-use flashsale_platform::db::MultiRow;
 use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement, Value};
 use uuid::Uuid;
 
@@ -207,12 +206,16 @@ pub async fn insert_order<C: ConnectionTrait>(
     })
 }
 
-/// Inserts many PENDING orders in one statement; returns the ids actually inserted (a row whose
-/// id or `(user_id, request_id)` exists already, or repeats an earlier row of the batch, is
-/// skipped), and writes their first history rows.
-pub async fn insert_orders<C: ConnectionTrait>(
+/// Writes PENDING orders, their history rows and — for each order actually inserted — its
+/// event, in one statement (one round trip, one implicit transaction; constant text, so it is
+/// prepared once per connection). `events` are aligned with `event_orders`, the order each
+/// reports. Returns the orders inserted, with their creation time; an order whose id or
+/// (user, request) key already existed is skipped, with its event.
+pub async fn insert_orders_with_events<C: ConnectionTrait>(
     c: &C,
     rows: &[(Uuid, &PlaceOrder, i64, Policy)],
+    event_orders: &[Uuid],
+    events: flashsale_messaging::outbox::EventColumns,
 ) -> Result<Vec<(Uuid, DateTime<Utc>)>, OrderError> {
     #[derive(FromQueryResult)]
     struct Id {
@@ -222,48 +225,58 @@ pub async fn insert_orders<C: ConnectionTrait>(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let mut insert = MultiRow::new(
-        "INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, total_cents, \
-         deduction_policy, status) VALUES",
-    );
+    const SQL: &str = "WITH ins AS ( \
+        INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, total_cents, \
+            deduction_policy, status) \
+        SELECT i.order_id, i.user_id, i.request_id, i.sku, i.quantity, i.unit_price_cents, \
+            i.quantity * i.unit_price_cents, i.deduction_policy, 'PENDING' \
+        FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::text[]) \
+            AS i(order_id, user_id, request_id, sku, quantity, unit_price_cents, deduction_policy) \
+        ON CONFLICT DO NOTHING \
+        RETURNING order_id, created_at \
+    ), hist AS ( \
+        INSERT INTO order_status_history (order_id, from_status, to_status, reason) \
+        SELECT order_id, NULL, 'PENDING', 'CreateOrder' FROM ins \
+    ), events AS ( \
+        INSERT INTO outbox (message_id, exchange, routing_key, message_type, payload, headers) \
+        SELECT e.message_id, NULL, e.message_type, e.message_type, e.payload, e.headers::jsonb \
+        FROM unnest($8::uuid[], $9::uuid[], $10::text[], $11::bytea[], $12::text[]) \
+            AS e(order_id, message_id, message_type, payload, headers) \
+        JOIN ins ON ins.order_id = e.order_id \
+    ) \
+    SELECT order_id, created_at FROM ins";
+    let mut ids = Vec::with_capacity(rows.len());
+    let (mut users, mut requests, mut skus) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut quantities, mut prices, mut policies) = (Vec::new(), Vec::new(), Vec::new());
     for (id, p, price, policy) in rows {
-        insert.row([
-            (*id).into(),
-            p.user_id.clone().into(),
-            p.request_id.clone().into(),
-            p.sku.clone().into(),
-            p.quantity.into(),
-            (*price).into(),
-            (price * p.quantity).into(),
-            policy.as_db().into(),
-            Status::Pending.as_db().into(),
-        ]);
+        ids.push(*id);
+        users.push(p.user_id.clone());
+        requests.push(p.request_id.clone());
+        skus.push(p.sku.clone());
+        quantities.push(p.quantity);
+        prices.push(*price);
+        policies.push(policy.as_db().to_owned());
     }
-    let inserted: Vec<(Uuid, DateTime<Utc>)> = Id::find_by_statement(
-        insert.finish("ON CONFLICT DO NOTHING RETURNING order_id, created_at"),
-    )
-    .all(c)
-    .await?
-    .into_iter()
-    .map(|r| (r.order_id, r.created_at))
-    .collect();
-    if !inserted.is_empty() {
-        let list = format!(
-            "{{{}}}",
-            inserted
-                .iter()
-                .map(|(id, _)| id.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        c.execute_raw(stmt(
-            "INSERT INTO order_status_history (order_id, from_status, to_status, reason) \
-             SELECT unnest($1::uuid[]), NULL, 'PENDING', 'CreateOrder'",
-            [list.into()],
-        ))
-        .await?;
-    }
-    Ok(inserted)
+    let values: Vec<Value> = vec![
+        ids.into(),
+        users.into(),
+        requests.into(),
+        skus.into(),
+        quantities.into(),
+        prices.into(),
+        policies.into(),
+        event_orders.to_vec().into(),
+        events.message_ids.into(),
+        events.message_types.into(),
+        events.payloads.into(),
+        events.headers.into(),
+    ];
+    Ok(Id::find_by_statement(stmt(SQL, values))
+        .all(c)
+        .await?
+        .into_iter()
+        .map(|r| (r.order_id, r.created_at))
+        .collect())
 }
 
 async fn history<C: ConnectionTrait>(
@@ -331,36 +344,23 @@ pub async fn await_payment_many<C: ConnectionTrait>(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let placeholders: Vec<String> = (0..ids.len()).map(|i| format!("${}", i + 2)).collect();
-    let sql = format!(
-        "UPDATE orders SET status = 'AWAITING_PAYMENT', payment_deadline = $1, updated_at = now() \
-         WHERE status = 'PENDING' AND order_id IN ({}) RETURNING order_id",
-        placeholders.join(", ")
-    );
-    let mut values: Vec<Value> = Vec::with_capacity(ids.len() + 1);
-    values.push(deadline.into());
-    values.extend(ids.iter().map(|id| Value::from(*id)));
-    let moved: Vec<Uuid> = Id::find_by_statement(stmt(&sql, values))
+    // One statement with its history rows, constant text (an array, not a list of
+    // placeholders): one round trip, prepared once per connection.
+    let sql = "WITH moved AS ( \
+            UPDATE orders SET status = 'AWAITING_PAYMENT', payment_deadline = $1, updated_at = now() \
+            WHERE status = 'PENDING' AND order_id = ANY($2) RETURNING order_id \
+        ), hist AS ( \
+            INSERT INTO order_status_history (order_id, from_status, to_status, reason) \
+            SELECT order_id, 'PENDING', 'AWAITING_PAYMENT', $3 FROM moved \
+        ) \
+        SELECT order_id FROM moved";
+    let values: Vec<Value> = vec![deadline.into(), ids.to_vec().into(), note.into()];
+    let moved: Vec<Uuid> = Id::find_by_statement(stmt(sql, values))
         .all(c)
         .await?
         .into_iter()
         .map(|r| r.order_id)
         .collect();
-    if moved.is_empty() {
-        return Ok(moved);
-    }
-    let mut history = MultiRow::new(
-        "INSERT INTO order_status_history (order_id, from_status, to_status, reason) VALUES",
-    );
-    for id in &moved {
-        history.row([
-            (*id).into(),
-            Status::Pending.as_db().into(),
-            Status::AwaitingPayment.as_db().into(),
-            note.into(),
-        ]);
-    }
-    c.execute_raw(history.finish("")).await?;
     Ok(moved)
 }
 

@@ -181,8 +181,11 @@ pub struct Written {
     pub order: Option<Order>,
 }
 
-/// Writes many PENDING orders and their `order.created` events in one transaction: one commit
-/// (one WAL flush) for the whole batch instead of one per order. Answers per write, in order.
+/// Writes many PENDING orders, their history and their `order.created` events in one statement
+/// (one round trip, one commit — one WAL flush — for the whole batch). Answers per write, in
+/// order: the first write of an id that was inserted is the new order; a repeat of it, or a
+/// write whose order already existed, is the same order; a write whose (user, request) key
+/// belongs to another order is `KeyTaken`.
 pub async fn write_pending_batch(
     db: &sea_orm::DatabaseConnection,
     writes: Vec<PendingWrite>,
@@ -193,31 +196,42 @@ pub async fn write_pending_batch(
         .zip(&ids)
         .map(|(w, id)| (*id, &w.place, w.unit_price_cents, w.policy))
         .collect();
-    let txn = db.begin().await?;
+    // One event per distinct order, written only if that order is.
+    let mut seen = std::collections::HashSet::new();
+    let (mut event_orders, mut events) = (Vec::new(), Vec::new());
+    for (w, id) in writes.iter().zip(&ids) {
+        if !seen.insert(*id) {
+            continue;
+        }
+        let p = &w.place;
+        let ev = OrderCreated {
+            order_id: id.to_string(),
+            user_id: p.user_id.clone(),
+            sku: p.sku.clone(),
+            quantity: p.quantity,
+            unit_price_cents: w.unit_price_cents,
+            total_cents: w.unit_price_cents * p.quantity,
+            deduction_policy: policy_to_proto(w.policy),
+        };
+        event_orders.push(*id);
+        events.push(envelope::new(
+            Payload::OrderCreated(ev),
+            id.to_string(),
+            "",
+            PRODUCER,
+        ));
+    }
+    let columns = outbox::EventColumns::of(&events)?;
     let mut inserted: std::collections::HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>> =
-        db::insert_orders(&txn, &rows).await?.into_iter().collect();
-    let mut events = Vec::new();
+        db::insert_orders_with_events(db, &rows, &event_orders, columns)
+            .await?
+            .into_iter()
+            .collect();
     let mut answers = Vec::with_capacity(writes.len());
     let mut missing = Vec::new();
     for (i, (w, id)) in writes.iter().zip(&ids).enumerate() {
-        // The first write of an id that was inserted is the new one; any repeat is the same order.
         if let Some(created_at) = inserted.remove(id) {
             let p = &w.place;
-            let ev = OrderCreated {
-                order_id: id.to_string(),
-                user_id: p.user_id.clone(),
-                sku: p.sku.clone(),
-                quantity: p.quantity,
-                unit_price_cents: w.unit_price_cents,
-                total_cents: w.unit_price_cents * p.quantity,
-                deduction_policy: policy_to_proto(w.policy),
-            };
-            events.push(envelope::new(
-                Payload::OrderCreated(ev),
-                id.to_string(),
-                "",
-                PRODUCER,
-            ));
             answers.push(Some(Written {
                 inserted: Inserted::New,
                 order: Some(Order {
@@ -243,10 +257,10 @@ pub async fn write_pending_batch(
             answers.push(None);
         }
     }
-    outbox::enqueue_many(&txn, &events).await?;
     if !missing.is_empty() {
+        // Committed by whoever wrote them (ON CONFLICT waited for them), so visible now.
         let probe: Vec<uuid::Uuid> = missing.iter().map(|&i| ids[i]).collect();
-        let found = db::orders(&txn, &probe).await?;
+        let found = db::orders(db, &probe).await?;
         for (&i, f) in missing.iter().zip(found) {
             let inserted = if f.is_some() {
                 Inserted::SameOrder
@@ -259,7 +273,6 @@ pub async fn write_pending_batch(
             });
         }
     }
-    txn.commit().await?;
     Ok(answers
         .into_iter()
         .map(|a| {

@@ -5,6 +5,7 @@ use sea_orm_migration::{MigrationTrait, MigratorTrait, async_trait::async_trait}
 pub mod m0001_orders;
 pub mod m0002_orders_by_sku;
 pub mod m0003_statement_notify;
+pub mod m0004_payment_id_partial;
 
 pub struct Migrator;
 
@@ -17,6 +18,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0001_orders::Migration),
             Box::new(m0002_orders_by_sku::Migration),
             Box::new(m0003_statement_notify::Migration),
+            Box::new(m0004_payment_id_partial::Migration),
         ]
     }
 }
