@@ -41,11 +41,11 @@ pub struct SagaSettings {
     pub max_quantity: i64,
     /// Deadline of one call to product-stock.
     pub stock_call_timeout_ms: u64,
-    /// Accepting orders comes first: the outbox relay waits until no order was accepted for
-    /// this long before it publishes the saga's events (0: it never waits).
+    /// Accepting orders comes first: while orders are being accepted (one was, less than this
+    /// long ago) the outbox relay holds the saga's events back (0: it never does) ...
     pub intake_quiet_ms: u64,
-    /// ... but defers a batch of events by at most this long, so a burst that never pauses
-    /// still sees its events go out (one relay batch per this interval).
+    /// ... except events that have waited this long: under a load that never pauses the saga
+    /// runs this far behind the intake, never further.
     pub intake_max_lag_ms: u64,
 }
 
@@ -58,7 +58,7 @@ impl Default for SagaSettings {
             max_quantity: 100,
             stock_call_timeout_ms: 3_000,
             intake_quiet_ms: 50,
-            intake_max_lag_ms: 2_000,
+            intake_max_lag_ms: 5_000,
         }
     }
 }

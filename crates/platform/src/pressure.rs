@@ -55,9 +55,10 @@ impl Foreground {
     }
 }
 
-/// How a background loop yields to a [`Foreground`]: it waits until the foreground has been
-/// quiet for `quiet`, but defers its work by at most `max_lag` at a time, so it always makes
-/// progress (one unit of work per `max_lag` during a burst that never pauses).
+/// How a background loop yields to a [`Foreground`]: while the foreground is busy (marked less
+/// than `quiet` ago) the loop holds its work back, except work that has waited `max_lag`
+/// already — so the lag stays bounded and the loop keeps pace with a load that never pauses,
+/// while a short burst is answered first and its background work follows right after it.
 #[derive(Clone, Debug)]
 pub struct Yield {
     pub foreground: Foreground,
@@ -66,23 +67,18 @@ pub struct Yield {
 }
 
 impl Yield {
-    /// Waits (from `since`, the moment the work became due) until the foreground is quiet or
-    /// `max_lag` has passed; returns how long it waited.
-    pub async fn wait(&self, since: Instant) -> Duration {
-        let start = Instant::now();
-        let deadline = since + self.max_lag;
-        loop {
-            let remaining = match self.foreground.quiet_for() {
-                Some(q) if q < self.quiet => self.quiet - q,
-                _ => break,
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            tokio::time::sleep_until((now + remaining).min(deadline)).await;
+    /// How long to hold back work whose oldest item has waited `oldest` (`None`: no work):
+    /// `None` means go now.
+    pub fn hold(&self, oldest: Option<Duration>) -> Option<Duration> {
+        let since = self.foreground.quiet_for()?;
+        if since >= self.quiet || oldest.is_some_and(|age| age >= self.max_lag) {
+            return None;
         }
-        start.elapsed()
+        let until_quiet = self.quiet - since;
+        Some(match oldest {
+            Some(age) => until_quiet.min(self.max_lag - age),
+            None => until_quiet,
+        })
     }
 }
 
@@ -91,51 +87,35 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_background_loop_waits_for_the_foreground_to_be_quiet() {
+    async fn work_is_held_back_while_the_foreground_is_busy_but_never_past_max_lag() {
         let fg = Foreground::new();
         let y = Yield {
             foreground: fg.clone(),
             quiet: Duration::from_millis(50),
             max_lag: Duration::from_secs(2),
         };
-        // Never marked: no wait at all.
-        assert_eq!(y.wait(Instant::now()).await, Duration::ZERO);
+        // Never marked: go.
+        assert_eq!(y.hold(Some(Duration::ZERO)), None);
         fg.mark();
         tokio::time::advance(Duration::from_millis(10)).await;
-        // Marked 10 ms ago: waits the 40 ms left of the quiet period.
-        assert_eq!(y.wait(Instant::now()).await, Duration::from_millis(40));
+        // Busy: young work waits for the 40 ms left of the quiet period ...
+        assert_eq!(
+            y.hold(Some(Duration::from_millis(5))),
+            Some(Duration::from_millis(40))
+        );
+        assert_eq!(y.hold(None), Some(Duration::from_millis(40)));
+        // ... or less, when it reaches its lag before that ...
+        assert_eq!(
+            y.hold(Some(Duration::from_millis(1_990))),
+            Some(Duration::from_millis(10))
+        );
+        // ... and work that has waited max_lag goes at once, busy or not.
+        assert_eq!(y.hold(Some(Duration::from_secs(2))), None);
+        tokio::time::advance(Duration::from_millis(40)).await;
         assert!(
             fg.quiet_for()
                 .is_some_and(|q| q >= Duration::from_millis(50))
         );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_burst_that_never_pauses_defers_work_by_at_most_max_lag() {
-        let fg = Foreground::new();
-        let y = Yield {
-            foreground: fg.clone(),
-            quiet: Duration::from_millis(50),
-            max_lag: Duration::from_millis(300),
-        };
-        let marker = {
-            let fg = fg.clone();
-            tokio::spawn(async move {
-                for _ in 0..1_000 {
-                    fg.mark();
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            })
-        };
-        let since = Instant::now();
-        tokio::time::advance(Duration::from_millis(100)).await;
-        let waited = y.wait(since).await;
-        // Due 100 ms ago: 200 ms more, then it goes ahead although the burst goes on.
-        assert_eq!(waited, Duration::from_millis(200));
-        assert!(
-            fg.quiet_for()
-                .is_some_and(|q| q < Duration::from_millis(50))
-        );
-        marker.abort();
+        assert_eq!(y.hold(Some(Duration::ZERO)), None, "quiet again: go");
     }
 }

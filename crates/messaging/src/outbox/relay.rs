@@ -43,9 +43,10 @@ pub struct RelayOptions {
     pub poll_interval: Duration,
     /// Published rows older than this are deleted (checked every 10 minutes).
     pub retention: Duration,
-    /// Foreground work this relay gives way to: before each batch it waits until the foreground
-    /// has been quiet for a moment, deferring a batch by at most the yield's `max_lag` (so the
-    /// events of a burst go out right after it, and one batch per `max_lag` during it).
+    /// Foreground work this relay gives way to: while the foreground is busy it publishes only
+    /// once the oldest due row has waited the yield's `max_lag` (then from the oldest on), so the
+    /// events of a short burst go out right after it, and under a load that never pauses they
+    /// go out with a bounded lag.
     pub yield_to: Option<flashsale_platform::pressure::Yield>,
 }
 
@@ -128,15 +129,22 @@ impl OutboxRelay {
             let mut failed = false;
             loop {
                 if let Some(y) = &self.options.yield_to {
-                    tokio::select! {
-                        waited = y.wait(tokio::time::Instant::now()) => {
-                            if !waited.is_zero() {
-                                metrics::counter!("flashsale_outbox_yielded_ms_total")
-                                    .increment(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
-                                metrics::counter!("flashsale_outbox_yields_total").increment(1);
-                            }
+                    let held = tokio::time::Instant::now();
+                    loop {
+                        let oldest = match y.foreground.quiet_for() {
+                            Some(q) if q < y.quiet => self.oldest_due_age().await,
+                            _ => None,
+                        };
+                        let Some(wait) = y.hold(oldest) else { break };
+                        tokio::select! {
+                            _ = tokio::time::sleep(wait) => {}
+                            _ = &mut shutdown => return Ok(()),
                         }
-                        _ = &mut shutdown => return Ok(()),
+                    }
+                    let waited = held.elapsed();
+                    if !waited.is_zero() {
+                        metrics::counter!("flashsale_outbox_yielded_ms_total")
+                            .increment(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
                     }
                 }
                 let batch = self.relay_batch();
@@ -289,6 +297,22 @@ impl OutboxRelay {
             );
         }
         Ok(rows.len())
+    }
+
+    /// How long the oldest due unpublished row has waited (`None`: there is none, or it could
+    /// not be read — the relay then goes ahead as if nothing held it back).
+    async fn oldest_due_age(&self) -> Option<Duration> {
+        let secs: Option<f64> = sqlx::query_scalar(
+            "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8 FROM outbox \
+             WHERE published_at IS NULL AND next_attempt_at <= now() ORDER BY id LIMIT 1",
+        )
+        .fetch_optional(&self.pool)
+        .await
+        .unwrap_or_else(|e| {
+            debug!(error = %e, "cannot read the outbox's oldest row");
+            Some(f64::MAX)
+        });
+        secs.map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX))
     }
 
     fn batch_size(&self) -> u32 {
