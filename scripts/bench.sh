@@ -41,17 +41,27 @@ drop_bench_keys() { # redis url
 # (for orders and products their fresh databases never had). Each run also uses queue names and
 # an exchange of its own and lets the broker expire its queues an hour after it stopped
 # (amqp.queue_expires_ms), for brokers rabbitmqctl cannot reach.
-drop_bench_queues() {
+drop_bench_queues() { # [run tag: only that run's queues; default: every earlier run's]
     if ! have rabbitmqctl; then
         warn "rabbitmqctl not found: the bench's queues expire an hour after the run instead"
         return 0
     fi
-    local q n=0 queues=()
-    mapfile -t queues < <(rabbitmqctl -q list_queues name 2>/dev/null | grep -E '^fs_bench_[0-9_]+\.' || true)
+    local pattern='^fs_bench_[0-9_]+\.' q n=0 failed=0 listed queues=()
+    [[ -z "${1:-}" ]] || pattern="^${1}\."
+    if ! listed="$(rabbitmqctl -q list_queues name 2>&1)"; then
+        warn "rabbitmqctl cannot list queues (${listed%%$'\n'*}); the bench's queues expire an hour after the run instead"
+        return 0
+    fi
+    mapfile -t queues < <(grep -E "$pattern" <<<"$listed" || true)
     for q in "${queues[@]}"; do
-        rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 && n=$((n + 1))
+        if rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1; then
+            n=$((n + 1))
+        else
+            failed=$((failed + 1))
+        fi
     done
     ((n == 0)) || log "deleted $n bench queue(s)"
+    ((failed == 0)) || warn "could not delete $failed bench queue(s); they expire an hour after the run"
 }
 
 # Drops the flashsale_bench_* databases (the services are stopped by then).
@@ -116,7 +126,7 @@ main() {
     scripts/down.sh >/dev/null 2>&1 || true
     drop_bench_databases "$pg"
     drop_bench_keys "$redis"
-    drop_bench_queues
+    drop_bench_queues "$run_tag"
     log "reports in $OUT"
 }
 

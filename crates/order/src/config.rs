@@ -42,10 +42,10 @@ pub struct SagaSettings {
     /// Deadline of one call to product-stock.
     pub stock_call_timeout_ms: u64,
     /// Accepting orders comes first: while orders are being accepted (one was, less than this
-    /// long ago) the outbox relay holds the saga's events back (0: it never does) ...
+    /// long ago) the outbox relay holds this service's events back (0: it never does) ...
     pub intake_quiet_ms: u64,
-    /// ... except events that have waited this long: under a load that never pauses the saga
-    /// runs this far behind the intake, never further.
+    /// ... except events that have waited this long: under a load that never pauses the relay
+    /// holds no event back longer than this (whether the consumers keep up is another matter).
     pub intake_max_lag_ms: u64,
 }
 

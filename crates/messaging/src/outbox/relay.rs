@@ -45,8 +45,9 @@ pub struct RelayOptions {
     pub retention: Duration,
     /// Foreground work this relay gives way to: while the foreground is busy it publishes only
     /// once the oldest due row has waited the yield's `max_lag` (then from the oldest on), so the
-    /// events of a short burst go out right after it, and under a load that never pauses they
-    /// go out with a bounded lag.
+    /// events of a short burst go out right after it, and under a load that never pauses the
+    /// relay holds none back longer than that (whether the consumers keep up is another matter).
+    /// Every row of the outbox waits alike, whatever its event.
     pub yield_to: Option<flashsale_platform::pressure::Yield>,
 }
 
@@ -131,9 +132,12 @@ impl OutboxRelay {
                 if let Some(y) = &self.options.yield_to {
                     let held = tokio::time::Instant::now();
                     loop {
-                        let oldest = match y.foreground.quiet_for() {
-                            Some(q) if q < y.quiet => self.oldest_due_age().await,
-                            _ => None,
+                        if y.foreground.quiet_for().is_none_or(|q| q >= y.quiet) {
+                            break;
+                        }
+                        let oldest = tokio::select! {
+                            age = self.oldest_due_age() => age,
+                            _ = &mut shutdown => return Ok(()),
                         };
                         let Some(wait) = y.hold(oldest) else { break };
                         tokio::select! {
@@ -309,7 +313,7 @@ impl OutboxRelay {
         .fetch_optional(&self.pool)
         .await
         .unwrap_or_else(|e| {
-            debug!(error = %e, "cannot read the outbox's oldest row");
+            warn!(error = %e, "cannot read the outbox's oldest row; publishing without waiting");
             Some(f64::MAX)
         });
         secs.map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX))

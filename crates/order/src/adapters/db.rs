@@ -168,6 +168,10 @@ pub enum Inserted {
     SameOrder,
     /// The key is taken by an order with another payload.
     KeyTaken,
+    /// Not known: the batch was written but reading back the orders it skipped failed. Whether
+    /// this one exists is unknown, so nothing may be released for it (the hold sweeper frees a
+    /// hold nobody wrote); a retry with the same request id tells.
+    Unknown,
 }
 
 /// Inserts a PENDING order with its first history row.
@@ -207,7 +211,9 @@ pub async fn insert_order<C: ConnectionTrait>(
 }
 
 /// Writes PENDING orders, their history rows and — for each order actually inserted — its
-/// event, in one statement (one round trip, one implicit transaction; constant text, so it is
+/// event, in one statement (rows in (user, request id) order, so two batches with common keys
+/// take their locks in the same order and cannot deadlock; within a batch the first write of a
+/// key wins) (one round trip, one implicit transaction; constant text, so it is
 /// prepared once per connection). `events` are aligned with `event_orders`, the order each
 /// reports. Returns the orders inserted, with their creation time; an order whose id or
 /// (user, request) key already existed is skipped, with its event.
@@ -231,7 +237,8 @@ pub async fn insert_orders_with_events<C: ConnectionTrait>(
         SELECT i.order_id, i.user_id, i.request_id, i.sku, i.quantity, i.unit_price_cents, \
             i.quantity * i.unit_price_cents, i.deduction_policy, 'PENDING' \
         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::text[]) \
-            AS i(order_id, user_id, request_id, sku, quantity, unit_price_cents, deduction_policy) \
+            WITH ORDINALITY AS i(order_id, user_id, request_id, sku, quantity, unit_price_cents, deduction_policy, n) \
+        ORDER BY i.user_id, i.request_id, i.n \
         ON CONFLICT DO NOTHING \
         RETURNING order_id, created_at \
     ), hist AS ( \

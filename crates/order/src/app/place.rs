@@ -15,13 +15,14 @@ impl Orders {
     /// Places an order; `(order, replayed)`. Refusals write nothing.
     #[tracing::instrument(skip_all, fields(user = %p.user_id, sku = %p.sku))]
     pub async fn place(&self, p: PlaceOrder) -> Result<(Order, bool), OrderError> {
-        let order_id = p.order_id();
         if self.sold_out.verdict(&p.sku, &p.user_id) == super::Verdict::Refuse {
             // Sold out, and this user has no order that this could be a replay of.
             metrics::counter!("flashsale_orders_refused_total", "reason" => "SOLD_OUT_CACHED")
                 .increment(1);
             return Err(OrderError::Refused("SOLD_OUT".into(), "sold out".into()));
         }
+        // Derived (a SHA-1 over the request) only past the refusal from memory.
+        let order_id = p.order_id();
         let granted = match self
             .stock
             .reserve(order_id, &p.user_id, &p.sku, p.quantity)
@@ -67,8 +68,21 @@ impl Orders {
                 self.release_hold(&p, order_id).await;
                 Err(OrderError::IdempotencyKeyReused("request_id"))
             }
+            // Whether it was written is unknown: release nothing (a hold nobody wrote is freed
+            // by product-stock's hold sweeper); the buyer's retry with the same request id
+            // gets the order or the refusal.
+            Ok(Written {
+                inserted: Inserted::Unknown,
+                ..
+            }) => Err(OrderError::Unavailable(
+                "the order could not be confirmed; retry with the same request_id".into(),
+            )),
             Err(e) => {
-                self.release_hold(&p, order_id).await;
+                // Nothing of this batch was written. A replayed grant's units belong to an
+                // order that may exist from the first request: never release those.
+                if !granted.replayed {
+                    self.release_hold(&p, order_id).await;
+                }
                 Err(e)
             }
         }
@@ -258,19 +272,33 @@ pub async fn write_pending_batch(
         }
     }
     if !missing.is_empty() {
-        // Committed by whoever wrote them (ON CONFLICT waited for them), so visible now.
+        // Committed by whoever wrote them (ON CONFLICT waited for them), so visible now. The
+        // batch itself is committed already: should this read fail, the new orders are still
+        // answered as new, and only the skipped ones are unknown.
         let probe: Vec<uuid::Uuid> = missing.iter().map(|&i| ids[i]).collect();
-        let found = db::orders(db, &probe).await?;
-        for (&i, f) in missing.iter().zip(found) {
-            let inserted = if f.is_some() {
-                Inserted::SameOrder
-            } else {
-                Inserted::KeyTaken
-            };
-            answers[i] = Some(Written {
-                inserted,
-                order: None,
-            });
+        match db::orders(db, &probe).await {
+            Ok(found) => {
+                for (&i, f) in missing.iter().zip(found) {
+                    let inserted = if f.is_some() {
+                        Inserted::SameOrder
+                    } else {
+                        Inserted::KeyTaken
+                    };
+                    answers[i] = Some(Written {
+                        inserted,
+                        order: None,
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, skipped = missing.len(), "could not read back the orders a write batch skipped");
+                for &i in &missing {
+                    answers[i] = Some(Written {
+                        inserted: Inserted::Unknown,
+                        order: None,
+                    });
+                }
+            }
         }
     }
     Ok(answers

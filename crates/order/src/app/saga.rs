@@ -138,10 +138,10 @@ impl Orders {
         let Some(txn) = self.claim(consumer, env).await? else {
             return Ok(());
         };
-        for (i, id) in order_ids.iter().enumerate() {
+        for id in order_ids {
             let order = Self::subject(&txn, id).await?;
             // Each order's cancellation is correlated with that order, caused by this message.
-            let cause = (i > 0).then(|| Envelope {
+            let cause = (env.correlation_id != *id).then(|| Envelope {
                 correlation_id: (*id).to_owned(),
                 ..env.clone()
             });

@@ -9,8 +9,9 @@
 //! in this service's database (which includes cancelled orders, whose units left the gate's
 //! count). A request from one of them goes to the gate as usual — it answers replays exactly —
 //! and everyone else is refused at once. While the list is being read, requests go to the gate —
-//! except while an expired list is read again: the previous one keeps answering meanwhile (for
-//! at most one more TTL), since units coming back would have removed it.
+//! except while a list that expired less than a TTL ago is read again: the previous one keeps
+//! answering meanwhile, until one TTL after it expired (units coming back through an event
+//! remove it at once).
 //!
 //! A new buyer can only appear after units come back (a cancellation, a restock); every replica
 //! hears of that through the `stock.released`, `stock.adjusted` and `stock.reservation_failed`
@@ -39,10 +40,10 @@ pub enum Verdict {
 
 #[derive(Debug)]
 enum Entry {
-    /// Sold out; the possible replayers are being read (since then). A re-read after the
-    /// entry expired keeps serving the previous list meanwhile (until `stale.1`): nothing
-    /// came back since (that would have removed the entry), and asking the gate for every
-    /// request during each re-read made a hiccup in the refusals' latency every TTL.
+    /// Sold out; the possible replayers are being read (since then). A re-read of a list that
+    /// expired less than a TTL ago keeps serving that list meanwhile (until `stale.1`, one TTL
+    /// after it expired): asking the gate for every request during each re-read made a hiccup
+    /// in the refusals' latency every TTL.
     Loading {
         since: Instant,
         generation: u64,
@@ -136,8 +137,12 @@ impl SoldOutCache {
             });
         }
         let generation = state.generation;
+        // Only a list that expired less than a TTL ago keeps answering, and only until then:
+        // one that expired long ago may predate units that came back without an event.
         let stale = match state.entries.remove(sku) {
-            Some(Entry::Ready { replayers, .. }) => Some((replayers, now + self.ttl)),
+            Some(Entry::Ready { replayers, until }) if until + self.ttl > now => {
+                Some((replayers, until + self.ttl))
+            }
             _ => None,
         };
         state.entries.insert(
@@ -270,11 +275,12 @@ mod tests {
 
     #[tokio::test]
     async fn an_expired_list_keeps_refusing_while_it_is_read_again_unless_units_came_back() {
-        let c = SoldOutCache::new(Duration::from_millis(30));
+        let ttl = Duration::from_millis(200);
+        let c = SoldOutCache::new(ttl);
         let g = c.begin_load("A").unwrap();
         c.install("A", g, set(&["alice"]));
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        // Expired: the next request asks the gate, whose SOLD_OUT starts a re-read ...
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        // Expired (50 ms ago): the next request asks the gate, whose SOLD_OUT starts a re-read ...
         assert_eq!(c.verdict("A", "bob"), Verdict::Open);
         let g = c.begin_load("A").unwrap();
         // ... during which the previous list still answers.
@@ -283,17 +289,25 @@ mod tests {
         c.install("A", g, set(&["alice", "carol"]));
         assert_eq!(c.verdict("A", "carol"), Verdict::AskGate);
         // Units coming back during a re-read drop the old list at once.
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
         let _ = c.begin_load("A").unwrap();
         assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
         c.forget("A");
         assert_eq!(c.verdict("A", "bob"), Verdict::Open);
-        // A re-read that takes too long stops serving the old list after one more TTL.
+        // A list that expired more than a TTL ago answers nothing: the re-read asks the gate.
         let g = c.begin_load("A").unwrap();
         c.install("A", g, set(&[]));
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        tokio::time::sleep(Duration::from_millis(450)).await;
         let _ = c.begin_load("A").unwrap();
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(c.verdict("A", "bob"), Verdict::AskGate);
+        // A re-read that takes too long stops serving the old list one TTL after it expired.
+        c.forget("A");
+        let g = c.begin_load("A").unwrap();
+        c.install("A", g, set(&[]));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let _ = c.begin_load("A").unwrap();
+        assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
+        tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(c.verdict("A", "bob"), Verdict::AskGate);
     }
 

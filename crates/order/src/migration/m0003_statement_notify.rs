@@ -20,7 +20,9 @@ impl MigrationName for Migration {
     }
 }
 
-const UP: &str = r#"
+fn up_sql() -> String {
+    format!(
+        r#"
 CREATE OR REPLACE FUNCTION flashsale_orders_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     ids text;
@@ -28,7 +30,7 @@ BEGIN
     FOR ids IN
         SELECT string_agg(order_id::text, ',')
         FROM (SELECT order_id, (row_number() OVER ()) - 1 AS n FROM changed) AS c
-        GROUP BY n / 200
+        GROUP BY n / {IDS_PER_NOTIFICATION}
     LOOP
         PERFORM pg_notify('flashsale_order_changes', ids);
     END LOOP;
@@ -43,7 +45,9 @@ CREATE TRIGGER orders_notify_insert AFTER INSERT ON orders
 CREATE TRIGGER orders_notify_update AFTER UPDATE ON orders
     REFERENCING NEW TABLE AS changed
     FOR EACH STATEMENT EXECUTE FUNCTION flashsale_orders_changed();
-"#;
+"#
+    )
+}
 
 #[allow(elided_lifetimes_in_paths)]
 #[async_trait::async_trait]
@@ -51,7 +55,7 @@ impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
             .get_connection()
-            .execute_unprepared(UP)
+            .execute_unprepared(&up_sql())
             .await
             .map(drop)
     }

@@ -246,6 +246,7 @@ async fn one_batch_write_tells_new_repeated_and_reused_keys_apart() {
             Inserted::New => "new",
             Inserted::SameOrder => "same",
             Inserted::KeyTaken => "taken",
+            Inserted::Unknown => "unknown",
         })
         .collect();
     assert_eq!(kinds, ["new", "same", "taken", "new"]);
