@@ -23,7 +23,10 @@ mod saga;
 mod saga_batch;
 mod sold_out;
 
-pub use place::{PendingWrite, Written, write_pending, write_pending_batch};
+pub use place::{
+    FP_AFTER_BATCH_WRITE, PendingWrite, Written, write_pending, write_pending_batch,
+    write_pending_batch_with,
+};
 pub use query::WatchHub;
 pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
 pub use sold_out::{SoldOutCache, Verdict};
@@ -57,10 +60,10 @@ impl Orders {
         failpoints: flashsale_platform::failpoint::Failpoints,
     ) -> Self {
         let writes = {
-            let db = db.clone();
+            let (db, failpoints) = (db.clone(), failpoints.clone());
             flashsale_platform::batch::Batcher::spawn(128, Duration::ZERO, 2, move |w| {
-                let db = db.clone();
-                async move { place::write_pending_batch(&db, w).await }
+                let (db, failpoints) = (db.clone(), failpoints.clone());
+                async move { place::write_pending_batch_with(&db, w, &failpoints).await }
             })
         };
         Self {

@@ -2,6 +2,7 @@
 //! order PENDING with `order.created`.
 
 use flashsale_messaging::{envelope, outbox};
+use flashsale_platform::failpoint::Failpoints;
 use flashsale_proto::events::v1::{OrderCreated, envelope::Payload};
 use sea_orm::TransactionTrait as _;
 
@@ -204,6 +205,18 @@ pub async fn write_pending_batch(
     db: &sea_orm::DatabaseConnection,
     writes: Vec<PendingWrite>,
 ) -> Result<Vec<Written>, OrderError> {
+    write_pending_batch_with(db, writes, &Failpoints::default()).await
+}
+
+/// Failpoint reached after a write batch committed, before the orders it skipped are read back.
+pub const FP_AFTER_BATCH_WRITE: &str = "order.create.after_batch_write";
+
+/// [`write_pending_batch`] with failpoints ([`FP_AFTER_BATCH_WRITE`]).
+pub async fn write_pending_batch_with(
+    db: &sea_orm::DatabaseConnection,
+    writes: Vec<PendingWrite>,
+    failpoints: &Failpoints,
+) -> Result<Vec<Written>, OrderError> {
     let ids: Vec<uuid::Uuid> = writes.iter().map(|w| w.place.order_id()).collect();
     let rows: Vec<_> = writes
         .iter()
@@ -276,7 +289,14 @@ pub async fn write_pending_batch(
         // batch itself is committed already: should this read fail, the new orders are still
         // answered as new, and only the skipped ones are unknown.
         let probe: Vec<uuid::Uuid> = missing.iter().map(|&i| ids[i]).collect();
-        match db::orders(db, &probe).await {
+        let read_back = async {
+            failpoints
+                .hit(FP_AFTER_BATCH_WRITE)
+                .await
+                .map_err(|e| OrderError::Internal(anyhow::Error::new(e)))?;
+            db::orders(db, &probe).await
+        };
+        match read_back.await {
             Ok(found) => {
                 for (&i, f) in missing.iter().zip(found) {
                     let inserted = if f.is_some() {

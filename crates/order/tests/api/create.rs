@@ -283,3 +283,85 @@ async fn one_batch_write_tells_new_repeated_and_reused_keys_apart() {
         2
     );
 }
+
+#[tokio::test]
+async fn a_replay_whose_write_cannot_be_read_back_is_unavailable_and_releases_nothing() {
+    let app = spawn_stack(|_| {}).await;
+    app.product("KEEP", 3, 0).await;
+    let first = app.order("alice", "k", "KEEP", 1).await.unwrap();
+    // The retry's batch finds the order written already, and reading it back fails.
+    app.failpoints.arm_n(
+        flashsale_order::app::FP_AFTER_BATCH_WRITE,
+        flashsale_platform::failpoint::Action::Error,
+        Some(1),
+    );
+    let err = app.order("alice", "k", "KEEP", 1).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("retry"), "{err:?}");
+    // Nothing released: no cancellation queued, the order stands, and the retry gets it.
+    assert!(app.outbox_of("order.cancelled").await.is_empty());
+    let again = app.order("alice", "k", "KEEP", 1).await.unwrap();
+    assert_eq!(again.order_id, first.order_id);
+    app.wait_status(
+        "alice",
+        &first.order_id,
+        flashsale_proto::order::v1::OrderStatus::AwaitingPayment,
+    )
+    .await;
+    assert_eq!(app.get_product("KEEP").await.gate_available, 2);
+}
+
+#[tokio::test]
+async fn a_batch_whose_read_back_fails_still_answers_its_new_orders() {
+    use flashsale_order::{
+        adapters::db::Inserted,
+        app::{FP_AFTER_BATCH_WRITE, PendingWrite, write_pending_batch, write_pending_batch_with},
+        domain::{PlaceOrder, Policy},
+    };
+    use sea_orm_migration::MigratorTrait as _;
+    let db = flashsale_test_support::TestDatabase::create()
+        .await
+        .unwrap();
+    let conn = db.connect().await.unwrap();
+    flashsale_order::migration::Migrator::up(&conn, None)
+        .await
+        .unwrap();
+    let w = |user: &str, key: &str, q: i64| PendingWrite {
+        place: PlaceOrder::new(user, key, "SKU", q, 10).unwrap(),
+        unit_price_cents: 100,
+        policy: Policy::ReserveThenCommit,
+    };
+    write_pending_batch(&conn, vec![w("a", "k", 1)])
+        .await
+        .unwrap();
+    let failpoints = flashsale_platform::failpoint::Failpoints::default();
+    failpoints.arm(
+        FP_AFTER_BATCH_WRITE,
+        flashsale_platform::failpoint::Action::Error,
+    );
+    let got = write_pending_batch_with(
+        &conn,
+        vec![w("a", "k", 1), w("b", "k", 1), w("a", "k", 2)],
+        &failpoints,
+    )
+    .await
+    .unwrap();
+    let kinds: Vec<&str> = got
+        .iter()
+        .map(|w| match w.inserted {
+            Inserted::New => "new",
+            Inserted::SameOrder => "same",
+            Inserted::KeyTaken => "taken",
+            Inserted::Unknown => "unknown",
+        })
+        .collect();
+    assert_eq!(kinds, ["unknown", "new", "unknown"]);
+    assert!(got[1].order.is_some());
+    // Without the failpoint the same batch tells them apart.
+    failpoints.disarm(FP_AFTER_BATCH_WRITE);
+    let again = write_pending_batch(&conn, vec![w("a", "k", 1), w("a", "k", 2)])
+        .await
+        .unwrap();
+    assert!(matches!(again[0].inserted, Inserted::SameOrder));
+    assert!(matches!(again[1].inserted, Inserted::KeyTaken));
+}
