@@ -297,15 +297,37 @@ async fn refused_outbox_row_is_recorded_and_does_not_hold_up_the_others() {
     assert_eq!(outbox::pending(&db).await.unwrap(), 1);
 }
 
-/// Marks `fg` every 10 ms until stopped (bounded: 30 s at most).
-fn busy_foreground(
-    fg: flashsale_platform::pressure::Foreground,
-) -> (
-    tokio::task::JoinHandle<()>,
-    tokio::sync::oneshot::Sender<()>,
-) {
-    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
+/// A relay yielding to a foreground kept busy (marked every 10 ms, for 30 s at most) from the
+/// start, and a consumer recording the correlation ids it receives.
+struct Yielding {
+    received: Recorder<String>,
+    foreground: flashsale_platform::pressure::Foreground,
+    burst: tokio::task::JoinHandle<()>,
+    stop_burst: tokio::sync::oneshot::Sender<()>,
+    relay: Running,
+    consumer: Running,
+}
+
+async fn yielding(
+    db: &DatabaseConnection,
+    amqp: &Amqp,
+    queue: &str,
+    quiet: Duration,
+    max_lag: Duration,
+) -> Yielding {
+    use flashsale_platform::pressure::{Foreground, Yield};
+    let t = amqp.topology(queue, &[keys::ORDER_CREATED]).await;
+    let received = Recorder::default();
+    let seen = received.clone();
+    let consumer = Consumer::new(&amqp.broker, t.clone(), move |m: Incoming| {
+        seen.push(m.envelope.correlation_id.clone());
+        async { Ok(()) }
+    });
+    let consumer = Running::spawn(|s| consumer.run(s));
+    let foreground = Foreground::new();
+    let (stop_burst, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let fg = foreground.clone();
+    let burst = tokio::spawn(async move {
         for _ in 0..3_000 {
             fg.mark();
             tokio::select! {
@@ -314,37 +336,41 @@ fn busy_foreground(
             }
         }
     });
-    (task, stop)
+    let options = RelayOptions {
+        yield_to: Some(Yield {
+            foreground: foreground.clone(),
+            quiet,
+            max_lag,
+        }),
+        ..RelayOptions::default()
+    };
+    let relay = OutboxRelay::new(db, Publisher::new(&amqp.broker))
+        .unwrap()
+        .with_options(options);
+    let relay = Running::spawn(|s| relay.run(s));
+    Yielding {
+        received,
+        foreground,
+        burst,
+        stop_burst,
+        relay,
+        consumer,
+    }
 }
 
 #[tokio::test]
 async fn a_relay_that_yields_waits_for_the_foreground_to_be_quiet() {
-    use flashsale_platform::pressure::{Foreground, Yield};
     let (_tdb, db) = database().await;
     let amqp = Amqp::new(config()).await;
-    let t = amqp.topology("yielding", &[keys::ORDER_CREATED]).await;
-    let received = Recorder::default();
-    let seen = received.clone();
-    let consumer = Consumer::new(&amqp.broker, t.clone(), move |m: Incoming| {
-        seen.push(m.envelope.correlation_id.clone());
-        async { Ok(()) }
-    });
-    let consumer = Running::spawn(|s| consumer.run(s));
-
-    let fg = Foreground::new();
-    let (burst, stop_burst) = busy_foreground(fg.clone());
-    let options = RelayOptions {
-        yield_to: Some(Yield {
-            foreground: fg.clone(),
-            quiet: Duration::from_millis(200),
-            max_lag: Duration::from_secs(60),
-        }),
-        ..RelayOptions::default()
-    };
-    let relay = OutboxRelay::new(&db, Publisher::new(&amqp.broker))
-        .unwrap()
-        .with_options(options);
-    let relay = Running::spawn(|s| relay.run(s));
+    let y = yielding(
+        &db,
+        &amqp,
+        "yielding",
+        Duration::from_millis(200),
+        Duration::from_secs(60),
+    )
+    .await;
+    let received = y.received.clone();
     outbox::enqueue(&db, &order_created("during-the-burst"))
         .await
         .unwrap();
@@ -360,46 +386,31 @@ async fn a_relay_that_yields_waits_for_the_foreground_to_be_quiet() {
         .await,
         1
     );
-    let _ = stop_burst.send(());
-    burst.await.unwrap();
+    let _ = y.stop_burst.send(());
+    y.burst.await.unwrap();
     eventually(WAIT, "the row to go out once the burst ended", || async {
         (received.len() == 1).then_some(())
     })
     .await
     .unwrap();
-    relay.stop().await;
-    consumer.stop().await;
+    y.relay.stop().await;
+    y.consumer.stop().await;
     assert_eq!(received.all(), vec!["during-the-burst".to_owned()]);
 }
 
 #[tokio::test]
 async fn a_relay_that_yields_still_publishes_within_its_max_lag_during_an_endless_burst() {
-    use flashsale_platform::pressure::{Foreground, Yield};
     let (_tdb, db) = database().await;
     let amqp = Amqp::new(config()).await;
-    let t = amqp.topology("lagging", &[keys::ORDER_CREATED]).await;
-    let received = Recorder::default();
-    let seen = received.clone();
-    let consumer = Consumer::new(&amqp.broker, t.clone(), move |m: Incoming| {
-        seen.push(m.envelope.correlation_id.clone());
-        async { Ok(()) }
-    });
-    let consumer = Running::spawn(|s| consumer.run(s));
-
-    let fg = Foreground::new();
-    let (burst, stop_burst) = busy_foreground(fg.clone());
-    let options = RelayOptions {
-        yield_to: Some(Yield {
-            foreground: fg.clone(),
-            quiet: Duration::from_secs(10),
-            max_lag: Duration::from_millis(300),
-        }),
-        ..RelayOptions::default()
-    };
-    let relay = OutboxRelay::new(&db, Publisher::new(&amqp.broker))
-        .unwrap()
-        .with_options(options);
-    let relay = Running::spawn(|s| relay.run(s));
+    let y = yielding(
+        &db,
+        &amqp,
+        "lagging",
+        Duration::from_secs(10),
+        Duration::from_millis(300),
+    )
+    .await;
+    let received = y.received.clone();
     outbox::enqueue(&db, &order_created("despite-the-burst"))
         .await
         .unwrap();
@@ -412,13 +423,15 @@ async fn a_relay_that_yields_still_publishes_within_its_max_lag_during_an_endles
     .unwrap();
     // The foreground never went quiet for the 10 s the relay would have waited for.
     assert!(
-        fg.quiet_for().is_some_and(|q| q < Duration::from_secs(1)),
+        y.foreground
+            .quiet_for()
+            .is_some_and(|q| q < Duration::from_secs(1)),
         "the burst stopped"
     );
-    assert!(!burst.is_finished(), "the burst stopped");
-    let _ = stop_burst.send(());
-    burst.await.unwrap();
-    relay.stop().await;
-    consumer.stop().await;
+    assert!(!y.burst.is_finished(), "the burst stopped");
+    let _ = y.stop_burst.send(());
+    y.burst.await.unwrap();
+    y.relay.stop().await;
+    y.consumer.stop().await;
     assert_eq!(received.all(), vec!["despite-the-burst".to_owned()]);
 }
