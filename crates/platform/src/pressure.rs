@@ -75,9 +75,11 @@ impl Yield {
             return None;
         }
         let until_quiet = self.quiet - since;
+        // With nothing due yet, look again within `max_lag`: a row written meanwhile must not
+        // wait out a long quiet period.
         Some(match oldest {
             Some(age) => until_quiet.min(self.max_lag - age),
-            None => until_quiet,
+            None => until_quiet.min(self.max_lag),
         })
     }
 }
