@@ -212,14 +212,11 @@ async fn a_replay_after_the_sell_out_still_returns_its_order() {
     assert_eq!(reason(&carol), "SOLD_OUT");
 }
 
-#[tokio::test]
-async fn one_batch_write_tells_new_repeated_and_reused_keys_apart() {
-    use flashsale_order::{
-        adapters::db::Inserted,
-        app::{PendingWrite, write_pending_batch},
-        domain::{PlaceOrder, Policy},
-    };
-    use sea_orm::FromQueryResult as _;
+/// A migrated order database of its own (kept while the first value lives).
+async fn orders_database() -> (
+    flashsale_test_support::TestDatabase,
+    sea_orm::DatabaseConnection,
+) {
     use sea_orm_migration::MigratorTrait as _;
     let db = flashsale_test_support::TestDatabase::create()
         .await
@@ -228,11 +225,24 @@ async fn one_batch_write_tells_new_repeated_and_reused_keys_apart() {
     flashsale_order::migration::Migrator::up(&conn, None)
         .await
         .unwrap();
-    let w = |user: &str, key: &str, q: i64| PendingWrite {
-        place: PlaceOrder::new(user, key, "SKU", q, 10).unwrap(),
+    (db, conn)
+}
+
+/// A write of `q` units of SKU at 100 cents for `user` under request id `key`.
+fn pending_write(user: &str, key: &str, q: i64) -> flashsale_order::app::PendingWrite {
+    flashsale_order::app::PendingWrite {
+        place: flashsale_order::domain::PlaceOrder::new(user, key, "SKU", q, 10).unwrap(),
         unit_price_cents: 100,
-        policy: Policy::ReserveThenCommit,
-    };
+        policy: flashsale_order::domain::Policy::ReserveThenCommit,
+    }
+}
+
+#[tokio::test]
+async fn one_batch_write_tells_new_repeated_and_reused_keys_apart() {
+    use flashsale_order::{adapters::db::Inserted, app::write_pending_batch};
+    use sea_orm::FromQueryResult as _;
+    let (_db, conn) = orders_database().await;
+    let w = pending_write;
     let batch = vec![
         w("a", "k", 1),
         w("a", "k", 1),
@@ -315,22 +325,10 @@ async fn a_replay_whose_write_cannot_be_read_back_is_unavailable_and_releases_no
 async fn a_batch_whose_read_back_fails_still_answers_its_new_orders() {
     use flashsale_order::{
         adapters::db::Inserted,
-        app::{FP_AFTER_BATCH_WRITE, PendingWrite, write_pending_batch, write_pending_batch_with},
-        domain::{PlaceOrder, Policy},
+        app::{FP_AFTER_BATCH_WRITE, write_pending_batch, write_pending_batch_with},
     };
-    use sea_orm_migration::MigratorTrait as _;
-    let db = flashsale_test_support::TestDatabase::create()
-        .await
-        .unwrap();
-    let conn = db.connect().await.unwrap();
-    flashsale_order::migration::Migrator::up(&conn, None)
-        .await
-        .unwrap();
-    let w = |user: &str, key: &str, q: i64| PendingWrite {
-        place: PlaceOrder::new(user, key, "SKU", q, 10).unwrap(),
-        unit_price_cents: 100,
-        policy: Policy::ReserveThenCommit,
-    };
+    let (_db, conn) = orders_database().await;
+    let w = pending_write;
     write_pending_batch(&conn, vec![w("a", "k", 1)])
         .await
         .unwrap();
