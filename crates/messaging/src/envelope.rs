@@ -17,6 +17,7 @@ pub mod keys {
     pub const STOCK_RELEASED: &str = "stock.released";
     pub const STOCK_COMMITTED: &str = "stock.committed";
     pub const STOCK_ADJUSTED: &str = "stock.adjusted";
+    pub const STOCK_GATE_REFILLED: &str = "stock.gate_refilled";
     pub const OUTBOUND_COMPLETED: &str = "outbound.completed";
     pub const OUTBOUND_FAILED: &str = "outbound.failed";
     pub const ORDER_PAYMENT_TIMEOUT: &str = "order.payment_timeout";
@@ -25,7 +26,14 @@ pub mod keys {
     /// of the saga needs them, so "no queue bound" is not an error for these. Every other key
     /// has a consumer in the design, and an unroutable message for it is retried until that
     /// consumer's queue exists (never dropped).
-    pub const NOTIFICATIONS: &[&str] = &[ORDER_REFUNDED, STOCK_RELEASED, STOCK_COMMITTED];
+    /// (The order service's replicas listen to `stock.released` and `stock.gate_refilled` on
+    /// queues of their own while they run; with none running nothing needs them.)
+    pub const NOTIFICATIONS: &[&str] = &[
+        ORDER_REFUNDED,
+        STOCK_RELEASED,
+        STOCK_COMMITTED,
+        STOCK_GATE_REFILLED,
+    ];
 
     /// Every routing key, in the order of the payload's field numbers.
     pub const ALL: &[&str] = &[
@@ -38,6 +46,7 @@ pub mod keys {
         STOCK_RELEASED,
         STOCK_COMMITTED,
         STOCK_ADJUSTED,
+        STOCK_GATE_REFILLED,
         OUTBOUND_COMPLETED,
         OUTBOUND_FAILED,
         ORDER_PAYMENT_TIMEOUT,
@@ -81,6 +90,7 @@ pub fn routing_key(payload: &Payload) -> &'static str {
         Payload::StockReleased(_) => keys::STOCK_RELEASED,
         Payload::StockCommitted(_) => keys::STOCK_COMMITTED,
         Payload::StockAdjusted(_) => keys::STOCK_ADJUSTED,
+        Payload::StockGateRefilled(_) => keys::STOCK_GATE_REFILLED,
         Payload::OutboundCompleted(_) => keys::OUTBOUND_COMPLETED,
         Payload::OutboundFailed(_) => keys::OUTBOUND_FAILED,
         Payload::PaymentTimeout(_) => keys::ORDER_PAYMENT_TIMEOUT,

@@ -34,12 +34,14 @@ pub fn payment_timeout_queue(config: &AmqpConfig, timeout: std::time::Duration) 
 }
 
 /// Events after which units of a product may be back in the gate: a released reservation or
-/// hold (`stock.released`; an expired hold comes as `stock.reservation_failed`) or a restock
-/// (`stock.adjusted`). Each replica hears them all (a broadcast subscription).
-pub const UNITS_BACK_KEYS: [&str; 3] = [
+/// hold (`stock.released`; an expired hold comes as `stock.reservation_failed`), a restock
+/// (`stock.adjusted`) or a gate that product-stock repaired or rebuilt upwards
+/// (`stock.gate_refilled`). Each replica hears them all (a broadcast subscription).
+pub const UNITS_BACK_KEYS: [&str; 4] = [
     "stock.released",
     "stock.reservation_failed",
     "stock.adjusted",
+    "stock.gate_refilled",
 ];
 
 /// The product whose units may be back, for the events of [`UNITS_BACK_KEYS`].
@@ -48,6 +50,7 @@ pub fn sku_with_units_back(env: &flashsale_proto::events::v1::Envelope) -> Optio
         Some(Payload::StockReleased(ev)) => Some(&ev.sku),
         Some(Payload::StockReservationFailed(ev)) => Some(&ev.sku),
         Some(Payload::StockAdjusted(ev)) => Some(&ev.sku),
+        Some(Payload::StockGateRefilled(ev)) => Some(&ev.sku),
         _ => None,
     }
 }

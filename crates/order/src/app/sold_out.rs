@@ -14,9 +14,10 @@
 //! remove it at once).
 //!
 //! A new buyer can only appear after units come back (a cancellation, a restock); every replica
-//! hears of that through the `stock.released`, `stock.adjusted` and `stock.reservation_failed`
-//! events (a broadcast subscription per replica) and forgets the product, and the entry's
-//! short life bounds the rest.
+//! hears of that through the `stock.released`, `stock.adjusted`, `stock.reservation_failed`
+//! and `stock.gate_refilled` (a repair or rebuild that raised the gate) events (a broadcast
+//! subscription per replica) and forgets the product, and the entry's short life bounds the
+//! rest.
 
 use std::{
     collections::{HashMap, HashSet},

@@ -270,6 +270,16 @@ impl TestApp {
             .unwrap();
     }
 
+    /// Runs `sql` on product-stock's database (`spawn_stack` only).
+    pub async fn stock_exec(&self, sql: &str) {
+        let url = &self._stock_db.as_ref().expect("spawn_stack").url;
+        let conn = sea_orm::Database::connect(url.as_str()).await.unwrap();
+        sea_orm::ConnectionTrait::execute_unprepared(&conn, sql)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+    }
+
     pub async fn outbox_of(&self, kind: &str) -> Vec<Envelope> {
         probe::outbox(&self.conn, Some(kind)).await.unwrap()
     }

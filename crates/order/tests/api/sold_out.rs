@@ -16,10 +16,13 @@ use flashsale_order::{
     config::SagaSettings,
     domain::{OrderError, PlaceOrder, Policy},
 };
-use flashsale_proto::order::v1::{CancelOrderRequest, OrderStatus};
+use flashsale_proto::{
+    order::v1::{CancelOrderRequest, OrderStatus},
+    product::v1::ReconcileStockRequest,
+};
 use sea_orm_migration::MigratorTrait as _;
 
-use crate::helpers::{as_user, create_req, reason, spawn_stack};
+use crate::helpers::{TestApp, as_admin, as_user, create_req, reason, spawn_stack};
 
 /// A gate that is sold out and lists `buyers`; counts the reservations it is asked for.
 struct SoldOutGate {
@@ -153,16 +156,31 @@ async fn units_coming_back_reopen_a_sold_out_product_at_once() {
     ))
     .await
     .unwrap();
+    let order = buy_when_open(&app, "bob", "BACK").await;
+    assert!(!order.replayed);
+    assert_eq!(
+        order.order.unwrap().status,
+        OrderStatus::Pending as i32,
+        "a new order for the returned unit"
+    );
+}
+
+/// Retries `user`'s order for `sku` (a new request id each time) until one is accepted.
+async fn buy_when_open(
+    app: &TestApp,
+    user: &str,
+    sku: &str,
+) -> flashsale_proto::order::v1::CreateOrderResponse {
+    let c = app.client().await;
     let mut n = 0;
-    let order = flashsale_test_support::eventually(
+    flashsale_test_support::eventually(
         Duration::from_secs(20),
-        "bob gets the unit that came back",
+        "the buyer gets the unit that came back",
         || {
             n += 1;
-            let key = format!("b{}", n + 1);
-            let mut c = c.clone();
+            let (key, mut c) = (format!("{user}-retry-{n}"), c.clone());
             async move {
-                c.create_order(as_user("bob", create_req(&key, "BACK", 1)))
+                c.create_order(as_user(user, create_req(&key, sku, 1)))
                     .await
                     .ok()
                     .map(|r| r.into_inner())
@@ -170,11 +188,45 @@ async fn units_coming_back_reopen_a_sold_out_product_at_once() {
         },
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_gate_repaired_upwards_reopens_a_sold_out_product_at_once() {
+    // A minute-long cache: only product-stock's stock.gate_refilled can reopen the product
+    // within the test's bound.
+    let app = spawn_stack(|s| s.saga.sold_out_cache_ms = 60_000).await;
+    app.product("FIX", 1, 0).await;
+    let first = app.order("alice", "a", "FIX", 1).await.unwrap();
+    app.wait_status("alice", &first.order_id, OrderStatus::AwaitingPayment)
+        .await;
+    let sold = app.order("bob", "b0", "FIX", 1).await.unwrap_err();
+    assert_eq!(reason(&sold), "SOLD_OUT");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = app.order("bob", "b1", "FIX", 1).await.unwrap_err();
+    assert_eq!(reason(&again), "SOLD_OUT");
+
+    // The database holds a unit the gate does not know of (a drift); an operator repairs it.
+    app.stock_exec("UPDATE stock SET on_hand = on_hand + 1 WHERE sku = 'FIX'")
+        .await;
+    let report = app
+        .stock()
+        .await
+        .reconcile_stock(as_admin(ReconcileStockRequest {
+            skus: vec!["FIX".into()],
+            repair: true,
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .reports;
+    assert_eq!((report[0].drift, report[0].repaired), (-1, true));
+
+    let order = buy_when_open(&app, "bob", "FIX").await;
     assert!(!order.replayed);
     assert_eq!(
         order.order.unwrap().status,
         OrderStatus::Pending as i32,
-        "a new order for the returned unit"
+        "a new order for the repaired unit"
     );
 }

@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use flashsale_messaging::{envelope, outbox};
 use flashsale_proto::events::v1::{
-    ReservationFailureReason, StockReservationFailed, envelope::Payload,
+    Envelope, ReservationFailureReason, StockGateRefilled, StockReservationFailed,
+    envelope::Payload,
 };
 use sea_orm::TransactionTrait as _;
 
 use super::{StockService, gate_err, saga::HOLD_EXPIRED};
 use crate::{
-    adapters::db,
+    adapters::{db, redis::gate::RepairOutcome},
     domain::{Reservation, ReservationState, Sku, StockError},
 };
 
@@ -32,6 +33,23 @@ pub struct DriftReport {
 }
 
 const SETTLE_BATCH: usize = 500;
+
+/// `stock.gate_refilled`: the gate of `sku` went from `before` to `after` units outside the saga
+/// (`cause` "REPAIR" or "REBUILD").
+pub(super) fn gate_refilled(sku: &Sku, before: i64, after: i64, cause: &str) -> Envelope {
+    let event = StockGateRefilled {
+        sku: sku.to_string(),
+        available_before: before,
+        available_after: after,
+        cause: cause.to_owned(),
+    };
+    envelope::new(
+        Payload::StockGateRefilled(event),
+        sku.as_str(),
+        "",
+        super::PRODUCER,
+    )
+}
 
 impl StockService {
     /// Compares (and with `repair`, corrects) the gate of each sku (every product when empty).
@@ -80,10 +98,17 @@ impl StockService {
         let expected = target - snapshot.held;
         let drift = snapshot.available - expected;
         if repair && drift != 0 {
-            self.gate
+            let outcome = self
+                .gate
                 .repair(sku.as_str(), target)
                 .await
                 .map_err(gate_err)?;
+            if let RepairOutcome::Repaired { before, after, .. } = outcome
+                && after > before
+            {
+                // Units are on sale again: the order service's sold-out memory must hear it.
+                outbox::enqueue(&txn, &gate_refilled(sku, before, after, "REPAIR")).await?;
+            }
             repaired = true;
             metrics::counter!("flashsale_gate_repairs_total").increment(1);
             tracing::warn!(%sku, drift, "repaired the stock gate");

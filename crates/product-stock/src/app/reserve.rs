@@ -145,6 +145,16 @@ impl StockService {
         if loaded {
             metrics::counter!("flashsale_gate_rebuilds_total").increment(1);
             tracing::warn!(%sku, available = product.gate_target(), "rebuilt the stock gate from the database");
+            if product.gate_target() > 0 {
+                // A replica that remembered the product as sold out before Redis lost it
+                // should ask the gate again. Best effort: the gate is already loaded, and the
+                // sold-out memory's short life bounds a missed event.
+                let event =
+                    super::reconcile::gate_refilled(sku, 0, product.gate_target(), "REBUILD");
+                if let Err(e) = flashsale_messaging::outbox::enqueue(&self.db, &event).await {
+                    tracing::warn!(%sku, error = %e, "stock.gate_refilled not recorded");
+                }
+            }
         }
         Ok(loaded)
     }

@@ -5,7 +5,7 @@ use flashsale_proto::{
     events::v1::{ReservationFailureReason, envelope::Payload},
     product::v1::{DeductionPolicy, ReconcileStockRequest},
 };
-use flashsale_test_support::{TestDatabase, grpc::http_get};
+use flashsale_test_support::{TestDatabase, fixtures, grpc::http_get};
 use tonic::Code;
 use uuid::Uuid;
 
@@ -69,6 +69,10 @@ async fn reconcile_reports_drift_and_repairs_it() {
         .reports;
     assert!(fixed[0].repaired);
     assert_eq!(app.gate.snapshot("K1").await.unwrap().unwrap().available, 8);
+    assert!(
+        app.outbox_of("stock.gate_refilled").await.is_empty(),
+        "a repair downwards puts no units on sale"
+    );
     let after = c
         .reconcile_stock(admin(req(&["K1"], false)))
         .await
@@ -92,6 +96,57 @@ async fn reconcile_with_repair_reloads_a_lost_gate() {
         .reports;
     assert!(r[0].repaired);
     assert_eq!((r[0].gate_available, r[0].drift), (7, 0));
+    let told = app.outbox_of("stock.gate_refilled").await;
+    assert_eq!(told.len(), 1, "{told:?}");
+    let Some(Payload::StockGateRefilled(ev)) = &told[0].payload else {
+        panic!("wrong payload: {told:?}")
+    };
+    assert_eq!(
+        (
+            ev.sku.as_str(),
+            ev.available_before,
+            ev.available_after,
+            ev.cause.as_str()
+        ),
+        ("K3", 0, 7, "REBUILD")
+    );
+}
+
+#[tokio::test]
+async fn a_repair_upwards_tells_every_order_replica_the_units_are_back() {
+    let app = spawn_app().await;
+    app.create("K4", 10, 0, RTC).await;
+    let mut c = app.client().await;
+    c.reserve_stock(service(reserve_req(Uuid::new_v4(), "u1", "K4", 2)))
+        .await
+        .unwrap();
+    app.gate.repair("K4", 5).await.unwrap(); // the gate sells 5 units too few (3 instead of 8)
+    let fixed = c
+        .reconcile_stock(admin(req(&["K4"], true)))
+        .await
+        .unwrap()
+        .into_inner()
+        .reports;
+    assert_eq!((fixed[0].drift, fixed[0].repaired), (-5, true));
+    assert_eq!(app.gate.snapshot("K4").await.unwrap().unwrap().available, 8);
+    let told = app.outbox_of("stock.gate_refilled").await;
+    assert_eq!(told.len(), 1, "{told:?}");
+    fixtures::assert_same_shape(&told[0]).unwrap();
+    assert_eq!(told[0].correlation_id, "K4");
+    let Some(Payload::StockGateRefilled(ev)) = &told[0].payload else {
+        panic!("wrong payload: {told:?}")
+    };
+    assert_eq!(
+        (ev.available_before, ev.available_after, ev.cause.as_str()),
+        (3, 8, "REPAIR")
+    );
+    // Reporting without repairing, and a repair with nothing to do, tell nobody.
+    for repair in [false, true] {
+        c.reconcile_stock(admin(req(&["K4"], repair)))
+            .await
+            .unwrap();
+    }
+    assert_eq!(app.outbox_of("stock.gate_refilled").await.len(), 1);
 }
 
 #[tokio::test]
