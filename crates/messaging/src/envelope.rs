@@ -189,6 +189,7 @@ mod tests {
             Payload::StockReleased(StockReleased::default()),
             Payload::StockCommitted(StockCommitted::default()),
             Payload::StockAdjusted(StockAdjusted::default()),
+            Payload::StockGateRefilled(StockGateRefilled::default()),
             Payload::OutboundCompleted(OutboundCompleted::default()),
             Payload::OutboundFailed(OutboundFailed::default()),
             Payload::PaymentTimeout(PaymentTimeout::default()),

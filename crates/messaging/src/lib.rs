@@ -4,14 +4,12 @@
 //! transactional [`outbox`] with its relay, the [`inbox`] for idempotent handlers, and the
 //! retry/DLQ [`Consumer`] loop. Trace context rides along in a `traceparent` header.
 //!
-//! A service wires it like this:
+//! A service wires it all with [`wiring::start`] (or `start_with` for relay options): the
+//! broker, its topology, the outbox relay, the consumers and the dead-letter drainer, in one
+//! call from its `startup`. Inside, its use cases write events with the state change and its
+//! handlers claim each delivery once:
 //!
-//! ```ignore
-//! let broker = Broker::connect(settings.amqp.clone()).await?;
-//! let publisher = Publisher::with_delay_queues(&broker, vec![payment_timeout_queue]);
-//! tokio::spawn(OutboxRelay::new(&db, publisher)?.run(token.clone().cancelled_owned()));
-//! let topology = QueueTopology::new(broker.config(), "order.stock-events", &[keys::STOCK_RESERVED]);
-//! tokio::spawn(Consumer::new(&broker, topology, handler).run(token.cancelled_owned()));
+//! ```text
 //! // in a use case's transaction:
 //! outbox::enqueue(&txn, &envelope::new(payload, order_id, "", "order")).await?;
 //! // in a handler's transaction:

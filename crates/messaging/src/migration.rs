@@ -1,7 +1,7 @@
 //! The `outbox`, `inbox` and `dead_letters` tables, as migrations each service adds to its own
 //! migrator:
 //!
-//! ```ignore
+//! ```text
 //! fn migrations() -> Vec<Box<dyn MigrationTrait>> {
 //!     vec![
 //!         Box::new(flashsale_messaging::migration::CreateOutboxAndInbox),

@@ -14,7 +14,7 @@
 //! harmless. Replays go straight to the work queue (default exchange) and the handler's inbox
 //! still drops a message it has applied before. A service wires it like this:
 //!
-//! ```ignore
+//! ```text
 //! let topologies = [order_events_topology, stock_events_topology];
 //! tokio::spawn(DeadLetterDrainer::new(&broker, &db, &topologies)?.run(token.cancelled_owned()));
 //! let admin = DeadLetterAdmin::new(&db, Publisher::new(&broker), &topologies)?;

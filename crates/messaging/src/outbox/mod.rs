@@ -21,7 +21,7 @@ struct Target<'a> {
 
 /// Trace propagation headers captured where an event was caused, for events written later by
 /// someone else (e.g. a batch written on behalf of many callers): see
-/// [`trace::current_headers`](crate::trace::current_headers).
+/// [`trace::current_headers`].
 pub type TraceHeaders = std::collections::BTreeMap<String, String>;
 
 /// Writes `env` to the outbox, to be published on the event exchange with its type as routing
@@ -47,7 +47,7 @@ pub async fn enqueue_many<C: ConnectionTrait>(conn: &C, envs: &[Envelope]) -> Re
 }
 
 /// [`enqueue_many`] where each envelope carries the trace headers of its own cause (captured
-/// with [`trace::current_headers`](crate::trace::current_headers) in the caller's span), and
+/// with [`trace::current_headers`] in the caller's span), and
 /// `delay` — when set — sends every row through that delay queue.
 pub async fn enqueue_many_traced<C: ConnectionTrait>(
     conn: &C,
