@@ -15,3 +15,4 @@ mod query;
 mod saga;
 mod saga_batch;
 mod sold_out;
+mod stock_fallback;
