@@ -6,6 +6,7 @@
 #   scripts/bench.sh                 all scenarios (flood, big-sale, ticketing)
 #   scripts/bench.sh flood           one scenario
 #   BENCH_ARGS="--requests 20000" scripts/bench.sh flood     smaller runs
+#   BENCH_MODES=naive,platform scripts/bench.sh big-sale     some modes only
 # Every run starts and ends clean: the services get flashsale_bench_* databases, fs_bench:
 # Redis keys and fs_bench_<run>.* queues of their own, dropped before the run and again after
 # it (the services are stopped at the end); only the reports stay.
@@ -20,6 +21,8 @@ SCRIPT=bench
 . scripts/lib.sh
 
 OUT="${FLASHSALE_BENCH_DIR:-.run/bench}"
+# The bare hot row runs beside the naive design so that the report shows both.
+MODES="${BENCH_MODES:-noop,naive,naive-bare,gate,insert,platform}"
 CLI="$CARGO_TARGET_DIR/release/flashsale"
 scenarios=("$@")
 ((${#scenarios[@]})) || scenarios=(flood big-sale ticketing)
@@ -120,7 +123,7 @@ main() {
     for s in "${scenarios[@]}"; do
         log "scenario $s"
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of options
-        "$CLI" bench --scenario "$s" ${BENCH_ARGS:-} --json | tee "$OUT/$s.json"
+        "$CLI" bench --scenario "$s" --modes "$MODES" ${BENCH_ARGS:-} --json | tee "$OUT/$s.json"
     done
     # Nothing is left behind but the reports: the services stop, their databases and keys go.
     scripts/down.sh >/dev/null 2>&1 || true

@@ -1,7 +1,8 @@
 //! The modes measured beside the platform, on the same machine and at the same concurrency:
-//! the naive design it replaces (one PostgreSQL transaction per request on the hot row), the
-//! raw gate (the platform's reserve script straight on Redis, no gRPC), the raw insert (the
-//! order + outbox insert straight on PostgreSQL), and the no-op ceiling (an empty RPC).
+//! the naive design it replaces (one PostgreSQL transaction per request: the hot row, the
+//! per-user limit, the order record), that design's hot row alone (opt-in), the raw gate (the
+//! platform's reserve script straight on Redis, no gRPC), the raw insert (the order + outbox
+//! insert straight on PostgreSQL), and the no-op ceiling (an empty RPC).
 
 use std::{sync::Arc, time::Duration};
 
@@ -62,32 +63,117 @@ pub async fn bench_db(
         .context("connect to the bench database")
 }
 
-/// The naive design: each request locks the hot row with a conditional UPDATE and inserts the
-/// order, in one transaction.
-pub async fn naive(db: DatabaseConnection, load: &Load, sku: &str) -> anyhow::Result<Measurement> {
+/// The naive design: the whole order in one PostgreSQL transaction per request, as a service
+/// without the gate would write it. It locks the hot row with the conditional UPDATE, checks
+/// the buyer's per-user limit (after the lock, so two requests of one buyer cannot both pass),
+/// and inserts the order (idempotent on its request id) with its history row into the order
+/// service's own tables — the same record the platform writes, without the saga's outbox row,
+/// since nothing is left to do afterwards.
+pub async fn naive(
+    db: DatabaseConnection,
+    load: &Load,
+    sku: &str,
+    per_user_limit: u32,
+) -> anyhow::Result<Measurement> {
+    use sea_orm_migration::MigratorTrait as _;
+    flashsale_order::migration::Migrator::up(&db, None)
+        .await
+        .context("migrate the naive bench database")?;
+    naive_stock(&db, load, sku).await?;
+    db.execute_unprepared("TRUNCATE orders, order_status_history, outbox CASCADE")
+        .await
+        .context("empty the naive order tables")?;
+    let (db, sku, buyers) = (Arc::new(db), sku.to_owned(), load.buyers.max(1));
+    let (tag, limit) = (
+        Uuid::new_v4().simple().to_string(),
+        i64::from(per_user_limit),
+    );
+    drive("naive (PostgreSQL row + order)", load.requests, load.concurrency, load.deadline, move |i| {
+        let (db, sku, tag) = (db.clone(), sku.clone(), tag.clone());
+        async move {
+            let user = format!("buyer{}", i % buyers);
+            let run = async {
+                let txn = db.begin().await?;
+                let updated = txn
+                    .execute_raw(pg(
+                        "UPDATE naive_stock SET available = available - 1 WHERE sku = $1 AND available >= 1",
+                        [sku.clone().into()],
+                    ))
+                    .await?;
+                if updated.rows_affected() == 0 {
+                    txn.rollback().await?;
+                    return Ok::<_, sea_orm::DbErr>(Outcome::Refused("SOLD_OUT".into()));
+                }
+                if limit > 0 {
+                    let bought: i64 = txn
+                        .query_one_raw(pg(
+                            "SELECT COALESCE(sum(quantity), 0)::bigint AS n FROM orders \
+                             WHERE user_id = $1 AND sku = $2 AND status <> 'CANCELLED'",
+                            [user.clone().into(), sku.clone().into()],
+                        ))
+                        .await?
+                        .map(|row| row.try_get("", "n"))
+                        .transpose()?
+                        .unwrap_or(0);
+                    if bought + 1 > limit {
+                        txn.rollback().await?;
+                        return Ok(Outcome::Refused("USER_LIMIT".into()));
+                    }
+                }
+                let written = txn
+                    .execute_raw(pg(
+                        "WITH o AS (INSERT INTO orders (order_id, user_id, request_id, sku, quantity, \
+                         unit_price_cents, total_cents, deduction_policy, status) \
+                         VALUES ($1, $2, $3, $4, 1, 1999, 1999, 'RESERVE_THEN_COMMIT', 'PENDING') \
+                         ON CONFLICT (user_id, request_id) DO NOTHING RETURNING order_id) \
+                         INSERT INTO order_status_history (order_id, from_status, to_status) \
+                         SELECT order_id, NULL, 'PENDING' FROM o",
+                        [
+                            Uuid::new_v4().into(),
+                            user.clone().into(),
+                            format!("{tag}-{i}").into(),
+                            sku.clone().into(),
+                        ],
+                    ))
+                    .await?;
+                if written.rows_affected() == 0 {
+                    // The request id was used before: a replay, which takes no unit.
+                    txn.rollback().await?;
+                    return Ok(Outcome::Refused("REPLAY".into()));
+                }
+                txn.commit().await?;
+                Ok(Outcome::Accepted)
+            };
+            run.await
+                .unwrap_or_else(|e| Outcome::Error(e.to_string().chars().take(60).collect()))
+        }
+    })
+    .await
+}
+
+/// The naive design reduced to its hot row: the conditional UPDATE and a bare five-column
+/// order row (one index), no per-user limit, no idempotency key, no history. Not a design that
+/// could run the sale (it ignores the per-user limit); it shows what the row lock alone allows.
+pub async fn naive_bare(
+    db: DatabaseConnection,
+    load: &Load,
+    sku: &str,
+) -> anyhow::Result<Measurement> {
     db.execute_unprepared(
-        "CREATE TABLE IF NOT EXISTS naive_stock (sku text PRIMARY KEY, available bigint NOT NULL CHECK (available >= 0));
-         CREATE TABLE IF NOT EXISTS naive_orders (order_id uuid PRIMARY KEY, user_id text NOT NULL, sku text NOT NULL,
+        "CREATE TABLE IF NOT EXISTS naive_orders (order_id uuid PRIMARY KEY, user_id text NOT NULL, sku text NOT NULL,
              quantity bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now());",
     )
     .await?;
-    db.execute_unprepared("TRUNCATE naive_stock, naive_orders")
-        .await?;
-    db.execute_raw(sea_orm::Statement::from_sql_and_values(
-        sea_orm::DatabaseBackend::Postgres,
-        "INSERT INTO naive_stock (sku, available) VALUES ($1, $2) ON CONFLICT (sku) DO UPDATE SET available = $2",
-        [sku.into(), load.stock.into()],
-    ))
-    .await?;
+    db.execute_unprepared("TRUNCATE naive_orders").await?;
+    naive_stock(&db, load, sku).await?;
     let (db, sku, buyers) = (Arc::new(db), sku.to_owned(), load.buyers.max(1));
-    drive("naive (PostgreSQL row)", load.requests, load.concurrency, load.deadline, move |i| {
+    drive("bare naive (PostgreSQL row only)", load.requests, load.concurrency, load.deadline, move |i| {
         let (db, sku) = (db.clone(), sku.clone());
         async move {
             let run = async {
                 let txn = db.begin().await?;
                 let updated = txn
-                    .execute_raw(sea_orm::Statement::from_sql_and_values(
-                        sea_orm::DatabaseBackend::Postgres,
+                    .execute_raw(pg(
                         "UPDATE naive_stock SET available = available - 1 WHERE sku = $1 AND available >= 1",
                         [sku.clone().into()],
                     ))
@@ -96,8 +182,7 @@ pub async fn naive(db: DatabaseConnection, load: &Load, sku: &str) -> anyhow::Re
                     txn.rollback().await?;
                     return Ok::<_, sea_orm::DbErr>(false);
                 }
-                txn.execute_raw(sea_orm::Statement::from_sql_and_values(
-                    sea_orm::DatabaseBackend::Postgres,
+                txn.execute_raw(pg(
                     "INSERT INTO naive_orders (order_id, user_id, sku, quantity) VALUES ($1, $2, $3, 1)",
                     [Uuid::new_v4().into(), format!("buyer{}", i % buyers).into(), sku.into()],
                 ))
@@ -113,6 +198,25 @@ pub async fn naive(db: DatabaseConnection, load: &Load, sku: &str) -> anyhow::Re
         }
     })
     .await
+}
+
+/// The hot row of the naive designs, holding the sale's stock.
+async fn naive_stock(db: &DatabaseConnection, load: &Load, sku: &str) -> anyhow::Result<()> {
+    db.execute_unprepared(
+        "CREATE TABLE IF NOT EXISTS naive_stock (sku text PRIMARY KEY, available bigint NOT NULL CHECK (available >= 0))",
+    )
+    .await?;
+    db.execute_unprepared("TRUNCATE naive_stock").await?;
+    db.execute_raw(pg(
+        "INSERT INTO naive_stock (sku, available) VALUES ($1, $2)",
+        [sku.into(), load.stock.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+fn pg<const N: usize>(sql: &str, values: [sea_orm::Value; N]) -> sea_orm::Statement {
+    sea_orm::Statement::from_sql_and_values(sea_orm::DatabaseBackend::Postgres, sql, values)
 }
 
 /// The platform's reserve script on Redis with no gRPC around it.

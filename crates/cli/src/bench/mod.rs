@@ -41,6 +41,8 @@ pub enum Scenario {
 pub enum Mode {
     Noop,
     Naive,
+    /// The naive design's hot row alone (no per-user limit, no order record): opt-in.
+    NaiveBare,
     Gate,
     Insert,
     Platform,
@@ -100,6 +102,12 @@ pub struct Args {
         default_value = "postgres://postgres@127.0.0.1:5432"
     )]
     postgres_url: String,
+    /// Database (created when missing, emptied before each use) of the naive modes.
+    #[arg(long, default_value = "flashsale_bench_naive")]
+    naive_db: String,
+    /// Database (created when missing, emptied before each use) of the raw-insert mode.
+    #[arg(long, default_value = "flashsale_bench_orders")]
+    insert_db: String,
     /// The order service's own database. When given, the platform mode's saga follower reads
     /// the accepted orders' states from it, one query per poll, instead of one GetOrder per
     /// order as their buyers: following 20,000 orders through the API loads the very service
@@ -167,6 +175,19 @@ impl Args {
             self.max_idle_wait_secs
         );
         self.db_pool()?;
+        for (flag, name) in [
+            ("--naive-db", &self.naive_db),
+            ("--insert-db", &self.insert_db),
+        ] {
+            let ok = (1..=63).contains(&name.len())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            anyhow::ensure!(
+                ok,
+                "{flag} must be a database name of 1..=63 characters a-z, 0-9 and _ (got {name:?})"
+            );
+        }
         if let Some(url) = &self.orders_db_url {
             let ok = url::Url::parse(url)
                 .is_ok_and(|u| matches!(u.scheme(), "postgres" | "postgresql") && u.has_host());
@@ -212,9 +233,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let (m, saga) = match mode {
             Mode::Noop => (baselines::noop(&args.order_url, &load).await?, None),
             Mode::Naive => {
-                let db = baselines::bench_db(&args.postgres_url, "flashsale_bench_naive", db_pool)
-                    .await?;
-                (baselines::naive(db, &load, &sku).await?, None)
+                let db = baselines::bench_db(&args.postgres_url, &args.naive_db, db_pool).await?;
+                (baselines::naive(db, &load, &sku, limit).await?, None)
+            }
+            Mode::NaiveBare => {
+                let db = baselines::bench_db(&args.postgres_url, &args.naive_db, db_pool).await?;
+                (baselines::naive_bare(db, &load, &sku).await?, None)
             }
             Mode::Gate => {
                 let settings = flashsale_platform::settings::RedisSettings {
@@ -231,8 +255,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 (baselines::raw_gate(gate, &load, &sku, limit).await?, None)
             }
             Mode::Insert => {
-                let db = baselines::bench_db(&args.postgres_url, "flashsale_bench_orders", db_pool)
-                    .await?;
+                let db = baselines::bench_db(&args.postgres_url, &args.insert_db, db_pool).await?;
                 (baselines::raw_insert(db, &load, &sku).await?, None)
             }
             Mode::Platform => {

@@ -126,7 +126,7 @@ fn ratios(results: &[ModeReport]) -> Value {
         return out.into();
     };
     let p = &pr.m;
-    for base in ["naive", "no-op", "raw gate", "raw insert"] {
+    for base in ["naive", "bare naive", "no-op", "raw gate", "raw insert"] {
         let Some(b) = find(results, base).map(|r| &r.m) else {
             continue;
         };
@@ -139,13 +139,13 @@ fn ratios(results: &[ModeReport]) -> Value {
             format!("platform/{key} p99"),
             json!(round(p.p(0.99) / b.p(0.99).max(1e-3))),
         );
-        if base == "naive" {
+        if base.ends_with("naive") {
             out.insert(
-                "platform/naive accepted per second".into(),
+                format!("platform/{key} accepted per second"),
                 json!(round(p.accepted_per_sec() / b.accepted_per_sec().max(1e-9))),
             );
             out.insert(
-                "platform/naive accepted p99".into(),
+                format!("platform/{key} accepted p99"),
                 json!(round(p.accepted_p(0.99) / b.accepted_p(0.99).max(1e-3))),
             );
         }

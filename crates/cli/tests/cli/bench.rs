@@ -2,6 +2,7 @@
 //! accepted orders are followed until the saga confirms them, memory is read for the pids named;
 //! bad options are refused naming the flag before anything is measured.
 
+use flashsale_test_support::TestDatabase;
 use serde_json::Value;
 
 use crate::{
@@ -12,7 +13,10 @@ use crate::{
 #[tokio::test]
 async fn bench_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 15] = [
+        (&["--naive-db", "Bench"], "--naive-db"),
+        (&["--naive-db", "a;drop"], "--naive-db"),
+        (&["--insert-db", ""], "--insert-db"),
         (&["--db-pool", "0"], "--db-pool"),
         (&["--db-pool", "101"], "--db-pool"),
         (&["--db-pool", "many"], "--db-pool"),
@@ -62,8 +66,16 @@ async fn bench_refuses_bad_options_naming_the_flag() {
 async fn a_small_bench_follows_the_saga_and_reads_the_services_memory() {
     let stack = FullStack::spawn(|_| {}).await;
     let me = format!("stack={}", std::process::id());
+    let (naive_db, insert_db) = (
+        TestDatabase::create().await.unwrap(),
+        TestDatabase::create().await.unwrap(),
+    );
     let mut cmd = command(&[
         "bench",
+        "--naive-db",
+        &naive_db.name,
+        "--insert-db",
+        &insert_db.name,
         "--scenario",
         "big-sale",
         "--requests",
@@ -171,4 +183,51 @@ async fn the_saga_follower_can_read_the_order_database_instead_of_the_api() {
         "{saga}"
     );
     assert!(saga["confirm_s"].as_f64().unwrap() > 0.0, "{saga}");
+}
+
+#[tokio::test]
+async fn the_naive_design_keeps_the_per_user_limit_and_the_bare_row_does_not() {
+    // 5 buyers with 8 requests each for 10 units, one per buyer (the scenarios' limit): the
+    // naive design sells 5 and refuses the rest by limit; the bare hot row sells all 10.
+    let db = TestDatabase::create().await.unwrap();
+    let cmd = command(&[
+        "bench",
+        "--naive-db",
+        &db.name,
+        "--scenario",
+        "big-sale",
+        "--modes",
+        "naive,naive-bare",
+        "--requests",
+        "40",
+        "--buyers",
+        "5",
+        "--stock",
+        "10",
+        "--concurrency",
+        "4",
+        "--db-pool",
+        "2",
+        "--max-seconds-per-mode",
+        "30",
+        "--max-idle-wait-secs",
+        "0",
+        "--postgres-url",
+        &flashsale_test_support::postgres_server_url(),
+        "--json",
+    ]);
+    let run = output(cmd).await;
+    let r = run.json();
+    let modes = r["modes"].as_array().unwrap();
+    assert_eq!(modes.len(), 2, "{r}");
+    let (naive, bare) = (&modes[0], &modes[1]);
+    assert_eq!(naive["accepted"], 5, "{naive}");
+    assert_eq!(naive["refused"]["USER_LIMIT"], 35, "{naive}");
+    assert_eq!(naive["errored"], 0, "{naive}");
+    assert_eq!(bare["accepted"], 10, "{bare}");
+    assert_eq!(bare["refused"]["SOLD_OUT"], 30, "{bare}");
+    assert!(
+        r["ratios"].as_object().is_some_and(|o| o.is_empty()),
+        "no platform run, no ratios: {r}"
+    );
 }
