@@ -84,6 +84,7 @@ drop_bench_databases() { # server url
 }
 
 main() {
+    [[ " ${BENCH_ARGS:-} " != *" --modes"* ]] || die "set the modes with BENCH_MODES, not --modes in BENCH_ARGS"
     mkdir -p "$OUT"
     # Orders must stay unpaid for the whole run: a long payment timeout, the default warehouse.
     export FLASHSALE_PROFILE=release

@@ -64,11 +64,13 @@ pub async fn bench_db(
 }
 
 /// The naive design: the whole order in one PostgreSQL transaction per request, as a service
-/// without the gate would write it. It locks the hot row with the conditional UPDATE, checks
-/// the buyer's per-user limit (after the lock, so two requests of one buyer cannot both pass),
-/// and inserts the order (idempotent on its request id) with its history row into the order
-/// service's own tables — the same record the platform writes, without the saga's outbox row,
-/// since nothing is left to do afterwards.
+/// without the gate would write it, holding the hot row's lock as briefly as it can. The
+/// buyer's own advisory lock (taken first, so two requests of one buyer cannot both pass the
+/// per-user limit; buyers do not wait for each other) and then one statement: the conditional
+/// `UPDATE` of the hot row, guarded by the per-user limit, and the order (idempotent on its
+/// request id) with its history row, in the order service's own tables — the same record the
+/// platform writes, without the saga's outbox row (nothing is left to do afterwards) and
+/// without the `WatchOrder` notification triggers.
 pub async fn naive(
     db: DatabaseConnection,
     load: &Load,
@@ -79,6 +81,14 @@ pub async fn naive(
     flashsale_order::migration::Migrator::up(&db, None)
         .await
         .context("migrate the naive bench database")?;
+    refuse_foreign_orders(&db, "--naive-db").await?;
+    db.execute_unprepared(
+        "DROP TRIGGER IF EXISTS orders_notify_insert ON orders; \
+         DROP TRIGGER IF EXISTS orders_notify_update ON orders; \
+         DROP TRIGGER IF EXISTS orders_notify ON orders",
+    )
+    .await
+    .context("drop the notification triggers of the naive database")?;
     naive_stock(&db, load, sku).await?;
     db.execute_unprepared("TRUNCATE orders, order_status_history, outbox CASCADE")
         .await
@@ -94,61 +104,80 @@ pub async fn naive(
             let user = format!("buyer{}", i % buyers);
             let run = async {
                 let txn = db.begin().await?;
-                let updated = txn
-                    .execute_raw(pg(
-                        "UPDATE naive_stock SET available = available - 1 WHERE sku = $1 AND available >= 1",
-                        [sku.clone().into()],
-                    ))
-                    .await?;
-                if updated.rows_affected() == 0 {
-                    txn.rollback().await?;
-                    return Ok::<_, sea_orm::DbErr>(Outcome::Refused("SOLD_OUT".into()));
-                }
-                if limit > 0 {
-                    let bought: i64 = txn
-                        .query_one_raw(pg(
-                            "SELECT COALESCE(sum(quantity), 0)::bigint AS n FROM orders \
-                             WHERE user_id = $1 AND sku = $2 AND status <> 'CANCELLED'",
-                            [user.clone().into(), sku.clone().into()],
-                        ))
-                        .await?
-                        .map(|row| row.try_get("", "n"))
-                        .transpose()?
-                        .unwrap_or(0);
-                    if bought + 1 > limit {
-                        txn.rollback().await?;
-                        return Ok(Outcome::Refused("USER_LIMIT".into()));
-                    }
-                }
-                let written = txn
-                    .execute_raw(pg(
-                        "WITH o AS (INSERT INTO orders (order_id, user_id, request_id, sku, quantity, \
-                         unit_price_cents, total_cents, deduction_policy, status) \
-                         VALUES ($1, $2, $3, $4, 1, 1999, 1999, 'RESERVE_THEN_COMMIT', 'PENDING') \
-                         ON CONFLICT (user_id, request_id) DO NOTHING RETURNING order_id) \
-                         INSERT INTO order_status_history (order_id, from_status, to_status) \
-                         SELECT order_id, NULL, 'PENDING' FROM o",
+                txn.execute_raw(pg(
+                    "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))",
+                    [user.clone().into(), sku.clone().into()],
+                ))
+                .await?;
+                let row = txn
+                    .query_one_raw(pg(
+                        "WITH bought AS (SELECT COALESCE(sum(quantity), 0)::bigint AS n FROM orders \
+                           WHERE user_id = $2 AND sku = $1 AND status <> 'CANCELLED'), \
+                         took AS (UPDATE naive_stock SET available = available - 1 \
+                           WHERE sku = $1 AND available >= 1 \
+                             AND ($5 = 0 OR (SELECT n FROM bought) + 1 <= $5) RETURNING sku), \
+                         o AS (INSERT INTO orders (order_id, user_id, request_id, sku, quantity, \
+                           unit_price_cents, total_cents, deduction_policy, status) \
+                           SELECT $3, $2, $4, sku, 1, 1999, 1999, 'RESERVE_THEN_COMMIT', 'PENDING' FROM took \
+                           ON CONFLICT (user_id, request_id) DO NOTHING RETURNING order_id), \
+                         h AS (INSERT INTO order_status_history (order_id, from_status, to_status) \
+                           SELECT order_id, NULL, 'PENDING' FROM o) \
+                         SELECT (SELECT n FROM bought) AS bought, \
+                           (SELECT count(*) FROM took)::bigint AS took, \
+                           (SELECT count(*) FROM o)::bigint AS wrote",
                         [
-                            Uuid::new_v4().into(),
-                            user.clone().into(),
-                            format!("{tag}-{i}").into(),
                             sku.clone().into(),
+                            user.clone().into(),
+                            Uuid::new_v4().into(),
+                            format!("{tag}-{i}").into(),
+                            limit.into(),
                         ],
                     ))
-                    .await?;
-                if written.rows_affected() == 0 {
+                    .await?
+                    .ok_or_else(|| sea_orm::DbErr::Custom("the naive statement returned no row".into()))?;
+                let (bought, took, wrote): (i64, i64, i64) = (
+                    row.try_get("", "bought")?,
+                    row.try_get("", "took")?,
+                    row.try_get("", "wrote")?,
+                );
+                let outcome = if took == 0 && limit > 0 && bought + 1 > limit {
+                    Outcome::Refused("USER_LIMIT".into())
+                } else if took == 0 {
+                    Outcome::Refused("SOLD_OUT".into())
+                } else if wrote == 0 {
                     // The request id was used before: a replay, which takes no unit.
-                    txn.rollback().await?;
-                    return Ok(Outcome::Refused("REPLAY".into()));
-                }
-                txn.commit().await?;
-                Ok(Outcome::Accepted)
+                    Outcome::Refused("REPLAY".into())
+                } else {
+                    txn.commit().await?;
+                    return Ok::<_, sea_orm::DbErr>(Outcome::Accepted);
+                };
+                txn.rollback().await?;
+                Ok(outcome)
             };
             run.await
                 .unwrap_or_else(|e| Outcome::Error(e.to_string().chars().take(60).collect()))
         }
     })
     .await
+}
+
+/// Refuses to empty an order database that holds orders the bench did not write (its products
+/// are all `BENCH-…`): `--naive-db` or `--insert-db` naming a live service's database.
+async fn refuse_foreign_orders(db: &DatabaseConnection, flag: &str) -> anyhow::Result<()> {
+    let foreign = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DatabaseBackend::Postgres,
+            "SELECT EXISTS (SELECT 1 FROM orders WHERE sku NOT LIKE 'BENCH-%') AS other",
+        ))
+        .await?
+        .map(|row| row.try_get::<bool>("", "other"))
+        .transpose()?
+        .unwrap_or(false);
+    anyhow::ensure!(
+        !foreign,
+        "{flag}: that database holds orders the bench did not write; it empties its database, so give it one of its own"
+    );
+    Ok(())
 }
 
 /// The naive design reduced to its hot row: the conditional UPDATE and a bare five-column
@@ -285,6 +314,7 @@ pub async fn raw_insert(
     flashsale_order::migration::Migrator::up(&db, None)
         .await
         .context("migrate the bench order database")?;
+    refuse_foreign_orders(&db, "--insert-db").await?;
     // Every run starts from empty tables: indexes grown by earlier runs would make each run
     // slower than the last.
     db.execute_unprepared("TRUNCATE orders, order_status_history, outbox CASCADE")

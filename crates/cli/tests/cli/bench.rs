@@ -190,10 +190,60 @@ async fn the_naive_design_keeps_the_per_user_limit_and_the_bare_row_does_not() {
     // 5 buyers with 8 requests each for 10 units, one per buyer (the scenarios' limit): the
     // naive design sells 5 and refuses the rest by limit; the bare hot row sells all 10.
     let db = TestDatabase::create().await.unwrap();
-    let cmd = command(&[
+    let args = naive_args(&db.name);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cmd = command(&args);
+    let run = output(cmd).await;
+    let r = run.json();
+    let modes = r["modes"].as_array().unwrap();
+    assert_eq!(modes.len(), 2, "{r}");
+    let (naive, bare) = (&modes[0], &modes[1]);
+    assert_eq!(naive["accepted"], 5, "{naive}");
+    assert_eq!(naive["refused"]["USER_LIMIT"], 35, "{naive}");
+    assert_eq!(naive["errored"], 0, "{naive}");
+    assert_eq!(bare["accepted"], 10, "{bare}");
+    assert_eq!(bare["refused"]["SOLD_OUT"], 30, "{bare}");
+    assert!(
+        r["ratios"].as_object().is_some_and(|o| o.is_empty()),
+        "no platform run, no ratios: {r}"
+    );
+
+    // A database holding orders the bench did not write is refused, not emptied.
+    let conn = db.connect().await.unwrap();
+    sea_orm::ConnectionTrait::execute_unprepared(
+        &conn,
+        "INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, total_cents, \
+         deduction_policy, status) VALUES (gen_random_uuid(), 'alice', 'live-1', 'LIVE-1', 1, 10, 10, \
+         'RESERVE_THEN_COMMIT', 'PENDING')",
+    )
+    .await
+    .unwrap();
+    let refused = flashsale(&args, "http://127.0.0.1:1").await;
+    assert!(!refused.ok, "{}", refused.stdout);
+    assert!(refused.stderr.contains("--naive-db"), "{}", refused.stderr);
+    let left = sea_orm::ConnectionTrait::query_one_raw(
+        &conn,
+        sea_orm::Statement::from_string(
+            sea_orm::DatabaseBackend::Postgres,
+            "SELECT count(*) AS n FROM orders WHERE sku = 'LIVE-1'",
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .try_get::<i64>("", "n")
+    .unwrap();
+    assert_eq!(left, 1, "the live order was kept");
+    conn.close().await.unwrap();
+}
+
+/// The naive modes on `db` for 5 buyers × 8 requests and 10 units (per-user limit 1).
+fn naive_args(db: &str) -> Vec<String> {
+    let pg = flashsale_test_support::postgres_server_url();
+    [
         "bench",
         "--naive-db",
-        &db.name,
+        db,
         "--scenario",
         "big-sale",
         "--modes",
@@ -213,21 +263,10 @@ async fn the_naive_design_keeps_the_per_user_limit_and_the_bare_row_does_not() {
         "--max-idle-wait-secs",
         "0",
         "--postgres-url",
-        &flashsale_test_support::postgres_server_url(),
+        &pg,
         "--json",
-    ]);
-    let run = output(cmd).await;
-    let r = run.json();
-    let modes = r["modes"].as_array().unwrap();
-    assert_eq!(modes.len(), 2, "{r}");
-    let (naive, bare) = (&modes[0], &modes[1]);
-    assert_eq!(naive["accepted"], 5, "{naive}");
-    assert_eq!(naive["refused"]["USER_LIMIT"], 35, "{naive}");
-    assert_eq!(naive["errored"], 0, "{naive}");
-    assert_eq!(bare["accepted"], 10, "{bare}");
-    assert_eq!(bare["refused"]["SOLD_OUT"], 30, "{bare}");
-    assert!(
-        r["ratios"].as_object().is_some_and(|o| o.is_empty()),
-        "no platform run, no ratios: {r}"
-    );
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect()
 }

@@ -24,8 +24,8 @@ mod saga_batch;
 mod sold_out;
 
 pub use place::{
-    FP_AFTER_BATCH_WRITE, PendingWrite, Written, write_pending, write_pending_batch,
-    write_pending_batch_with,
+    FP_AFTER_BATCH_WRITE, PendingWrite, SOLD_OUT_REMEMBERED, Written, write_pending,
+    write_pending_batch, write_pending_batch_with,
 };
 pub use query::WatchHub;
 pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};

@@ -12,6 +12,10 @@ use crate::{
     domain::{Order, OrderError, PlaceOrder},
 };
 
+/// The message of a refusal from the sold-out memory (the reason is `SOLD_OUT`, as from the
+/// gate): tells an operator reading a gateway's log where the answer came from.
+pub const SOLD_OUT_REMEMBERED: &str = "sold out (remembered by this replica)";
+
 impl Orders {
     /// Places an order; `(order, replayed)`. Refusals write nothing.
     #[tracing::instrument(skip_all, fields(user = %p.user_id, sku = %p.sku))]
@@ -20,7 +24,10 @@ impl Orders {
             // Sold out, and this user has no order that this could be a replay of.
             metrics::counter!("flashsale_orders_refused_total", "reason" => "SOLD_OUT_CACHED")
                 .increment(1);
-            return Err(OrderError::Refused("SOLD_OUT".into(), "sold out".into()));
+            return Err(OrderError::Refused(
+                "SOLD_OUT".into(),
+                SOLD_OUT_REMEMBERED.into(),
+            ));
         }
         // Derived (a SHA-1 over the request) only past the refusal from memory.
         let order_id = p.order_id();

@@ -12,7 +12,7 @@ use std::{
 
 use flashsale_order::{
     adapters::stock::{GateBuyers, Granted, StockPort},
-    app::{Orders, WatchHub, write_pending},
+    app::{Orders, SOLD_OUT_REMEMBERED, WatchHub, write_pending},
     config::SagaSettings,
     domain::{OrderError, PlaceOrder, Policy},
 };
@@ -144,10 +144,7 @@ async fn units_coming_back_reopen_a_sold_out_product_at_once() {
         .await;
     let sold = app.order("bob", "b0", "BACK", 1).await.unwrap_err();
     assert_eq!(reason(&sold), "SOLD_OUT");
-    // Let the sold-out entry settle (refused from memory from now on).
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let again = app.order("bob", "b1", "BACK", 1).await.unwrap_err();
-    assert_eq!(reason(&again), "SOLD_OUT");
+    refused_from_memory(&app, "bob", "BACK").await;
     c.cancel_order(as_user(
         "alice",
         CancelOrderRequest {
@@ -163,6 +160,30 @@ async fn units_coming_back_reopen_a_sold_out_product_at_once() {
         OrderStatus::Pending as i32,
         "a new order for the returned unit"
     );
+}
+
+/// Waits until `user`'s orders for `sku` are refused from this replica's sold-out memory (the
+/// list of possible replayers is read in the background after the first SOLD_OUT).
+async fn refused_from_memory(app: &TestApp, user: &str, sku: &str) {
+    let c = app.client().await;
+    let mut n = 0;
+    flashsale_test_support::eventually(
+        Duration::from_secs(20),
+        "a refusal from the sold-out memory",
+        || {
+            n += 1;
+            let (key, mut c) = (format!("{user}-memory-{n}"), c.clone());
+            async move {
+                let err = c
+                    .create_order(as_user(user, create_req(&key, sku, 1)))
+                    .await
+                    .err()?;
+                (reason(&err) == "SOLD_OUT" && err.message() == SOLD_OUT_REMEMBERED).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// Retries `user`'s order for `sku` (a new request id each time) until one is accepted.
@@ -202,9 +223,7 @@ async fn a_gate_repaired_upwards_reopens_a_sold_out_product_at_once() {
         .await;
     let sold = app.order("bob", "b0", "FIX", 1).await.unwrap_err();
     assert_eq!(reason(&sold), "SOLD_OUT");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let again = app.order("bob", "b1", "FIX", 1).await.unwrap_err();
-    assert_eq!(reason(&again), "SOLD_OUT");
+    refused_from_memory(&app, "bob", "FIX").await;
 
     // The database holds a unit the gate does not know of (a drift); an operator repairs it.
     app.stock_exec("UPDATE stock SET on_hand = on_hand + 1 WHERE sku = 'FIX'")

@@ -97,6 +97,7 @@ impl StockService {
         };
         let expected = target - snapshot.held;
         let drift = snapshot.available - expected;
+        let mut refilled = None;
         if repair && drift != 0 {
             let outcome = self
                 .gate
@@ -106,14 +107,22 @@ impl StockService {
             if let RepairOutcome::Repaired { before, after, .. } = outcome
                 && after > before
             {
-                // Units are on sale again: the order service's sold-out memory must hear it.
-                outbox::enqueue(&txn, &gate_refilled(sku, before, after, "REPAIR")).await?;
+                refilled = Some(gate_refilled(sku, before, after, "REPAIR"));
             }
             repaired = true;
             metrics::counter!("flashsale_gate_repairs_total").increment(1);
             tracing::warn!(%sku, drift, "repaired the stock gate");
         }
         txn.commit().await?;
+        if let Some(event) = refilled {
+            // Units are on sale again: the order service's sold-out memory should hear it.
+            // Best effort, after the repair is done and reported (a retry would find no drift
+            // to repair, so failing here would lose the report, not the event); the sold-out
+            // memory's short life bounds a missed one.
+            if let Err(e) = outbox::enqueue(&self.db, &event).await {
+                tracing::warn!(%sku, error = %e, "stock.gate_refilled not recorded");
+            }
+        }
         Ok(DriftReport {
             sku: sku.clone(),
             gate_available: snapshot.available,

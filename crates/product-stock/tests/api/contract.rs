@@ -3,7 +3,9 @@
 
 use flashsale_proto::{
     events::v1::envelope::Payload,
-    product::v1::{AdjustStockRequest, CommitReservationRequest, DeductionPolicy},
+    product::v1::{
+        AdjustStockRequest, CommitReservationRequest, DeductionPolicy, ReconcileStockRequest,
+    },
 };
 use flashsale_test_support::fixtures;
 use uuid::Uuid;
@@ -80,6 +82,18 @@ async fn published_events_match_their_fixtures() {
         reason: "delivery".into(),
     };
     c.adjust_stock(admin(adj)).await.unwrap();
+    // The gate lost a unit; the repair puts it back on sale.
+    let snap = app.gate.snapshot(SKU).await.unwrap().unwrap();
+    app.gate
+        .repair(SKU, snap.available + snap.held - 1)
+        .await
+        .unwrap();
+    c.reconcile_stock(admin(ReconcileStockRequest {
+        skus: vec![SKU.into()],
+        repair: true,
+    }))
+    .await
+    .unwrap();
 
     let events = app.outbox().await;
     let kinds: std::collections::BTreeSet<_> = events.iter().map(|e| e.r#type.as_str()).collect();
@@ -89,6 +103,7 @@ async fn published_events_match_their_fixtures() {
         "stock.released",
         "stock.committed",
         "stock.adjusted",
+        "stock.gate_refilled",
     ] {
         assert!(kinds.contains(kind), "{kind} was not emitted: {kinds:?}");
     }
