@@ -85,6 +85,16 @@ drop_bench_databases() { # server url
 
 main() {
     [[ " ${BENCH_ARGS:-} " != *" --modes"* ]] || die "set the modes with BENCH_MODES, not --modes in BENCH_ARGS"
+    # One benchmark at a time on a machine: each drops the flashsale_bench_* databases, fs_bench
+    # keys and earlier runs' queues on the shared servers, which would pull them from under
+    # another run (from another clone too, hence a machine-wide lock).
+    local lock="${FLASHSALE_BENCH_LOCK:-${TMPDIR:-/tmp}/flashsale-bench.lock}"
+    if have flock; then
+        exec 9>"$lock"
+        flock -n 9 || die "another benchmark is running on this machine (lock $lock); wait for it to end"
+    else
+        warn "flock not found: nothing stops two benchmarks from dropping each other's databases"
+    fi
     mkdir -p "$OUT"
     # Orders must stay unpaid for the whole run: a long payment timeout, the default warehouse.
     export FLASHSALE_PROFILE=release
