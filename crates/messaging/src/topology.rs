@@ -2,14 +2,16 @@
 //! parking lot, and holding queues for delayed messages.
 //!
 //! ```text
-//!  exchange ──rk──▶ <q> ──handler fails (transient)──▶ <q>.retry.<i> ──TTL──▶ <q>
+//!  exchange ──rk──▶ <q> ──handler fails (transient)──▶ <q>.retry.<i>.<ms>ms ──TTL──▶ <q>
 //!                     └──permanent / out of attempts / undecodable──▶ <q>.dlq
 //!  "" ──<delay queue name>──▶ <delay queue> ──TTL──▶ exchange ──target rk──▶ …
 //! ```
 //!
 //! Every declaration is idempotent, so each service re-declares what it uses after every
-//! (re)connect. Changing a queue's arguments (e.g. `retry_base_ms`) needs the old queue deleted
-//! first: the broker refuses a re-declaration with different arguments (`PRECONDITION_FAILED`).
+//! (re)connect. The broker refuses a re-declaration with different arguments
+//! (`PRECONDITION_FAILED`), so the delays that are arguments are part of the names (retry and
+//! delay queues: a new `retry_base_ms` or payment timeout declares new queues); changing
+//! `queue_type` needs the old queues deleted first.
 
 use std::time::Duration;
 
@@ -175,9 +177,14 @@ impl QueueTopology {
         format!("{}.dlq", self.queue)
     }
 
-    /// Retry queue `i` (1-based): `<queue>.retry.<i>`.
+    /// Retry queue `i` (1-based): `<queue>.retry.<i>.<ms>ms`. The delay is in the name (as in
+    /// a [`DelayQueue`]'s) because it is one of the queue's arguments, which the broker refuses
+    /// to change on a re-declaration: a new `retry_base_ms` declares new queues instead of
+    /// stopping the service with `PRECONDITION_FAILED`. (Messages still waiting in the old ones
+    /// go back to the work queue when their TTL ends; the empty queues can then be deleted.)
     pub fn retry_queue(&self, i: u32) -> String {
-        format!("{}.retry.{i}", self.queue)
+        let ms = self.retry_delay(i).map_or(0, |d| d.as_millis());
+        format!("{}.retry.{i}.{ms}ms", self.queue)
     }
 
     /// How many retries the ladder has (`max_attempts - 1`).
@@ -313,7 +320,7 @@ mod tests {
         let t = QueueTopology::new(&c, "orders", &["order.created"]);
         assert_eq!(t.queue(), "t_orders");
         assert_eq!(t.retries(), 3);
-        assert_eq!(t.retry_queue(2), "t_orders.retry.2");
+        assert_eq!(t.retry_queue(2), "t_orders.retry.2.100ms");
         assert_eq!(t.retry_delay(3), Some(Duration::from_millis(200)));
         assert_eq!(t.retry_delay(4), None);
         assert_eq!(t.dead_letter_queue(), "t_orders.dlq");

@@ -76,11 +76,16 @@ impl Amqp {
     pub async fn topology(&self, name: &str, keys: &[&str]) -> QueueTopology {
         let t = QueueTopology::new(&self.config, name, keys);
         t.declare(&self.admin).await.unwrap();
+        self.delete_later(&t);
+        t
+    }
+
+    /// Deletes `topology`'s queues (declared by the test itself) at the end.
+    pub fn delete_later(&self, t: &QueueTopology) {
         let mut q = self.queues.lock().unwrap();
         q.push(t.queue().to_owned());
         q.push(t.dead_letter_queue());
         q.extend((1..=t.retries()).map(|i| t.retry_queue(i)));
-        t
     }
 
     /// Deletes `queue` at the end.

@@ -10,4 +10,5 @@ mod helpers;
 mod outbox;
 mod publisher;
 mod reconnect;
+mod topology;
 mod trace;
