@@ -17,7 +17,7 @@ use flashsale_order::{
     domain::{OrderError, PlaceOrder, Policy},
 };
 use flashsale_proto::{
-    order::v1::{CancelOrderRequest, OrderStatus},
+    order::v1::{CancelOrderRequest, CreateOrderResponse, OrderStatus},
     product::v1::ReconcileStockRequest,
 };
 use sea_orm_migration::MigratorTrait as _;
@@ -165,49 +165,47 @@ async fn units_coming_back_reopen_a_sold_out_product_at_once() {
 /// Waits until `user`'s orders for `sku` are refused from this replica's sold-out memory (the
 /// list of possible replayers is read in the background after the first SOLD_OUT).
 async fn refused_from_memory(app: &TestApp, user: &str, sku: &str) {
-    let c = app.client().await;
-    let mut n = 0;
-    flashsale_test_support::eventually(
-        Duration::from_secs(20),
-        "a refusal from the sold-out memory",
-        || {
-            n += 1;
-            let (key, mut c) = (format!("{user}-memory-{n}"), c.clone());
-            async move {
-                let err = c
-                    .create_order(as_user(user, create_req(&key, sku, 1)))
-                    .await
-                    .err()?;
-                (reason(&err) == "SOLD_OUT" && err.message() == SOLD_OUT_REMEMBERED).then_some(())
-            }
-        },
-    )
-    .await
-    .unwrap();
+    order_until(app, user, sku, "a refusal from the sold-out memory", |r| {
+        let err = r.err()?;
+        (reason(&err) == "SOLD_OUT" && err.message() == SOLD_OUT_REMEMBERED).then_some(())
+    })
+    .await;
 }
 
-/// Retries `user`'s order for `sku` (a new request id each time) until one is accepted.
-async fn buy_when_open(
+/// Retries `user`'s order for `sku` until one is accepted.
+async fn buy_when_open(app: &TestApp, user: &str, sku: &str) -> CreateOrderResponse {
+    order_until(
+        app,
+        user,
+        sku,
+        "the buyer gets the unit that came back",
+        Result::ok,
+    )
+    .await
+}
+
+/// Orders one unit of `sku` as `user`, a new request id each time, until `pick` takes the
+/// answer (within 20 s).
+async fn order_until<T>(
     app: &TestApp,
     user: &str,
     sku: &str,
-) -> flashsale_proto::order::v1::CreateOrderResponse {
+    what: &str,
+    pick: impl Fn(Result<CreateOrderResponse, tonic::Status>) -> Option<T>,
+) -> T {
     let c = app.client().await;
-    let mut n = 0;
-    flashsale_test_support::eventually(
-        Duration::from_secs(20),
-        "the buyer gets the unit that came back",
-        || {
-            n += 1;
-            let (key, mut c) = (format!("{user}-retry-{n}"), c.clone());
-            async move {
+    let (mut n, pick) = (0, &pick);
+    flashsale_test_support::eventually(Duration::from_secs(20), what, || {
+        n += 1;
+        let (key, mut c) = (format!("{user}-try-{n}"), c.clone());
+        async move {
+            pick(
                 c.create_order(as_user(user, create_req(&key, sku, 1)))
                     .await
-                    .ok()
-                    .map(|r| r.into_inner())
-            }
-        },
-    )
+                    .map(tonic::Response::into_inner),
+            )
+        }
+    })
     .await
     .unwrap()
 }
