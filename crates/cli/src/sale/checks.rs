@@ -41,10 +41,10 @@ pub(super) fn status_is(o: &Order, s: OrderStatus) -> bool {
 pub(super) fn per_product(
     products: &[(String, Option<Product>, Option<i64>)],
     lines: &[Line],
-    check: impl Fn(&[Line], Option<&Product>, Option<i64>) -> Check,
+    check: impl Fn(&[Line], &str, Option<&Product>, Option<i64>) -> Check,
 ) -> Check {
-    if let [(_, p, d)] = products {
-        return check(lines, p.as_ref(), *d);
+    if let [(sku, p, d)] = products {
+        return check(lines, sku, p.as_ref(), *d);
     }
     let mut name = "";
     let mut pass = true;
@@ -56,7 +56,7 @@ pub(super) fn per_product(
             .filter(|l| l.order.as_ref().is_none_or(|o| &o.sku == sku))
             .cloned()
             .collect();
-        let c = check(&mine, p.as_ref(), *d);
+        let c = check(&mine, sku, p.as_ref(), *d);
         name = c.name;
         pass &= c.pass;
         details.push(format!("{sku}: {}", c.detail));

@@ -43,6 +43,10 @@ pub(crate) struct Flood {
     pub last_accept: Option<Instant>,
     /// True when the time bound stopped the flood before every call was made.
     pub cut_short: bool,
+    /// True when `--duration-secs` ended the flood before every call was made.
+    pub stopped_by_duration: bool,
+    /// The calls the flood was to make: buyers × requests per buyer.
+    pub planned: u64,
 }
 
 /// Makes `buyers × per_buyer` CreateOrder calls, round-robin over the buyers.
@@ -50,11 +54,13 @@ pub(crate) async fn run(ctx: Arc<Ctx>, per_buyer: u32, concurrency: u32) -> anyh
     let total = ctx.buyers.len() as u64 * u64::from(per_buyer);
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    let until = ctx.flood_until.map(|d| started + d);
     let mut workers = JoinSet::new();
     for _ in 0..concurrency.min(u32::try_from(total).unwrap_or(u32::MAX)) {
-        workers.spawn(worker(ctx.clone(), next.clone(), total));
+        workers.spawn(worker(ctx.clone(), next.clone(), total, until));
     }
     let mut flood = Flood::empty()?;
+    flood.planned = total;
     while let Some(part) = workers.join_next().await {
         flood.merge(part.context("a flood worker died")??)?;
     }
@@ -64,14 +70,25 @@ pub(crate) async fn run(ctx: Arc<Ctx>, per_buyer: u32, concurrency: u32) -> anyh
     Ok(flood)
 }
 
-/// Takes the next call until every call is made or the run's work deadline passes.
-async fn worker(ctx: Arc<Ctx>, next: Arc<AtomicU64>, total: u64) -> anyhow::Result<Flood> {
+/// Takes the next call until every call is made, the flood's duration is over or the run's
+/// work deadline passes.
+async fn worker(
+    ctx: Arc<Ctx>,
+    next: Arc<AtomicU64>,
+    total: u64,
+    until: Option<Instant>,
+) -> anyhow::Result<Flood> {
     let mut part = Flood::empty()?;
     let mut client = ctx.orders.clone();
     let buyers = ctx.buyers.len() as u64;
     loop {
-        if Instant::now() >= ctx.work_deadline {
+        let now = Instant::now();
+        if now >= ctx.work_deadline {
             part.cut_short = next.load(Ordering::Relaxed) < total;
+            break;
+        }
+        if until.is_some_and(|u| now >= u) {
+            part.stopped_by_duration = next.load(Ordering::Relaxed) < total;
             break;
         }
         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -135,6 +152,8 @@ impl Flood {
             elapsed: Duration::ZERO,
             last_accept: None,
             cut_short: false,
+            stopped_by_duration: false,
+            planned: 0,
         })
     }
 
@@ -157,6 +176,7 @@ impl Flood {
             .add(&part.latency)
             .context("merge latency histograms")?;
         self.cut_short |= part.cut_short;
+        self.stopped_by_duration |= part.stopped_by_duration;
         Ok(())
     }
 

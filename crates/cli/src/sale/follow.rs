@@ -246,11 +246,11 @@ impl Run {
     }
 
     /// Phase (e): waits until every order is SHIPPED or CANCELLED and the product's stock has
-    /// settled: nothing reserved, the gate equal to the database, and every unit of `stock`
+    /// settled: nothing reserved, the gate equal to the database, and every unit of its stock
     /// either shipped or available again (a cancelled order's unit comes back only once
     /// product-stock has consumed its `order.cancelled`; under COMMIT_AT_ORDER nothing else
     /// shows that it is still on its way).
-    pub async fn quiesce(&mut self, stock: i64) {
+    pub async fn quiesce(&mut self) {
         progress("waiting for quiescence: every order SHIPPED or CANCELLED");
         let until = self.ctx.work_deadline;
         let terminal = |o: &Order| {
@@ -294,7 +294,7 @@ impl Run {
         let settled = |p: &Product| {
             p.reserved == 0
                 && p.gate_available == p.available
-                && p.available + shipped.get(&p.sku).copied().unwrap_or(0) == stock
+                && p.available + shipped.get(&p.sku).copied().unwrap_or(0) == ctx.stock_of(&p.sku)
         };
         loop {
             let mut all = true;

@@ -67,8 +67,18 @@ pub struct Args {
     outbound_url: String,
     /// The product to create and sell; `SALE-<8 random hex>` when unset. With `--products N`
     /// above 1, the products are `<sku>-1` … `<sku>-N`.
-    #[arg(long)]
+    #[arg(long, value_parser = sku_arg)]
     sku: Option<String>,
+    /// A product on sale with stock and a per-user limit of its own: `SKU=STOCK` or
+    /// `SKU=STOCK:LIMIT` (LIMIT 0 = none; `--per-user-limit` when left out). Repeat it for a sale
+    /// of several products (at most 50); it replaces `--sku`, `--products` and `--stock`.
+    #[arg(
+        long = "product",
+        value_name = "SKU=STOCK[:LIMIT]",
+        value_parser = offer_arg,
+        conflicts_with_all = ["sku", "products", "stock"]
+    )]
+    product: Vec<Offer>,
     /// How many products are on sale at once, each with `--stock` units, `--per-user-limit`,
     /// `--policy` and `--price-cents`; each buyer's calls go to the products in turn.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
@@ -104,6 +114,12 @@ pub struct Args {
     /// The winners not in --pay, --never-pay or --pay-late cancel their order.
     #[arg(long, default_value_t = 0.1, value_parser = share)]
     pay_late: f64,
+    /// Stop making new CreateOrder calls after this many seconds (the calls in flight are
+    /// answered) and go on to the payments and the report, as after the last call; unset: the
+    /// flood makes every one of `--buyers` × `--requests-per-buyer` calls. Shorter than
+    /// `--max-duration-secs`.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    duration_secs: Option<u64>,
     /// Hard bound on the whole run, in seconds; hitting it fails the run.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     max_duration_secs: u64,
@@ -144,6 +160,66 @@ impl Policy {
     }
 }
 
+/// One product of the sale.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Offer {
+    pub sku: String,
+    /// Units on sale.
+    pub stock: i64,
+    /// Most units one buyer may buy; `None` = `--per-user-limit`.
+    pub per_user_limit: Option<u32>,
+}
+
+/// Longest sku product-stock accepts.
+const SKU_MAX_LEN: usize = 64;
+/// Most units of one product.
+const MAX_STOCK: i64 = 1_000_000_000;
+/// Most products of one sale.
+const MAX_PRODUCTS: usize = 50;
+
+/// A sku product-stock accepts: 1..=64 characters of `[A-Za-z0-9._-]`.
+fn sku_arg(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= SKU_MAX_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "`{s}` is not a sku: 1..={SKU_MAX_LEN} characters of [A-Za-z0-9._-]"
+        ))
+    }
+}
+
+/// `SKU=STOCK` or `SKU=STOCK:LIMIT`.
+fn offer_arg(s: &str) -> Result<Offer, String> {
+    let (sku, rest) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not SKU=STOCK[:LIMIT]"))?;
+    let sku = sku_arg(sku)?;
+    let (stock, limit) = match rest.split_once(':') {
+        Some((stock, limit)) => (stock, Some(limit)),
+        None => (rest, None),
+    };
+    let stock: i64 = stock
+        .parse()
+        .ok()
+        .filter(|n| (0..=MAX_STOCK).contains(n))
+        .ok_or_else(|| format!("`{stock}` in `{s}` is not a stock within 0..={MAX_STOCK}"))?;
+    let per_user_limit = limit
+        .map(|l| {
+            l.parse::<u32>()
+                .map_err(|_| format!("`{l}` in `{s}` is not a per-user limit (0 = none)"))
+        })
+        .transpose()?;
+    Ok(Offer {
+        sku,
+        stock,
+        per_user_limit,
+    })
+}
+
 /// A share of the winners: a number within 0..=1.
 fn share(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
@@ -164,8 +240,12 @@ pub(crate) struct Ctx {
     /// Buyer names and their user tokens, by buyer index.
     pub buyers: Vec<String>,
     pub tokens: Vec<String>,
-    /// The products on sale (one unless `--products`).
+    /// The products on sale (one unless `--products` or several `--product`).
     pub skus: Vec<String>,
+    /// Each product's units and per-user limit, in the order of `skus`.
+    pub offers: Vec<Offer>,
+    /// When the flood stops making new calls (`--duration-secs`); `None`: after the last one.
+    pub flood_until: Option<Duration>,
     /// When the flood and the waits give up, leaving time for the report before the hard bound.
     pub work_deadline: tokio::time::Instant,
     /// The hard bound on the whole run.
@@ -180,15 +260,16 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         requests <= MAX_REQUESTS,
         "--buyers × --requests-per-buyer must be at most {MAX_REQUESTS} (got {requests})"
     );
-    let sku = args.sku.clone().unwrap_or_else(|| {
-        let hex = uuid::Uuid::new_v4().simple().to_string();
-        format!("SALE-{}", hex[..8].to_uppercase())
-    });
-    let skus: Vec<String> = if args.products == 1 {
-        vec![sku.clone()]
-    } else {
-        (1..=args.products).map(|k| format!("{sku}-{k}")).collect()
-    };
+    let offers = args.offers()?;
+    let skus: Vec<String> = offers.iter().map(|o| o.sku.clone()).collect();
+    if let Some(d) = args.duration_secs {
+        anyhow::ensure!(
+            d < args.max_duration_secs,
+            "--duration-secs ({d}) must be shorter than --max-duration-secs ({}): the run needs \
+             time for the payments and the report after the flood",
+            args.max_duration_secs
+        );
+    }
     let bound = Duration::from_secs(args.max_duration_secs);
     // Tokens outlive the run: a late payment near the bound must still be accepted.
     let ttl = bound + CALL_TIMEOUT * 6;
@@ -210,19 +291,23 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             buyers,
             tokens,
             skus: skus.clone(),
+            offers: offers.clone(),
+            flood_until: args.duration_secs.map(Duration::from_secs),
             // The report's read-back gets the last fifth of the bound (0.5..=10 s).
             work_deadline: hard_deadline
                 - (bound / 5).clamp(Duration::from_millis(500), CALL_TIMEOUT),
             hard_deadline,
         });
-        progress(&format!(
-            "creating {}: {} units each at {} cents, {}, per-user limit {}",
-            skus.join(", "),
-            args.stock,
-            args.price_cents,
-            args.policy.name(),
-            args.per_user_limit
-        ));
+        for o in &offers {
+            progress(&format!(
+                "creating {}: {} units at {} cents, {}, per-user limit {}",
+                o.sku,
+                o.stock,
+                args.price_cents,
+                args.policy.name(),
+                o.per_user_limit.unwrap_or(args.per_user_limit)
+            ));
+        }
         create_product(&ctx, &args).await?;
         anyhow::Ok(ctx)
     };
@@ -253,7 +338,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     run.confirm(flood.last_accept).await;
     run.assign(shares);
     run.act().await;
-    run.quiesce(args.stock).await;
+    run.quiesce().await;
     let memory = sampler.finish().await;
 
     let report = report::build(&ctx, &args, shares, &flood, run, memory, started).await;
@@ -281,6 +366,48 @@ pub(crate) struct Shares {
 }
 
 impl Args {
+    /// The products on sale, each with its stock and per-user limit resolved.
+    fn offers(&self) -> anyhow::Result<Vec<Offer>> {
+        if self.product.is_empty() {
+            let sku = self.sku.clone().unwrap_or_else(|| {
+                let hex = uuid::Uuid::new_v4().simple().to_string();
+                format!("SALE-{}", hex[..8].to_uppercase())
+            });
+            let skus: Vec<String> = if self.products == 1 {
+                vec![sku]
+            } else {
+                (1..=self.products).map(|k| format!("{sku}-{k}")).collect()
+            };
+            return Ok(skus
+                .into_iter()
+                .map(|sku| Offer {
+                    sku,
+                    stock: self.stock,
+                    per_user_limit: Some(self.per_user_limit),
+                })
+                .collect());
+        }
+        anyhow::ensure!(
+            self.product.len() <= MAX_PRODUCTS,
+            "--product may be given at most {MAX_PRODUCTS} times (got {})",
+            self.product.len()
+        );
+        let mut seen = std::collections::BTreeSet::new();
+        let mut offers = Vec::with_capacity(self.product.len());
+        for o in &self.product {
+            anyhow::ensure!(
+                seen.insert(o.sku.as_str()),
+                "--product names {} twice",
+                o.sku
+            );
+            offers.push(Offer {
+                per_user_limit: Some(o.per_user_limit.unwrap_or(self.per_user_limit)),
+                ..o.clone()
+            });
+        }
+        Ok(offers)
+    }
+
     fn shares(&self) -> anyhow::Result<Shares> {
         let sum = self.pay + self.never_pay + self.pay_late;
         anyhow::ensure!(
@@ -300,13 +427,14 @@ impl Args {
 
 async fn create_product(ctx: &Ctx, args: &Args) -> anyhow::Result<()> {
     let deduction_policy = args.policy.to_proto() as i32;
-    for sku in &ctx.skus {
+    for o in &ctx.offers {
+        let sku = &o.sku;
         let req = CreateProductRequest {
             sku: sku.clone(),
             name: format!("Flash sale {sku}"),
             price_cents: args.price_cents,
-            initial_stock: args.stock,
-            per_user_limit: args.per_user_limit,
+            initial_stock: o.stock,
+            per_user_limit: o.per_user_limit.unwrap_or(args.per_user_limit),
             deduction_policy,
         };
         ctx.stock
@@ -319,6 +447,16 @@ async fn create_product(ctx: &Ctx, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+impl Ctx {
+    /// The units on sale of `sku` (0 for a product not in the sale).
+    pub fn stock_of(&self, sku: &str) -> i64 {
+        self.offers
+            .iter()
+            .find(|o| o.sku == sku)
+            .map_or(0, |o| o.stock)
+    }
+}
+
 /// One line of progress on stderr (stdout carries the report).
 pub(crate) fn progress(line: &str) {
     eprintln!("sale: {line}");
@@ -327,6 +465,89 @@ pub(crate) fn progress(line: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(argv: &[&str]) -> Result<Args, clap::Error> {
+        use clap::Parser as _;
+        Cli::try_parse_from(std::iter::once("sale").chain(argv.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn a_product_is_sku_stock_and_an_optional_limit() {
+        let offer = |sku: &str, stock, limit| Offer {
+            sku: sku.into(),
+            stock,
+            per_user_limit: limit,
+        };
+        assert_eq!(offer_arg("WINE-1=1000"), Ok(offer("WINE-1", 1000, None)));
+        assert_eq!(offer_arg("a.b_c=0:0"), Ok(offer("a.b_c", 0, Some(0))));
+        assert_eq!(offer_arg("X=7:3"), Ok(offer("X", 7, Some(3))));
+        for bad in [
+            "",
+            "X",
+            "=5",
+            "X=",
+            "X=-1",
+            "X=1.5",
+            "X=1000000001",
+            "X=5:",
+            "X=5:-2",
+            "X=5:a",
+            "X{1}=5",
+            "X:Y=5",
+            "X=5:1:2",
+        ] {
+            assert!(offer_arg(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn products_resolve_their_limits_and_refuse_repeats_and_too_many() {
+        let args = parse(&[
+            "--product",
+            "A=3",
+            "--product",
+            "B=6:2",
+            "--per-user-limit",
+            "4",
+        ])
+        .unwrap();
+        let offers = args.offers().unwrap();
+        assert_eq!(
+            offers
+                .iter()
+                .map(|o| (o.sku.as_str(), o.stock, o.per_user_limit))
+                .collect::<Vec<_>>(),
+            [("A", 3, Some(4)), ("B", 6, Some(2))]
+        );
+        let twice = parse(&["--product", "A=3", "--product", "A=4"]).unwrap();
+        let e = twice.offers().unwrap_err().to_string();
+        assert!(e.contains("--product") && e.contains("A twice"), "{e}");
+
+        let many: Vec<String> = (0..=MAX_PRODUCTS)
+            .flat_map(|k| ["--product".to_owned(), format!("P{k}=1")])
+            .collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let e = parse(&many).unwrap().offers().unwrap_err().to_string();
+        assert!(e.contains("at most 50"), "{e}");
+
+        // Without --product: --sku, --products and --stock as before.
+        let plain = parse(&["--sku", "S", "--products", "2", "--stock", "9"]).unwrap();
+        let offers = plain.offers().unwrap();
+        assert_eq!(
+            offers
+                .iter()
+                .map(|o| (o.sku.as_str(), o.stock))
+                .collect::<Vec<_>>(),
+            [("S-1", 9), ("S-2", 9)]
+        );
+        assert!(parse(&["--product", "A=1", "--stock", "2"]).is_err());
+    }
 
     #[test]
     fn shares_must_be_numbers_within_zero_and_one() {

@@ -100,15 +100,15 @@ pub(crate) async fn build(
         })
         .collect();
     let checks = vec![
-        checks::per_product(&products, &lines, |lines, _, _| {
-            checks::sold(lines, args.stock)
+        checks::per_product(&products, &lines, |lines, sku, _, _| {
+            checks::sold(lines, ctx.stock_of(sku))
         }),
         checks::terminal(&lines, run.unlisted_buyers),
-        checks::per_product(&products, &lines, |lines, p, _| {
-            checks::conserved(lines, p, args.stock)
+        checks::per_product(&products, &lines, |lines, sku, p, _| {
+            checks::conserved(lines, p, ctx.stock_of(sku))
         }),
         checks::refunds(&lines),
-        checks::per_product(&products, &lines, |_, p, d| checks::gate(p, d)),
+        checks::per_product(&products, &lines, |_, _, p, d| checks::gate(p, d)),
     ];
 
     let latency: serde_json::Map<String, Value> = QUANTILES
@@ -120,14 +120,23 @@ pub(crate) async fn build(
         "sku": ctx.skus.first(),
         "skus": ctx.skus,
         "policy": args.policy.name(),
-        "stock": args.stock,
-        "perUserLimit": args.per_user_limit,
+        // Each product's own (`--product`); the first product's below, as before.
+        "offers": ctx.offers.iter().map(|o| json!({
+            "sku": o.sku,
+            "stock": o.stock,
+            "perUserLimit": o.per_user_limit.unwrap_or(args.per_user_limit),
+        })).collect::<Vec<_>>(),
+        "stock": ctx.offers.first().map_or(args.stock, |o| o.stock),
+        "perUserLimit": ctx.offers.first().and_then(|o| o.per_user_limit).unwrap_or(args.per_user_limit),
         "priceCents": args.price_cents,
         "buyers": args.buyers,
         "requestsPerBuyer": args.requests_per_buyer,
         "concurrency": args.concurrency,
         "shares": {"pay": shares.pay, "neverPay": shares.never_pay, "payLate": shares.pay_late},
         "requests": flood.requests,
+        "plannedRequests": flood.planned,
+        // What ended the flood: every planned call made, or --duration-secs.
+        "floodEnded": if flood.stopped_by_duration { "duration" } else { "requests" },
         "accepted": flood.accepted.len(),
         "refused": flood.refused,
         "errors": flood.errors,
@@ -231,20 +240,37 @@ impl Report {
     pub fn print_text(&self, quiet: bool) {
         let h = &self.head;
         let t = self.totals();
-        let skus: Vec<String> = h["skus"]
+        let offers: Vec<String> = h["offers"]
             .as_array()
-            .map(|a| a.iter().map(text).collect())
+            .map(|a| {
+                a.iter()
+                    .map(|o| {
+                        format!(
+                            "{} ({} units, per-user limit {})",
+                            text(&o["sku"]),
+                            o["stock"],
+                            o["perUserLimit"]
+                        )
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         println!(
-            "flash sale {}: {} units each at {} cents, {}, per-user limit {}",
-            skus.join(", "),
-            h["stock"],
+            "flash sale {} at {} cents, {}",
+            offers.join(", "),
             h["priceCents"],
-            text(&h["policy"]),
-            h["perUserLimit"]
+            text(&h["policy"])
         );
+        let ended = if h["floodEnded"] == "duration" {
+            format!(
+                " (stopped by --duration-secs, {} planned)",
+                h["plannedRequests"]
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "flood       {} requests from {} buyers ({} each), {} in flight: {:.2} s, {:.1} requests/s",
+            "flood       {} requests from {} buyers ({} each), {} in flight: {:.2} s, {:.1} requests/s{ended}",
             h["requests"],
             h["buyers"],
             h["requestsPerBuyer"],

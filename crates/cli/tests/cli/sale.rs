@@ -49,6 +49,12 @@ async fn a_small_sale_sells_exactly_its_stock_and_refunds_late_payments() {
         .await;
     let r = report(&run);
     assert_eq!(r["requests"], 60, "{r}");
+    assert_eq!(r["plannedRequests"], 60, "{r}");
+    assert_eq!(r["floodEnded"], "requests", "{r}");
+    assert_eq!(
+        r["offers"],
+        serde_json::json!([{"sku": "CLI-SALE-1", "stock": 20, "perUserLimit": 1}])
+    );
     assert_eq!(r["accepted"], 20, "{r}");
     assert_eq!(r["refused"]["SOLD_OUT"], 40, "{r}");
     assert_eq!(r["errors"], serde_json::json!({}), "{r}");
@@ -249,9 +255,116 @@ async fn a_sale_of_several_products_sells_each_exactly_its_stock() {
 }
 
 #[tokio::test]
+async fn products_with_stock_and_limits_of_their_own_each_sell_exactly_their_stock() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let run = stack
+        .sale(&[
+            "--product",
+            "CLI-OFFER-A=3",
+            "--product",
+            "CLI-OFFER-B=6:2",
+            "--per-user-limit",
+            "1",
+            "--buyers",
+            "10",
+            "--requests-per-buyer",
+            "4",
+            "--concurrency",
+            "8",
+            "--pay",
+            "1",
+            "--never-pay",
+            "0",
+            "--pay-late",
+            "0",
+            "--max-duration-secs",
+            "120",
+            "--json",
+        ])
+        .await;
+    let r = report(&run);
+    assert_eq!(
+        r["offers"],
+        serde_json::json!([
+            {"sku": "CLI-OFFER-A", "stock": 3, "perUserLimit": 1},
+            {"sku": "CLI-OFFER-B", "stock": 6, "perUserLimit": 2},
+        ])
+    );
+    // Every buyer asks for each product twice: A sells its 3 units to 3 buyers, B its 6 units
+    // to buyers that may take 2 each; the other calls are refused, never errors.
+    assert_eq!(r["requests"], 40, "{r}");
+    assert_eq!(r["accepted"], 9, "{r}");
+    assert_eq!(r["errors"], serde_json::json!({}), "{r}");
+    assert_invariants_pass(&r);
+    let shipped = |sku: &str| {
+        r["orders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["status"] == "SHIPPED" && o["sku"] == sku)
+            .map(|o| o["buyer"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let a = shipped("CLI-OFFER-A");
+    let b = shipped("CLI-OFFER-B");
+    assert_eq!((a.len(), b.len()), (3, 6), "{r}");
+    let distinct = |v: &[String]| v.iter().collect::<std::collections::BTreeSet<_>>().len();
+    assert_eq!(distinct(&a), 3, "A's limit is 1 per buyer: {a:?}");
+    assert!(distinct(&b) >= 3, "B's limit is 2 per buyer: {b:?}");
+    for p in r["products"].as_array().unwrap() {
+        assert_eq!(
+            (&p["available"], &p["reserved"]),
+            (&Value::from(0), &Value::from(0)),
+            "{p}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_sale_with_a_duration_stops_flooding_then_finishes_and_passes() {
+    let stack = FullStack::spawn(|_| {}).await;
+    // Far more calls than one second allows: the duration, not the count, ends the flood.
+    let run = stack
+        .sale(&[
+            "--sku",
+            "CLI-DURATION",
+            "--stock",
+            "5",
+            "--buyers",
+            "5000",
+            "--requests-per-buyer",
+            "20",
+            "--concurrency",
+            "8",
+            "--duration-secs",
+            "1",
+            "--pay",
+            "1",
+            "--never-pay",
+            "0",
+            "--pay-late",
+            "0",
+            "--max-duration-secs",
+            "120",
+            "--json",
+        ])
+        .await;
+    let r = report(&run);
+    assert_eq!(r["floodEnded"], "duration", "{r}");
+    assert_eq!(r["plannedRequests"], 100_000, "{r}");
+    let requests = r["requests"].as_u64().unwrap();
+    assert!(requests > 5 && requests < 100_000, "{r}");
+    assert!(r["floodSecs"].as_f64().unwrap() < 30.0, "{r}");
+    assert_eq!(r["accepted"], 5, "{r}");
+    assert_eq!(r["errors"], serde_json::json!({}), "{r}");
+    assert_invariants_pass(&r);
+    assert_eq!(r["totals"]["shippedUnits"], 5, "{r}");
+}
+
+#[tokio::test]
 async fn sale_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &[&str]); 8] = [
+    let cases: [(&[&str], &[&str]); 20] = [
         (&["--products", "0"], &["--products"]),
         (&["--products", "51"], &["--products"]),
         (
@@ -263,6 +376,24 @@ async fn sale_refuses_bad_options_naming_the_flag() {
         (&["--concurrency", "0"], &["--concurrency"]),
         (&["--service-pid", "order"], &["--service-pid"]),
         (&["--service-pid", "order=-3"], &["--service-pid"]),
+        (&["--sku", "A{B}"], &["--sku"]),
+        (&["--product", "A"], &["--product"]),
+        (&["--product", "=5"], &["--product"]),
+        (&["--product", "A=-1"], &["--product"]),
+        (&["--product", "A=many"], &["--product"]),
+        (&["--product", "A=5:x"], &["--product"]),
+        (&["--product", "A=5:-1"], &["--product"]),
+        (&["--product", "A=1", "--product", "A=2"], &["--product"]),
+        (
+            &["--product", "A=1", "--stock", "5"],
+            &["--product", "--stock"],
+        ),
+        (&["--product", "A=1", "--sku", "B"], &["--product", "--sku"]),
+        (&["--duration-secs", "0"], &["--duration-secs"]),
+        (
+            &["--duration-secs", "10", "--max-duration-secs", "10"],
+            &["--duration-secs", "--max-duration-secs"],
+        ),
     ];
     for (args, flags) in cases {
         let mut full = vec!["sale", "--order-url", nowhere, "--outbound-url", nowhere];
