@@ -129,7 +129,9 @@ main() {
     drop_bench_databases "$pg"
     drop_bench_keys "$redis"
     drop_bench_queues
-    scripts/up.sh
+    # The services must not inherit the lock: services left running by a killed benchmark
+    # would otherwise hold it until they stop.
+    scripts/up.sh 9>&-
     local s
     for s in "${scenarios[@]}"; do
         log "scenario $s"

@@ -39,6 +39,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub struct RelayOptions {
     /// Rows per transaction (published pipelined, then confirmed together).
     pub batch_size: u32,
+    /// Batches in flight at once, each its own transaction over rows the others skipped (as
+    /// relays on several replicas do). A batch spends most of its time waiting for the broker's
+    /// confirms; while it waits, the next ones publish. Events of different batches may reach
+    /// the broker in any order, as they may from several replicas: consumers do not rely on it
+    /// (ARCHITECTURE §5).
+    pub batches_in_flight: u32,
     /// Poll interval when no `NOTIFY` arrives (a lost notification, a dead listener).
     pub poll_interval: Duration,
     /// Published rows older than this are deleted (checked every 10 minutes).
@@ -55,6 +61,7 @@ impl Default for RelayOptions {
     fn default() -> Self {
         Self {
             batch_size: 256,
+            batches_in_flight: 4,
             poll_interval: Duration::from_secs(1),
             retention: Duration::from_secs(7 * 24 * 3600),
             yield_to: None,
@@ -151,19 +158,20 @@ impl OutboxRelay {
                             .increment(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
                     }
                 }
-                let batch = self.relay_batch();
+                let batch = self.relay_batches();
                 futures_util::pin_mut!(batch);
                 let res = tokio::select! {
                     res = &mut batch => res,
                     _ = &mut shutdown => {
-                        // Let a healthy batch finish and mark its rows; a stuck one (broker
+                        // Let healthy batches finish and mark their rows; a stuck one (broker
                         // gone) is dropped, its transaction rolled back and its rows kept.
                         let _ = tokio::time::timeout(SHUTDOWN_GRACE, batch).await;
                         return Ok(());
                     }
                 };
                 match res {
-                    Ok(n) if n >= self.batch_size() as usize => {
+                    // Every batch came back full: there may be more.
+                    Ok(full) if full => {
                         backoff = BACKOFF_MIN;
                     }
                     Ok(_) => {
@@ -204,6 +212,18 @@ impl OutboxRelay {
                 }
             }
         }
+    }
+
+    /// Up to `batches_in_flight` batches at once; whether every one of them came back full (so
+    /// more rows may be due). The first error, once every batch has finished.
+    async fn relay_batches(&self) -> anyhow::Result<bool> {
+        let n = self.options.batches_in_flight.max(1);
+        let results = futures_util::future::join_all((0..n).map(|_| self.relay_batch())).await;
+        let mut full = true;
+        for r in results {
+            full &= r? >= self.batch_size() as usize;
+        }
+        Ok(full)
     }
 
     /// Publishes one batch of due rows; returns how many rows it took (published or not).

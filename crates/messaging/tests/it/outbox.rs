@@ -212,6 +212,70 @@ async fn relay_publishes_committed_rows_and_never_rolled_back_ones() {
 }
 
 #[tokio::test]
+async fn batches_in_flight_together_publish_every_row_exactly_once() {
+    // 0 counts as 1 (one batch at a time); 4 runs four transactions over disjoint rows.
+    for in_flight in [4, 0] {
+        let (_tdb, db) = database().await;
+        let amqp = Amqp::new(config()).await;
+        let t = amqp
+            .topology(&format!("in-flight-{in_flight}"), &[keys::ORDER_CREATED])
+            .await;
+        let received = Recorder::default();
+        let seen = received.clone();
+        let consumer = Consumer::new(&amqp.broker, t.clone(), move |m: Incoming| {
+            seen.push(m.envelope.correlation_id.clone());
+            async { Ok(()) }
+        });
+        let consumer = Running::spawn(|s| consumer.run(s));
+
+        // 95 rows: nine full batches of 10 and a short one, over rounds of four batches.
+        let expected: BTreeSet<String> = (0..95).map(|i| format!("row-{i:03}")).collect();
+        let txn = db.begin().await.unwrap();
+        for id in &expected {
+            outbox::enqueue(&txn, &order_created(id)).await.unwrap();
+        }
+        txn.commit().await.unwrap();
+
+        let options = RelayOptions {
+            batch_size: 10,
+            batches_in_flight: in_flight,
+            poll_interval: Duration::from_secs(600),
+            ..RelayOptions::default()
+        };
+        let relay = OutboxRelay::new(&db, Publisher::new(&amqp.broker))
+            .unwrap()
+            .with_options(options);
+        let relay = Running::spawn(|s| relay.run(s));
+        eventually(WAIT, "every row to arrive", || async {
+            (received.len() >= expected.len()).then_some(())
+        })
+        .await
+        .unwrap();
+        // Time for a duplicate to show up, were one published.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        relay.stop().await;
+        consumer.stop().await;
+
+        let got = received.all();
+        assert_eq!(
+            got.len(),
+            expected.len(),
+            "in flight {in_flight}: a row twice"
+        );
+        assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), expected);
+        assert_eq!(outbox::pending(&db).await.unwrap(), 0);
+        assert_eq!(
+            scalar(
+                &db,
+                "SELECT count(*) AS n FROM outbox WHERE published_at IS NOT NULL AND attempts = 1"
+            )
+            .await,
+            95
+        );
+    }
+}
+
+#[tokio::test]
 async fn consumer_dying_after_commit_before_ack_applies_the_message_once() {
     let (_tdb, db) = database().await;
     let amqp = Amqp::new(config()).await;

@@ -66,6 +66,56 @@ async fn mark_persisted_moves_a_hold_out_of_held_once() {
 }
 
 #[tokio::test]
+async fn marking_many_in_one_pipeline_answers_each_as_marking_one_would() {
+    let t = TestGate::new();
+    let other = "GATE-MARK-OTHER";
+    t.loaded(SKU, 10).await;
+    t.loaded(other, 5).await;
+    let a = t.reserve(SKU, "alice", 2).await;
+    let b = t.reserve(SKU, "bob", 3).await;
+    let c = t.reserve(other, "carol", 1).await;
+    // Already persisted before the batch: nothing left to do for it.
+    assert!(t.gate.mark_persisted(SKU, b).await.unwrap());
+    let unknown = Uuid::new_v4();
+
+    let answers: Vec<bool> = t
+        .gate
+        .mark_persisted_many(&[(SKU, a), (SKU, b), (other, c), (SKU, unknown)])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(answers, [true, false, true, false]);
+    let (s, o) = (t.snapshot(SKU).await, t.snapshot(other).await);
+    assert_eq!((s.available, s.held), (5, 0));
+    assert_eq!((o.available, o.held), (4, 0));
+    for (sku, order) in [(SKU, a), (SKU, b), (other, c)] {
+        assert_eq!(t.order_state(sku, order).await.as_deref(), Some("P"));
+    }
+    assert!(t.pending(SKU).await.is_empty() && t.pending(other).await.is_empty());
+
+    // Once more: every one is done.
+    let again = t
+        .gate
+        .mark_persisted_many(&[(SKU, a), (other, c)])
+        .await
+        .unwrap();
+    assert!(again.iter().all(|r| matches!(r, Ok(false))), "{again:?}");
+    assert!(t.gate.mark_persisted_many(&[]).await.unwrap().is_empty());
+    // A bad sku refuses the whole call before anything runs.
+    let before = t.snapshot(SKU).await;
+    assert!(
+        t.gate
+            .mark_persisted_many(&[(SKU, a), ("bad{sku}", c)])
+            .await
+            .is_err()
+    );
+    assert_eq!(t.snapshot(SKU).await, before);
+    t.cleanup().await;
+}
+
+#[tokio::test]
 async fn releasing_a_hold_restores_the_invariant_and_is_idempotent() {
     let t = TestGate::new();
     let db = Db {

@@ -278,6 +278,42 @@ impl RedisGate {
         Ok(int(&value)? == 1)
     }
 
+    /// [`mark_persisted`](Self::mark_persisted) for many orders in one Redis round trip (a
+    /// pipeline; each script still runs atomically on its own). One answer per item, in order;
+    /// `Err` as a whole only when Redis could not be asked at all.
+    pub async fn mark_persisted_many(
+        &self,
+        items: &[(&str, Uuid)],
+    ) -> Result<Vec<Result<bool, GateError>>, GateError> {
+        let mut calls = Vec::with_capacity(items.len());
+        for (sku, order_id) in items {
+            let k = self.keys(sku)?;
+            let keys = vec![
+                k.avail(),
+                k.held(),
+                k.pending(),
+                k.order(*order_id),
+                k.epoch(),
+            ];
+            calls.push((keys, vec![order_id.hyphenated().to_string()]));
+        }
+        let batch: Vec<&(Vec<String>, Vec<String>)> = calls.iter().collect();
+        let replies = MARK_PERSISTED
+            .run_many(&mut self.conn().await?, &batch)
+            .await?;
+        if replies.len() != items.len() {
+            return Err(GateError::Script(format!(
+                "mark_persisted pipeline: {} replies for {} calls",
+                replies.len(),
+                items.len()
+            )));
+        }
+        Ok(replies
+            .into_iter()
+            .map(|r| r.and_then(|v| Ok(int(&v)? == 1)))
+            .collect())
+    }
+
     /// Gives the order's units back, once. A hold (H) returns from `held`; a persisted order (P)
     /// or one the gate has no record of is added to `avail` (the database released it first),
     /// using the record's user and qty when there is one, `user_id` and `qty` otherwise.
