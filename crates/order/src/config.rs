@@ -58,7 +58,7 @@ impl Default for SagaSettings {
             max_quantity: 100,
             stock_call_timeout_ms: 3_000,
             intake_quiet_ms: 50,
-            intake_max_lag_ms: 5_000,
+            intake_max_lag_ms: 15_000,
         }
     }
 }

@@ -21,6 +21,7 @@ use std::{
 use anyhow::Context as _;
 use clap::ValueEnum;
 use flashsale_platform::auth::Role;
+use flashsale_product_stock::adapters::redis::gate::{SKU_MAX_LEN, validate_sku};
 use flashsale_proto::{
     order::v1::order_service_client::OrderServiceClient,
     outbound::v1::outbound_service_client::OutboundServiceClient,
@@ -170,26 +171,16 @@ pub(crate) struct Offer {
     pub per_user_limit: Option<u32>,
 }
 
-/// Longest sku product-stock accepts.
-const SKU_MAX_LEN: usize = 64;
 /// Most units of one product.
 const MAX_STOCK: i64 = 1_000_000_000;
 /// Most products of one sale.
 const MAX_PRODUCTS: usize = 50;
 
-/// A sku product-stock accepts: 1..=64 characters of `[A-Za-z0-9._-]`.
+/// A sku product-stock accepts (its own rule: 1..=64 characters of `[A-Za-z0-9._-]`).
 fn sku_arg(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= SKU_MAX_LEN
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(s.to_owned())
-    } else {
-        Err(format!(
-            "`{s}` is not a sku: 1..={SKU_MAX_LEN} characters of [A-Za-z0-9._-]"
-        ))
-    }
+    validate_sku(s)
+        .map(|()| s.to_owned())
+        .map_err(|_| format!("`{s}` is not a sku: 1..={SKU_MAX_LEN} characters of [A-Za-z0-9._-]"))
 }
 
 /// `SKU=STOCK` or `SKU=STOCK:LIMIT`.
