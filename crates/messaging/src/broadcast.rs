@@ -119,9 +119,23 @@ where
     on_subscribed();
     while let Some(next) = deliveries.next().await {
         let delivery = next.context("receive a broadcast")?;
-        match envelope::decode(&delivery.data) {
-            Ok(env) => on_event(env),
-            Err(e) => debug!(error = %e, "skipping an undecodable broadcast"),
+        if !crate::bundle::is_bundle(&delivery.properties) {
+            match envelope::decode(&delivery.data) {
+                Ok(env) => on_event(env),
+                Err(e) => debug!(error = %e, "skipping an undecodable broadcast"),
+            }
+            continue;
+        }
+        match crate::bundle::unpack(&delivery.data) {
+            Ok(events) => {
+                for event in events {
+                    match envelope::decode(&event.envelope) {
+                        Ok(env) => on_event(env),
+                        Err(e) => debug!(error = %e, "skipping an undecodable broadcast"),
+                    }
+                }
+            }
+            Err(e) => debug!(error = %e, "skipping an undecodable broadcast bundle"),
         }
     }
     anyhow::bail!("the broker cancelled the broadcast consumer")

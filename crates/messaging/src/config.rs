@@ -49,6 +49,11 @@ pub struct AmqpConfig {
     /// service declares is deleted by the broker after this long unused (`x-expires`) and the
     /// exchange once no queue is bound to it: tests set it so nothing they declare outlives them.
     pub queue_expires_ms: u64,
+    /// Most events the outbox relay sends in one AMQP message (a bundle, ARCHITECTURE §5):
+    /// rows of one routing key found in the same relay batch travel together, and the consumer
+    /// settles each on its own. 1 sends every event alone (what consumers built before bundles
+    /// need: roll consumers out first). 1..=1000.
+    pub bundle_max_events: u16,
 }
 
 impl Default for AmqpConfig {
@@ -62,6 +67,7 @@ impl Default for AmqpConfig {
             retry_base_ms: 1000,
             queue_type: QueueType::Quorum,
             queue_expires_ms: 0,
+            bundle_max_events: 64,
         }
     }
 }
@@ -77,6 +83,7 @@ impl fmt::Debug for AmqpConfig {
             .field("retry_base_ms", &self.retry_base_ms)
             .field("queue_type", &self.queue_type)
             .field("queue_expires_ms", &self.queue_expires_ms)
+            .field("bundle_max_events", &self.bundle_max_events)
             .finish()
     }
 }
@@ -113,6 +120,12 @@ impl AmqpConfig {
         }
         if self.retry_base_ms == 0 || self.retry_base_ms > 3_600_000 {
             return Err("amqp.retry_base_ms: must be 1..=3600000".to_owned());
+        }
+        if self.bundle_max_events == 0 || self.bundle_max_events > crate::bundle::MAX_EVENTS {
+            return Err(format!(
+                "amqp.bundle_max_events: must be 1..={} (1: no bundles)",
+                crate::bundle::MAX_EVENTS
+            ));
         }
         Ok(())
     }
@@ -173,6 +186,13 @@ mod tests {
         assert!(bad(|c| c.prefetch = 0).starts_with("amqp.prefetch:"));
         assert!(bad(|c| c.max_attempts = 0).starts_with("amqp.max_attempts:"));
         assert!(bad(|c| c.retry_base_ms = 0).starts_with("amqp.retry_base_ms:"));
+        assert!(bad(|c| c.bundle_max_events = 0).starts_with("amqp.bundle_max_events:"));
+        assert!(bad(|c| c.bundle_max_events = 1001).starts_with("amqp.bundle_max_events:"));
+        let one = AmqpConfig {
+            bundle_max_events: 1,
+            ..AmqpConfig::default()
+        };
+        assert_eq!(one.validate(), Ok(()));
     }
 
     #[test]

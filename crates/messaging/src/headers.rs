@@ -14,3 +14,7 @@ pub const PARKED_AT_MS: &str = "x-flashsale-parked-at-ms";
 
 /// Longest error text kept in [`ERROR`].
 pub(crate) const MAX_ERROR_LEN: usize = 2000;
+
+/// How many events a bundle carries (`bundle::CONTENT_TYPE` messages only); a long string, for
+/// operators looking at a queue.
+pub const BUNDLE_SIZE: &str = "x-flashsale-bundle-size";

@@ -18,6 +18,7 @@
 
 pub mod broadcast;
 pub mod broker;
+pub mod bundle;
 pub mod config;
 pub mod consumer;
 pub mod dead_letter;

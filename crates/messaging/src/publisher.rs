@@ -80,8 +80,11 @@ pub struct OutgoingMessage {
     pub timestamp: u64,
     /// Headers (`traceparent`, retry bookkeeping …).
     pub headers: FieldTable,
-    /// The encoded envelope.
+    /// The encoded envelope (or bundle).
     pub payload: Vec<u8>,
+    /// AMQP `content_type`; empty means [`CONTENT_TYPE`] (one encoded envelope). A bundle's is
+    /// [`bundle::CONTENT_TYPE`](crate::bundle::CONTENT_TYPE).
+    pub content_type: String,
 }
 
 // === impl OutgoingMessage ===
@@ -99,12 +102,17 @@ impl OutgoingMessage {
             timestamp: u64::try_from(chrono::Utc::now().timestamp()).unwrap_or(0),
             headers,
             payload: envelope::encode(env),
+            content_type: String::new(),
         }
     }
 
     fn properties(&self) -> Result<BasicProperties, BrokerError> {
         let mut props = BasicProperties::default()
-            .with_content_type(CONTENT_TYPE.into())
+            .with_content_type(if self.content_type.is_empty() {
+                CONTENT_TYPE.into()
+            } else {
+                short(&self.content_type)?
+            })
             .with_delivery_mode(2)
             .with_timestamp(self.timestamp)
             .with_headers(self.headers.clone());
@@ -164,6 +172,11 @@ impl Publisher {
     /// The exchange events are published to.
     pub fn exchange(&self) -> &str {
         &self.inner.broker.config().exchange
+    }
+
+    /// Most events one bundle may carry (`amqp.bundle_max_events`; 1: no bundles).
+    pub fn bundle_max_events(&self) -> usize {
+        usize::from(self.inner.broker.config().bundle_max_events.max(1))
     }
 
     /// Publishes `env` to the exchange with its type as routing key, and waits for the confirm.

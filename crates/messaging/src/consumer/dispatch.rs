@@ -1,21 +1,23 @@
 //! One delivery: decode, run the handler in a span parented by the message's trace context,
-//! then ack, retry or park.
+//! then ack, retry or park. A bundle's events are each handled, retried or parked on their own;
+//! the bundle is acked once all of them are settled.
 
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use flashsale_platform::failpoint::Failpoints;
-use futures_util::FutureExt as _;
+use futures_util::{FutureExt as _, future::join_all};
 use lapin::{
     message::Delivery,
     options::{BasicAckOptions, BasicNackOptions},
     types::{AMQPValue, FieldTable},
 };
+use tokio::sync::Semaphore;
 use tracing::{Instrument as _, debug, error, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::{FP_AFTER_HANDLE_BEFORE_ACK, Handler, HandlerError, Incoming};
 use crate::{
-    envelope, headers,
+    bundle, envelope, headers,
     publisher::{OutgoingMessage, Publisher},
     topology::QueueTopology,
     trace,
@@ -28,37 +30,163 @@ pub(super) struct Ctx<H> {
     pub(super) publisher: Publisher,
     pub(super) failpoints: Failpoints,
     pub(super) max_attempts: u32,
+    /// Handler runs at once: `prefetch` of them, whether their events came alone or in bundles.
+    pub(super) permits: Arc<Semaphore>,
 }
 
-pub(super) async fn process<H: Handler>(ctx: Arc<Ctx<H>>, delivery: Delivery) {
+/// One event as it is handled: a plain delivery's body, or one event of a bundle.
+struct Unit {
+    /// The encoded envelope.
+    data: Vec<u8>,
+    hdrs: FieldTable,
+    redelivered: bool,
+    /// For a copy sent to a retry queue or the parking lot.
+    message_id: String,
+    kind: String,
+    timestamp: u64,
+}
+
+impl Unit {
+    /// A plain delivery (its body moves out of it; the delivery stays for the ack).
+    fn of_delivery(delivery: &mut Delivery) -> Self {
+        let p = &delivery.properties;
+        Self {
+            hdrs: p.headers().clone().unwrap_or_default(),
+            redelivered: delivery.redelivered,
+            message_id: p
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+            kind: p.kind().as_ref().map(|s| s.to_string()).unwrap_or_default(),
+            timestamp: p.timestamp().unwrap_or(0),
+            data: std::mem::take(&mut delivery.data),
+        }
+    }
+
+    /// One event of a bundle delivered as `bundle`.
+    fn of_bundled(event: bundle::Unbundled, bundle: &Delivery) -> Self {
+        let mut hdrs = FieldTable::default();
+        trace::insert_strings(&mut hdrs, &event.headers);
+        Self {
+            data: event.envelope,
+            hdrs,
+            redelivered: bundle.redelivered,
+            // Filled in from the envelope once it is decoded.
+            message_id: String::new(),
+            kind: String::new(),
+            timestamp: bundle.properties.timestamp().unwrap_or(0),
+        }
+    }
+}
+
+/// How a [`Unit`] ended.
+#[derive(Debug)]
+enum Settled {
+    /// Handled, or moved to a retry queue or the parking lot: its delivery may be acked.
+    Done,
+    /// Neither (the retry or park could not be published): its delivery goes back.
+    Requeue(String),
+}
+
+pub(super) async fn process<H: Handler>(ctx: Arc<Ctx<H>>, mut delivery: Delivery) {
+    if bundle::is_bundle(&delivery.properties) {
+        return process_bundle(ctx, delivery).await;
+    }
+    let routing_key = delivery.routing_key.as_str().to_owned();
+    let unit = Unit::of_delivery(&mut delivery);
+    let settled = {
+        let _permit = ctx.permits.acquire().await.ok();
+        handle(&ctx, unit, &routing_key).await
+    };
+    finish(&ctx, &delivery, settled).await;
+}
+
+/// A bundle: every event settled on its own (handled, retried or parked alone, as a plain
+/// message), then one ack for the bundle — or, when some event could be neither handled nor
+/// moved, the whole bundle back to the queue (its handled events are then dropped by the inbox
+/// on the next delivery).
+async fn process_bundle<H: Handler>(ctx: Arc<Ctx<H>>, mut delivery: Delivery) {
+    let routing_key = delivery.routing_key.as_str().to_owned();
+    let events = match bundle::unpack(&delivery.data) {
+        Ok(events) => events,
+        Err(e) => {
+            warn!(queue = %ctx.topology.queue(), routing_key = %routing_key, error = %e, "undecodable bundle, parking it");
+            let unit = Unit::of_delivery(&mut delivery);
+            let settled = park(
+                &ctx,
+                &unit,
+                unit.hdrs.clone(),
+                1,
+                &routing_key,
+                &format!("undecodable bundle: {e}"),
+            )
+            .await;
+            return finish(&ctx, &delivery, settled).await;
+        }
+    };
+    metrics::counter!("flashsale_bundles_consumed_total", "queue" => ctx.topology.queue().to_owned())
+        .increment(1);
+    let runs = events.into_iter().map(|event| {
+        let unit = Unit::of_bundled(event, &delivery);
+        let (ctx, routing_key) = (&ctx, routing_key.as_str());
+        async move {
+            let _permit = ctx.permits.acquire().await.ok();
+            handle(ctx, unit, routing_key).await
+        }
+    });
+    let settled = join_all(runs)
+        .await
+        .into_iter()
+        .find(|s| matches!(s, Settled::Requeue(_)))
+        .unwrap_or(Settled::Done);
+    finish(&ctx, &delivery, settled).await;
+}
+
+/// Acks or requeues `delivery` as its events settled.
+async fn finish<H>(ctx: &Ctx<H>, delivery: &Delivery, settled: Settled) {
+    match settled {
+        Settled::Done => ack(ctx, delivery).await,
+        Settled::Requeue(why) => requeue(delivery, &why).await,
+    }
+}
+
+/// Decodes one event and runs the handler in a span parented by its trace context.
+async fn handle<H: Handler>(ctx: &Ctx<H>, mut unit: Unit, delivered_with: &str) -> Settled {
     let queue = ctx.topology.queue().to_owned();
-    let hdrs = delivery.properties.headers().clone().unwrap_or_default();
-    let attempt = attempt_of(&hdrs);
-    let routing_key = trace::header_str(&hdrs, headers::ORIGINAL_ROUTING_KEY)
-        .unwrap_or(delivery.routing_key.as_str())
+    let attempt = attempt_of(&unit.hdrs);
+    let routing_key = trace::header_str(&unit.hdrs, headers::ORIGINAL_ROUTING_KEY)
+        .unwrap_or(delivered_with)
         .to_owned();
 
-    let env = match envelope::decode(&delivery.data) {
-        Ok(env) => env,
+    let env = match envelope::decode(&unit.data) {
+        Ok(env) => {
+            if unit.message_id.is_empty() {
+                unit.message_id.clone_from(&env.message_id);
+                unit.kind.clone_from(&env.r#type);
+            }
+            env
+        }
         Err(e) => {
             warn!(queue = %queue, routing_key = %routing_key, error = %e, "undecodable message, parking it");
-            park(
-                &ctx,
-                delivery,
+            let hdrs = unit.hdrs.clone();
+            return park(
+                ctx,
+                &unit,
                 hdrs,
                 attempt,
                 &routing_key,
                 &format!("undecodable: {e}"),
             )
             .await;
-            return;
         }
     };
     // `decode` checked the id already.
     let Ok(message_id) = envelope::message_id(&env) else {
+        let hdrs = unit.hdrs.clone();
         return park(
-            &ctx,
-            delivery,
+            ctx,
+            &unit,
             hdrs,
             attempt,
             &routing_key,
@@ -75,20 +203,20 @@ pub(super) async fn process<H: Handler>(ctx: Arc<Ctx<H>>, delivery: Delivery) {
         attempt,
     );
     // Without an OpenTelemetry layer there is no parent to set; the span still logs.
-    let _ = span.set_parent(trace::extract(Some(&hdrs)));
+    let _ = span.set_parent(trace::extract(Some(&unit.hdrs)));
     let msg = Incoming {
         envelope: env,
         message_id,
         attempt,
-        redelivered: delivery.redelivered,
-        routing_key: routing_key.clone(),
-        queue: queue.clone(),
+        redelivered: unit.redelivered,
+        routing_key,
+        queue,
     };
-    settle(&ctx, delivery, hdrs, msg).instrument(span).await;
+    settle(ctx, unit, msg).instrument(span).await
 }
 
-/// Runs the handler, then acks, schedules a retry or parks.
-async fn settle<H: Handler>(ctx: &Ctx<H>, delivery: Delivery, hdrs: FieldTable, msg: Incoming) {
+/// Runs the handler, then settles: done, a retry scheduled, or parked.
+async fn settle<H: Handler>(ctx: &Ctx<H>, unit: Unit, msg: Incoming) -> Settled {
     let (attempt, routing_key, queue) = (msg.attempt, msg.routing_key.clone(), msg.queue.clone());
     // The call itself inside the guarded future too: a closure may panic before it returns one.
     let outcome = AssertUnwindSafe(async { ctx.handler.handle(msg).await })
@@ -98,44 +226,45 @@ async fn settle<H: Handler>(ctx: &Ctx<H>, delivery: Delivery, hdrs: FieldTable, 
     match outcome {
         Ok(()) => {
             metrics::counter!("flashsale_messages_consumed_total", "queue" => queue).increment(1);
-            ack(ctx, &delivery).await;
+            Settled::Done
         }
         Err(HandlerError::Transient(e)) if attempt < ctx.max_attempts => {
             let retry_queue = ctx.topology.retry_queue(attempt);
             warn!(error = format!("{e:#}"), retry_queue = %retry_queue, "handler failed, retrying later");
-            let mut hdrs = hdrs;
+            let mut hdrs = unit.hdrs.clone();
             set(
                 &mut hdrs,
                 headers::ATTEMPT,
                 AMQPValue::LongLongInt(i64::from(attempt) + 1),
             );
             set_str(&mut hdrs, headers::ORIGINAL_ROUTING_KEY, &routing_key);
-            let out = forward(&delivery, hdrs, retry_queue);
+            let out = forward(&unit, hdrs, retry_queue);
             match ctx.publisher.publish(&out).await {
                 Ok(()) => {
                     metrics::counter!("flashsale_messages_retried_total", "queue" => queue)
                         .increment(1);
-                    ack(ctx, &delivery).await;
+                    Settled::Done
                 }
-                Err(pe) => requeue(&delivery, &format!("cannot schedule retry: {pe}")).await,
+                Err(pe) => Settled::Requeue(format!("cannot schedule retry: {pe}")),
             }
         }
         Err(e) => {
             error!(error = %e, "handler gave up on the message, parking it");
-            park(ctx, delivery, hdrs, attempt, &routing_key, &e.to_string()).await;
+            let hdrs = unit.hdrs.clone();
+            park(ctx, &unit, hdrs, attempt, &routing_key, &e.to_string()).await
         }
     }
 }
 
-/// Moves the message to the parking lot with its error, then acks it.
+/// Moves the event to the parking lot with its error.
 async fn park<H>(
     ctx: &Ctx<H>,
-    delivery: Delivery,
+    unit: &Unit,
     mut hdrs: FieldTable,
     attempt: u32,
     routing_key: &str,
     reason: &str,
-) {
+) -> Settled {
     let mut reason = reason.to_owned();
     if reason.len() > headers::MAX_ERROR_LEN {
         let mut cut = headers::MAX_ERROR_LEN;
@@ -158,13 +287,13 @@ async fn park<H>(
         headers::PARKED_AT_MS,
         AMQPValue::LongLongInt(now_ms),
     );
-    let msg = forward(&delivery, hdrs, ctx.topology.dead_letter_queue());
+    let msg = forward(unit, hdrs, ctx.topology.dead_letter_queue());
     match ctx.publisher.publish(&msg).await {
         Ok(()) => {
             metrics::counter!("flashsale_messages_parked_total", "queue" => ctx.topology.queue().to_owned()).increment(1);
-            ack(ctx, &delivery).await;
+            Settled::Done
         }
-        Err(e) => requeue(&delivery, &format!("cannot park message: {e}")).await,
+        Err(e) => Settled::Requeue(format!("cannot park message: {e}")),
     }
 }
 
@@ -191,21 +320,17 @@ async fn requeue(delivery: &Delivery, why: &str) {
     }
 }
 
-/// A copy of `delivery` for the default exchange and `queue`, with `hdrs`.
-fn forward(delivery: &Delivery, hdrs: FieldTable, queue: String) -> OutgoingMessage {
-    let p = &delivery.properties;
+/// A copy of `unit` as a plain message for the default exchange and `queue`, with `hdrs`.
+fn forward(unit: &Unit, hdrs: FieldTable, queue: String) -> OutgoingMessage {
     OutgoingMessage {
         exchange: String::new(),
         routing_key: queue,
-        message_id: p
-            .message_id()
-            .as_ref()
-            .map(|s| s.to_string())
-            .unwrap_or_default(),
-        kind: p.kind().as_ref().map(|s| s.to_string()).unwrap_or_default(),
-        timestamp: p.timestamp().unwrap_or(0),
+        message_id: unit.message_id.clone(),
+        kind: unit.kind.clone(),
+        timestamp: unit.timestamp,
         headers: hdrs,
-        payload: delivery.data.clone(),
+        payload: unit.data.clone(),
+        content_type: String::new(),
     }
 }
 

@@ -66,6 +66,9 @@ impl<H: Handler> Consumer<H> {
                 max_attempts: config.max_attempts.max(1),
                 publisher: Publisher::new(broker),
                 failpoints: Failpoints::default(),
+                permits: Arc::new(tokio::sync::Semaphore::new(usize::from(
+                    config.prefetch.max(1),
+                ))),
                 topology,
                 handler,
             }),

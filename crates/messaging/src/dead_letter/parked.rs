@@ -239,6 +239,7 @@ pub(crate) fn replay_message(
         timestamp: u64::try_from(Utc::now().timestamp()).unwrap_or(0),
         headers: table,
         payload,
+        content_type: String::new(),
     }
 }
 

@@ -18,6 +18,7 @@ use tracing::{debug, error, warn};
 
 use crate::{
     broker::BrokerError,
+    bundle,
     migration::OUTBOX_CHANNEL,
     publisher::{OutgoingMessage, PublishError, Publisher},
     trace,
@@ -250,40 +251,61 @@ impl OutboxRelay {
         }
         let mut ids = Vec::with_capacity(rows.len());
         let mut msgs = Vec::with_capacity(rows.len());
+        let mut traces = Vec::with_capacity(rows.len());
         for row in &rows {
             ids.push(row.try_get::<i64, _>("id").context("read outbox id")?);
-            msgs.push(self.message(row).context("read outbox row")?);
+            let (msg, trace) = self.message(row).context("read outbox row")?;
+            msgs.push(msg);
+            traces.push(trace);
         }
-        let results = self.publisher.publish_batch(&msgs).await;
+        // Rows of one routing key travel together, up to `amqp.bundle_max_events` per message.
+        let plan = bundle::plan(&msgs, self.publisher.bundle_max_events());
+        let outgoing: Vec<OutgoingMessage> = plan
+            .iter()
+            .map(|group| match group.as_slice() {
+                [one] => std::mem::take(&mut msgs[*one]),
+                many => bundle::pack(
+                    &many
+                        .iter()
+                        .map(|&i| (&msgs[i], &traces[i]))
+                        .collect::<Vec<_>>(),
+                ),
+            })
+            .collect();
+        let bundles = plan.iter().filter(|g| g.len() > 1).count();
+        let results = self.publisher.publish_batch(&outgoing).await;
         self.failpoints.hit(FP_AFTER_PUBLISH).await?;
 
         let mut sent = Vec::new();
         let (mut refused_ids, mut refused_errs) = (Vec::new(), Vec::new());
-        for ((id, msg), res) in ids.iter().zip(&msgs).zip(results) {
+        for ((group, msg), res) in plan.iter().zip(&outgoing).zip(results) {
+            let group_ids = group.iter().map(|&i| ids[i]);
             match res {
-                Ok(()) => sent.push(*id),
+                Ok(()) => sent.extend(group_ids),
                 Err(PublishError::Unroutable {
                     ref routing_key, ..
                 }) if crate::envelope::keys::NOTIFICATIONS.contains(&routing_key.as_str()) => {
-                    debug!(outbox_id = id, %routing_key, "notification with no subscriber");
+                    debug!(rows = group.len(), %routing_key, "notification with no subscriber");
                     metrics::counter!("flashsale_outbox_unsubscribed_total", "routing_key" => routing_key.clone())
-                        .increment(1);
-                    sent.push(*id);
+                        .increment(group.len() as u64);
+                    sent.extend(group_ids);
                 }
-                // Refused for this message alone: back off on this row, go on with the others.
+                // Refused for this message alone: back off on its rows, go on with the others.
                 Err(
                     e @ (PublishError::Unroutable { .. }
                     | PublishError::Nacked { .. }
                     | PublishError::Invalid(_)
                     | PublishError::Broker(BrokerError::NameTooLong(_))),
                 ) => {
-                    warn!(outbox_id = id, message_id = %msg.message_id, error = %e, "broker refused outbox message");
-                    refused_ids.push(*id);
-                    refused_errs.push(e.to_string());
+                    warn!(rows = group.len(), message_id = %msg.message_id, error = %e, "broker refused outbox message");
+                    for id in group_ids {
+                        refused_ids.push(id);
+                        refused_errs.push(e.to_string());
+                    }
                 }
                 // Channel or connection trouble: mark what was confirmed, retry the rest soon.
                 Err(e) => {
-                    debug!(outbox_id = id, error = %e, "outbox message not confirmed");
+                    debug!(rows = group.len(), error = %e, "outbox message not confirmed");
                 }
             }
         }
@@ -312,6 +334,7 @@ impl OutboxRelay {
         }
         tx.commit().await.context("commit outbox batch")?;
         metrics::counter!("flashsale_outbox_published_total").increment(sent.len() as u64);
+        metrics::counter!("flashsale_outbox_bundles_total").increment(bundles as u64);
         metrics::counter!("flashsale_outbox_refused_total").increment(refused_ids.len() as u64);
         let unconfirmed = rows.len() - sent.len() - refused_ids.len();
         if unconfirmed > 0 {
@@ -343,7 +366,11 @@ impl OutboxRelay {
         self.options.batch_size.max(1)
     }
 
-    fn message(&self, row: &sqlx::postgres::PgRow) -> anyhow::Result<OutgoingMessage> {
+    /// The row as a message, and its trace headers (for a bundle).
+    fn message(
+        &self,
+        row: &sqlx::postgres::PgRow,
+    ) -> anyhow::Result<(OutgoingMessage, BTreeMap<String, String>)> {
         let exchange: Option<String> = row.try_get("exchange")?;
         let created: chrono::DateTime<chrono::Utc> = row.try_get("created_at")?;
         let headers_json: String = row.try_get("headers")?;
@@ -358,7 +385,7 @@ impl OutboxRelay {
                 .collect();
         let mut table = FieldTable::default();
         trace::insert_strings(&mut table, &headers);
-        Ok(OutgoingMessage {
+        let msg = OutgoingMessage {
             exchange: exchange.unwrap_or_else(|| self.publisher.exchange().to_owned()),
             routing_key: row.try_get("routing_key")?,
             message_id: row.try_get::<uuid::Uuid, _>("message_id")?.to_string(),
@@ -366,7 +393,9 @@ impl OutboxRelay {
             timestamp: u64::try_from(created.timestamp()).unwrap_or(0),
             headers: table,
             payload: row.try_get("payload")?,
-        })
+            content_type: String::new(),
+        };
+        Ok((msg, headers))
     }
 
     async fn listen(&self) -> Option<PgListener> {

@@ -49,6 +49,7 @@ pub fn config() -> AmqpConfig {
         queue_type: QueueType::Quorum,
         // These tests delete what they declare on drop (and check that nothing is left).
         queue_expires_ms: 0,
+        bundle_max_events: 64,
     }
 }
 

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod bundle;
 mod consumer;
 mod dead_letter;
 mod delay;

@@ -315,6 +315,52 @@ async fn consumer_dying_after_commit_before_ack_applies_the_message_once() {
     assert_eq!(amqp.count(t.queue()).await, 0, "acked in the end");
 }
 
+/// A bundle handled, then not acked (the consumer "died"), is delivered again whole: every
+/// event of it is dropped by the inbox the second time, so each is applied once.
+#[tokio::test]
+async fn a_bundle_redelivered_after_a_crash_applies_each_event_once() {
+    let (_tdb, db) = database().await;
+    let amqp = Amqp::new(config()).await;
+    let t = amqp.topology("crashy-bundle", &[keys::ORDER_CREATED]).await;
+    let (calls, duplicates) = (Recorder::default(), Recorder::default());
+    let fp = Failpoints::default();
+    fp.arm_n(FP_AFTER_HANDLE_BEFORE_ACK, Action::Error, Some(1));
+    let consumer = Consumer::new(
+        &amqp.broker,
+        t.clone(),
+        effect_handler(db.clone(), calls.clone(), duplicates.clone()),
+    )
+    .with_failpoints(fp);
+    let consumer = Running::spawn(|s| consumer.run(s));
+
+    let envs: Vec<_> = (0..5).map(|i| order_created(&format!("b-{i}"))).collect();
+    let txn = db.begin().await.unwrap();
+    outbox::enqueue_many(&txn, &envs).await.unwrap();
+    txn.commit().await.unwrap();
+    let relay = OutboxRelay::new(&db, Publisher::new(&amqp.broker)).unwrap();
+    assert_eq!(relay.relay_batch().await.unwrap(), 5);
+    eventually(
+        WAIT,
+        "the redelivered bundle to be dropped by the inbox",
+        || async { (duplicates.len() == 5).then_some(()) },
+    )
+    .await
+    .unwrap();
+    consumer.stop().await;
+
+    let ids: BTreeSet<Uuid> = envs
+        .iter()
+        .map(|e| Uuid::parse_str(&e.message_id).unwrap())
+        .collect();
+    assert_eq!(calls.len(), 10, "each handled, not acked, redelivered");
+    assert_eq!(
+        uuids(&db, "SELECT message_id AS id FROM effects").await,
+        ids
+    );
+    assert_eq!(scalar(&db, "SELECT count(*) AS n FROM effects").await, 5);
+    assert_eq!(amqp.count(t.queue()).await, 0, "acked in the end");
+}
+
 #[tokio::test]
 async fn refused_outbox_row_is_recorded_and_does_not_hold_up_the_others() {
     let (_tdb, db) = database().await;

@@ -103,6 +103,7 @@ impl Env {
             timestamp: 0,
             headers: h,
             payload: flashsale_messaging::envelope::encode(env),
+            content_type: String::new(),
         };
         Publisher::new(&self.amqp.broker)
             .publish(&msg)
