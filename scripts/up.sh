@@ -87,7 +87,10 @@ wait_healthy() {
     log "waiting up to ${UP_TIMEOUT} s for all services to be SERVING"
     while :; do
         for svc in "${SERVICES[@]}"; do
-            if ! live_pid "$RUN_DIR/$svc.pid" "flashsale-$svc" >/dev/null; then
+            # Whether the process is alive, not whether it already shows its binary's name: a
+            # service started a moment ago may still be the shell forked to exec it (a loaded
+            # machine once reported a live service as exited, and left it running).
+            if ! pid_alive "$(cat "$RUN_DIR/$svc.pid" 2>/dev/null)"; then
                 printf '%s: error: %s exited during start\n' "$SCRIPT" "$svc" >&2
                 show_log_tail "$svc"
                 rm -f "$RUN_DIR/$svc.pid"

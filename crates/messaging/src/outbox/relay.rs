@@ -2,7 +2,8 @@
 //!
 //! Each batch is one transaction: `SELECT … FOR UPDATE SKIP LOCKED` (so relays on several
 //! replicas share the work without publishing a row twice at the same time), publish all rows
-//! pipelined with confirms, mark the confirmed ones, commit. A crash between publish and commit
+//! pipelined with confirms — rows of one routing key together, up to `amqp.bundle_max_events`
+//! per message ([`crate::bundle`]) — mark the confirmed ones, commit. A crash between publish and commit
 //! publishes those rows again later: delivery is at least once and consumers deduplicate
 //! through the inbox.
 
