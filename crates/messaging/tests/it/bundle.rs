@@ -331,3 +331,57 @@ async fn a_broadcast_subscriber_hears_every_event_of_a_bundle() {
     got.sort();
     assert_eq!(got, vec!["r-0", "r-1", "r-2"]);
 }
+
+/// Handler concurrency is counted in events: a consumer with a prefetch of 4 never runs more
+/// than 4 handlers at once, however many events its bundles carry.
+#[tokio::test]
+async fn a_bundle_s_events_run_at_most_prefetch_at_once() {
+    let amqp = Amqp::new(AmqpConfig {
+        prefetch: 4,
+        ..config()
+    })
+    .await;
+    let t = amqp.topology("slots", &[keys::ORDER_CREATED]).await;
+    let (running, peak, done) = (
+        Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        Recorder::<String>::default(),
+    );
+    let (r, p, d) = (running.clone(), peak.clone(), done.clone());
+    let consumer = Consumer::new(&amqp.broker, t.clone(), move |m: Incoming| {
+        let (r, p, d) = (r.clone(), p.clone(), d.clone());
+        async move {
+            let now = r.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            p.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            r.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            d.push(m.envelope.correlation_id);
+            Ok(())
+        }
+    });
+    let consumer = Running::spawn(|s| consumer.run(s));
+    let exchange = amqp.config.exchange.clone();
+    let publisher = Publisher::new(&amqp.broker);
+    let no_headers = BTreeMap::new();
+    for b in 0..3 {
+        let parts: Vec<OutgoingMessage> = (0..40)
+            .map(|i| {
+                let env = order_created(&format!("s-{b}-{i}"));
+                OutgoingMessage::for_envelope(&env, &exchange, keys::ORDER_CREATED)
+            })
+            .collect();
+        let packed = bundle::pack(&parts.iter().map(|m| (m, &no_headers)).collect::<Vec<_>>());
+        publisher.publish(&packed).await.unwrap();
+    }
+    eventually(WAIT, "all 120 events", || async {
+        (done.len() >= 120).then_some(())
+    })
+    .await
+    .unwrap();
+    consumer.stop().await;
+    let max = peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(max <= 4, "{max} handlers ran at once with a prefetch of 4");
+    assert!(max >= 2, "the events of a bundle run concurrently ({max})");
+    assert_eq!(done.all().into_iter().collect::<BTreeSet<_>>().len(), 120);
+    assert_eq!(amqp.count(t.queue()).await, 0);
+}
