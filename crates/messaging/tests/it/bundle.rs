@@ -25,6 +25,13 @@ fn traceparent(i: usize) -> BTreeMap<String, String> {
     )])
 }
 
+/// Publishes `parts` (without trace headers) as one bundle.
+async fn publish_bundle(publisher: &Publisher, parts: &[OutgoingMessage]) {
+    let no_headers = BTreeMap::new();
+    let packed = bundle::pack(&parts.iter().map(|m| (m, &no_headers)).collect::<Vec<_>>());
+    publisher.publish(&packed).await.unwrap();
+}
+
 fn content_type(msg: &lapin::message::BasicGetMessage) -> String {
     msg.delivery
         .properties
@@ -165,9 +172,7 @@ async fn each_event_of_a_bundle_is_handled_retried_or_parked_on_its_own() {
         payload: b"\xff\xfe not an envelope".to_vec(),
         ..OutgoingMessage::default()
     });
-    let no_headers = BTreeMap::new();
-    let packed = bundle::pack(&parts.iter().map(|m| (m, &no_headers)).collect::<Vec<_>>());
-    Publisher::new(&amqp.broker).publish(&packed).await.unwrap();
+    publish_bundle(&Publisher::new(&amqp.broker), &parts).await;
 
     let dlq = t.dead_letter_queue();
     eventually(WAIT, "every event to be settled", || async {
@@ -318,9 +323,7 @@ async fn a_broadcast_subscriber_hears_every_event_of_a_bundle() {
             OutgoingMessage::for_envelope(&env, &exchange, keys::STOCK_RELEASED)
         })
         .collect();
-    let no_headers = BTreeMap::new();
-    let packed = bundle::pack(&parts.iter().map(|m| (m, &no_headers)).collect::<Vec<_>>());
-    Publisher::new(&amqp.broker).publish(&packed).await.unwrap();
+    publish_bundle(&Publisher::new(&amqp.broker), &parts).await;
     eventually(WAIT, "the three events", || async {
         (heard.lock().unwrap().len() >= 3).then_some(())
     })
@@ -362,7 +365,6 @@ async fn a_bundle_s_events_run_at_most_prefetch_at_once() {
     let consumer = Running::spawn(|s| consumer.run(s));
     let exchange = amqp.config.exchange.clone();
     let publisher = Publisher::new(&amqp.broker);
-    let no_headers = BTreeMap::new();
     for b in 0..3 {
         let parts: Vec<OutgoingMessage> = (0..40)
             .map(|i| {
@@ -370,8 +372,7 @@ async fn a_bundle_s_events_run_at_most_prefetch_at_once() {
                 OutgoingMessage::for_envelope(&env, &exchange, keys::ORDER_CREATED)
             })
             .collect();
-        let packed = bundle::pack(&parts.iter().map(|m| (m, &no_headers)).collect::<Vec<_>>());
-        publisher.publish(&packed).await.unwrap();
+        publish_bundle(&publisher, &parts).await;
     }
     eventually(WAIT, "all 120 events", || async {
         (done.len() >= 120).then_some(())
