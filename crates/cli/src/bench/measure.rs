@@ -31,6 +31,9 @@ pub struct Measurement {
     pub refused: BTreeMap<String, usize>,
     pub errors: BTreeMap<String, usize>,
     pub elapsed: Duration,
+    /// When the first call was sent (where `elapsed`, `first_accept` and `last_accept` count
+    /// from).
+    pub started: Instant,
     /// Since the mode started, when the first and the last accepted call completed.
     pub first_accept: Option<Duration>,
     pub last_accept: Option<Duration>,
@@ -284,6 +287,7 @@ where
         refused: BTreeMap::new(),
         errors: BTreeMap::new(),
         elapsed: Duration::ZERO,
+        started,
         first_accept: None,
         last_accept: None,
         latency_us: histogram()?,

@@ -20,6 +20,7 @@ use baselines::Load;
 use report::ModeReport;
 
 use crate::{
+    cpustat,
     procstat::{self, PidArgs},
     token::Secret,
 };
@@ -230,6 +231,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         eprintln!("bench: {mode:?} …");
         let sampler = procstat::Sampler::start(services.clone());
+        let cpu = cpustat::Sampler::start(cpustat::groups(&services));
         let (m, saga) = match mode {
             Mode::Noop => (baselines::noop(&args.order_url, &load).await?, None),
             Mode::Naive => {
@@ -286,11 +288,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 (m, Some(saga))
             }
         };
+        let memory = sampler.finish().await;
+        let cpu = report::Cpu::of(&m, &cpu.finish().await);
         results.push(ModeReport {
             m,
             saga,
-            memory: sampler.finish().await,
+            memory,
             idle,
+            cpu,
         });
     }
     let machine = machine(&args).await;

@@ -4,7 +4,10 @@
 use serde_json::{Value, json};
 
 use super::{baselines::Load, measure::Measurement, saga::Saga};
-use crate::procstat::{self, IdleWait, Memory, ServicePid};
+use crate::{
+    cpustat::{Samples, Usage},
+    procstat::{self, IdleWait, Memory, ServicePid},
+};
 
 /// One mode as measured, with what was watched around it.
 pub struct ModeReport {
@@ -12,6 +15,25 @@ pub struct ModeReport {
     pub saga: Option<Saga>,
     pub memory: Vec<Memory>,
     pub idle: Option<IdleWait>,
+    pub cpu: Cpu,
+}
+
+/// Where the CPU went during a mode: over its requests, and over its intake (first call →
+/// last accept), the latter also per accepted order.
+pub struct Cpu {
+    pub requests: Option<Usage>,
+    pub intake: Option<Usage>,
+}
+
+impl Cpu {
+    pub fn of(m: &Measurement, samples: &Samples) -> Self {
+        Self {
+            requests: samples.window(m.started, m.started + m.elapsed),
+            intake: m
+                .last_accept
+                .and_then(|last| samples.window(m.started, m.started + last)),
+        }
+    }
 }
 
 /// What the whole run shares.
@@ -33,6 +55,10 @@ impl ModeReport {
         if let Some(s) = &self.saga {
             v["saga"] = s.to_json();
         }
+        v["cpu"] = json!({
+            "requests": self.cpu.requests.as_ref().map(|u| u.to_json(None)),
+            "intake": self.cpu.intake.as_ref().map(|u| u.to_json(Some(self.m.accepted))),
+        });
         v
     }
 }
@@ -108,6 +134,16 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
             "    memory (peak VmRSS during the mode): {}",
             procstat::memory_line(&r.memory)
         );
+        if let Some(u) = &r.cpu.requests {
+            println!("    cpu over the requests: {}", u.cores_text());
+        }
+        if let Some(u) = &r.cpu.intake {
+            println!(
+                "    cpu per accepted order over the intake ({:.2} s): {}",
+                u.secs,
+                u.per_accepted_text(r.m.accepted)
+            );
+        }
     }
     for (name, value) in ratios(results).as_object().into_iter().flatten() {
         println!("{name:<45} {value}");

@@ -116,6 +116,12 @@ async fn a_small_bench_follows_the_saga_and_reads_the_services_memory() {
         // roughly above the sampled peak.
         assert!(mem["vm_hwm_mib"].as_f64().unwrap() > 1.0, "{m}");
         assert!(m["idle_wait_s"].as_f64().unwrap() <= 3.0, "{m}");
+        // Such short modes may end within one CPU sample: then a window is null, never absent.
+        let cpu = m["cpu"].as_object().unwrap();
+        assert!(
+            cpu.contains_key("requests") && cpu.contains_key("intake"),
+            "{m}"
+        );
     }
     let naive = &modes[1];
     assert_eq!(naive["accepted"], 10, "{naive}");
@@ -269,4 +275,59 @@ fn naive_args(db: &str) -> Vec<String> {
     .iter()
     .map(|a| (*a).to_owned())
     .collect()
+}
+
+#[tokio::test]
+async fn the_report_tells_where_the_cpu_went_per_process_and_on_the_machine() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let me = format!("stack={}", std::process::id());
+    // Empty RPCs for two seconds (the mode's bound stops it): long enough for CPU samples.
+    let mut cmd = command(&[
+        "bench",
+        "--modes",
+        "noop",
+        "--requests",
+        "1000000",
+        "--concurrency",
+        "4",
+        "--max-seconds-per-mode",
+        "2",
+        "--max-idle-wait-secs",
+        "0",
+        "--service-pid",
+        &me,
+        "--json",
+    ]);
+    cmd.env("FLASHSALE_ORDER_URL", &stack.order_url);
+    let run = output(cmd).await;
+    let r = run.json();
+    let noop = &r["modes"][0];
+    let cpu = &noop["cpu"]["requests"];
+    let window = cpu["window_s"].as_f64().unwrap();
+    assert!((1.0..=4.0).contains(&window), "{cpu}");
+    let machine = &cpu["machine"];
+    let shares: f64 = ["busy_share", "idle_share", "steal_share"]
+        .iter()
+        .map(|k| machine[k].as_f64().unwrap())
+        .sum();
+    assert!((shares - 1.0).abs() < 0.01, "{cpu}");
+    assert!(machine["busy_share"].as_f64().unwrap() > 0.0, "{cpu}");
+    // The stack (this test process) answered the calls, the bench process made them.
+    assert!(cpu["cores"]["stack"].as_f64().unwrap() > 0.0, "{cpu}");
+    assert!(cpu["cores"]["bench"].as_f64().unwrap() > 0.0, "{cpu}");
+    for server in ["postgresql", "redis", "rabbitmq"] {
+        assert!(cpu["cores"][server].as_f64().unwrap() >= 0.0, "{cpu}");
+    }
+    assert!(cpu.get("ms_per_accepted").is_none(), "{cpu}");
+    // Every answered empty call counts as accepted: the intake is the whole run, and its CPU
+    // per call is the gRPC stack's cost of one call, client and server.
+    let per = &noop["cpu"]["intake"]["ms_per_accepted"];
+    let (stack, bench, machine) = (
+        per["stack"].as_f64().unwrap(),
+        per["bench"].as_f64().unwrap(),
+        per["machine"].as_f64().unwrap(),
+    );
+    assert!(stack > 0.0 && bench > 0.0, "{per}");
+    // The machine's busy time holds both processes' (ticks round, hence the slack).
+    assert!(machine + 0.01 >= stack + bench, "{per}");
 }
