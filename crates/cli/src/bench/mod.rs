@@ -289,7 +289,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         };
         let memory = sampler.finish().await;
-        let cpu = report::Cpu::of(&m, &cpu.finish().await);
+        let cpu = report::Cpu::of(&m, saga.as_ref(), &cpu.finish().await);
         results.push(ModeReport {
             m,
             saga,

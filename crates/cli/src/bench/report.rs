@@ -18,20 +18,30 @@ pub struct ModeReport {
     pub cpu: Cpu,
 }
 
-/// Where the CPU went during a mode: over its requests, and over its intake (first call →
-/// last accept), the latter also per accepted order.
+/// Where the CPU went during a mode: over its requests; over its intake (first call → last
+/// accept); and, where a saga was followed, from the last accept to the last confirmation
+/// (the saga's rest, beside the refusals) — the last two also per accepted order.
 pub struct Cpu {
     pub requests: Option<Usage>,
     pub intake: Option<Usage>,
+    pub saga: Option<Usage>,
 }
 
 impl Cpu {
-    pub fn of(m: &Measurement, samples: &Samples) -> Self {
+    pub fn of(m: &Measurement, saga: Option<&Saga>, samples: &Samples) -> Self {
+        let saga_end = match (m.first_accept, saga.and_then(|s| s.confirm)) {
+            (Some(first), Some(confirm)) => Some(m.started + first + confirm),
+            _ => None,
+        };
         Self {
             requests: samples.window(m.started, m.started + m.elapsed),
             intake: m
                 .last_accept
                 .and_then(|last| samples.window(m.started, m.started + last)),
+            saga: match (m.last_accept, saga_end) {
+                (Some(last), Some(end)) => samples.window(m.started + last, end),
+                _ => None,
+            },
         }
     }
 }
@@ -58,6 +68,7 @@ impl ModeReport {
         v["cpu"] = json!({
             "requests": self.cpu.requests.as_ref().map(|u| u.to_json(None)),
             "intake": self.cpu.intake.as_ref().map(|u| u.to_json(Some(self.m.accepted))),
+            "after_intake_to_last_confirmation": self.cpu.saga.as_ref().map(|u| u.to_json(Some(self.m.accepted))),
         });
         v
     }
@@ -144,6 +155,13 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
                 u.per_accepted_text(r.m.accepted)
             );
         }
+        if let Some(u) = &r.cpu.saga {
+            println!(
+                "    cpu per accepted order from the last accept to the last confirmation ({:.2} s): {}",
+                u.secs,
+                u.per_accepted_text(r.m.accepted)
+            );
+        }
     }
     for (name, value) in ratios(results).as_object().into_iter().flatten() {
         println!("{name:<45} {value}");
@@ -199,4 +217,85 @@ fn ratios(results: &[ModeReport]) -> Value {
 
 fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        bench::measure::{Outcome, drive},
+        cpustat::{MachineTicks, Snapshot},
+    };
+
+    #[tokio::test]
+    async fn the_cpu_windows_follow_the_intake_and_the_saga() {
+        // Two accepts, 20 ms apart at least, then refusals.
+        let mut m = drive("platform", 6, 1, Duration::from_secs(10), |i| async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if i < 2 {
+                Outcome::Accepted
+            } else {
+                Outcome::Refused("SOLD_OUT".into())
+            }
+        })
+        .await
+        .unwrap();
+        // Place the marks where the samples below are, as a longer run would have them.
+        m.first_accept = Some(Duration::from_millis(100));
+        m.last_accept = Some(Duration::from_secs(2));
+        m.elapsed = Duration::from_secs(3);
+        let at = |ms: u64| m.started + Duration::from_millis(ms);
+        let snap = |ms: u64, ticks: u64| Snapshot {
+            at: at(ms),
+            groups: vec![ticks],
+            machine: Some(MachineTicks {
+                busy: ticks * 2,
+                idle: 0,
+                steal: 0,
+            }),
+        };
+        let samples = Samples {
+            names: vec!["order".into()],
+            snapshots: (0..=60).map(|k| snap(k * 100, k * k)).collect(),
+        };
+        let saga = Saga {
+            followed: 2,
+            confirmed: 2,
+            cancelled: 0,
+            unconfirmed: 0,
+            confirm: Some(Duration::from_millis(4_900)),
+            bound_hit: false,
+        };
+        let cpu = Cpu::of(&m, Some(&saga), &samples);
+        let secs = |u: &Option<Usage>| u.as_ref().map(|u| (u.secs * 10.0).round() / 10.0);
+        let order = |u: &Option<Usage>| u.as_ref().map(|u| u.groups[0].1);
+        // ticks at sample k are k²: 0 → 20 (intake) is 400 ticks, 20 → 50 (saga) 2,100.
+        assert_eq!(
+            (secs(&cpu.requests), order(&cpu.requests)),
+            (Some(3.0), Some(9.0))
+        );
+        assert_eq!(
+            (secs(&cpu.intake), order(&cpu.intake)),
+            (Some(2.0), Some(4.0))
+        );
+        assert_eq!((secs(&cpu.saga), order(&cpu.saga)), (Some(3.0), Some(21.0)));
+        let report = ModeReport {
+            m,
+            saga: Some(saga),
+            memory: Vec::new(),
+            idle: None,
+            cpu,
+        };
+        let j = report.to_json();
+        assert_eq!(j["cpu"]["intake"]["ms_per_accepted"]["order"], 2000.0);
+        assert_eq!(
+            j["cpu"]["after_intake_to_last_confirmation"]["ms_per_accepted"]["machine"],
+            21_000.0
+        );
+        // Without a followed saga (a baseline), there is no saga window.
+        let none = Cpu::of(&report.m, None, &samples);
+        assert!(none.saga.is_none() && none.intake.is_some());
+    }
 }
