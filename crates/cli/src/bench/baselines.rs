@@ -19,6 +19,8 @@ pub struct Load {
     pub requests: usize,
     pub buyers: usize,
     pub concurrency: usize,
+    /// HTTP/2 connections the gRPC modes (no-op, platform) spread their calls over.
+    pub connections: usize,
     pub stock: i64,
     pub deadline: Duration,
 }
@@ -359,15 +361,19 @@ pub async fn raw_insert(
 
 /// An empty RPC: the gRPC health check of `url`, what the gRPC stack answers at all.
 pub async fn noop(url: &str, load: &Load) -> anyhow::Result<Measurement> {
-    let channel = crate::output::connect(url, Duration::from_secs(10)).await?;
-    let client = tonic_health::pb::health_client::HealthClient::new(channel);
+    // As many connections as the platform mode opens, so that the two compare.
+    let mut clients = Vec::new();
+    for _ in 0..load.connections.max(1) {
+        let channel = crate::output::connect(url, Duration::from_secs(10)).await?;
+        clients.push(tonic_health::pb::health_client::HealthClient::new(channel));
+    }
     drive(
         "no-op (gRPC health)",
         load.requests,
         load.concurrency,
         load.deadline,
-        move |_| {
-            let mut c = client.clone();
+        move |i| {
+            let mut c = clients[i % clients.len()].clone();
             async move {
                 match c
                     .check(tonic_health::pb::HealthCheckRequest {

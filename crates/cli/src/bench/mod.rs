@@ -71,6 +71,10 @@ pub struct Args {
     /// Calls in flight at once (every mode).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// HTTP/2 connections of the no-op and platform modes (a gateway's pool); the calls are
+    /// spread over them.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
     /// Bound of each mode, in seconds (and, in the platform mode, of following the saga).
     #[arg(long, default_value_t = 60)]
     max_seconds_per_mode: u64,
@@ -147,6 +151,7 @@ impl Args {
             requests: self.requests.unwrap_or(requests),
             buyers: self.buyers.unwrap_or(buyers),
             concurrency: self.concurrency,
+            connections: self.connections,
             stock: self.stock.unwrap_or(stock),
             deadline: Duration::from_secs(self.max_seconds_per_mode),
         };
@@ -165,6 +170,10 @@ impl Args {
         anyhow::ensure!(
             (1..=4096).contains(&load.concurrency),
             "--concurrency must be 1..=4096"
+        );
+        anyhow::ensure!(
+            (1..=64).contains(&load.connections),
+            "--connections must be 1..=64"
         );
         anyhow::ensure!(
             (1..=3600).contains(&self.max_seconds_per_mode),

@@ -60,9 +60,9 @@ pub async fn flood(
         .map(|b| secret.mint(&format!("buyer{b}"), Role::User, Duration::from_secs(3600)))
         .collect::<anyhow::Result<_>>()?;
     let tokens = Arc::new(tokens);
-    // A few HTTP/2 connections, as a gateway's pool would have.
+    // A few HTTP/2 connections, as a gateway's pool would have (as many as the no-op mode).
     let mut channels = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..load.connections.max(1) {
         channels.push(OrderServiceClient::new(
             connect(order_url, Duration::from_secs(30)).await?,
         ));

@@ -13,7 +13,10 @@ use crate::{
 #[tokio::test]
 async fn bench_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &str); 15] = [
+    let cases: [(&[&str], &str); 18] = [
+        (&["--connections", "0"], "--connections"),
+        (&["--connections", "65"], "--connections"),
+        (&["--connections", "two"], "--connections"),
         (&["--naive-db", "Bench"], "--naive-db"),
         (&["--naive-db", "a;drop"], "--naive-db"),
         (&["--insert-db", ""], "--insert-db"),
