@@ -75,6 +75,11 @@ pub struct Args {
     /// spread over them.
     #[arg(long, default_value_t = 4)]
     connections: usize,
+    /// Runs the whole list of modes this many times, one round after the other; the ratios
+    /// are then the median over the rounds (each round's are in the JSON report). A shared
+    /// machine's speed drifts between runs: rounds show by how much.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Bound of each mode, in seconds (and, in the platform mode, of following the saga).
     #[arg(long, default_value_t = 60)]
     max_seconds_per_mode: u64,
@@ -175,6 +180,7 @@ impl Args {
             (1..=64).contains(&load.connections),
             "--connections must be 1..=64"
         );
+        anyhow::ensure!((1..=20).contains(&self.rounds), "--rounds must be 1..=20");
         anyhow::ensure!(
             (1..=3600).contains(&self.max_seconds_per_mode),
             "--max-seconds-per-mode must be 1..=3600"
@@ -222,10 +228,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (load, limit, ticketing) = args.load()?;
     let db_pool = args.db_pool()?;
     let services = args.pids.services();
-    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_uppercase();
-    let sku = format!("BENCH-{tag}");
     let mut results: Vec<ModeReport> = Vec::new();
-    for mode in &args.modes {
+    for (round, mode) in (1..=args.rounds).flat_map(|r| args.modes.iter().map(move |m| (r, m))) {
+        // A product (and gate keys) of its own per round: a sale sells out once.
+        let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_uppercase();
+        let sku = format!("BENCH-{tag}");
         let idle =
             procstat::wait_idle(&services, Duration::from_secs(args.max_idle_wait_secs)).await;
         match idle {
@@ -238,7 +245,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             ),
             None => {}
         }
-        eprintln!("bench: {mode:?} …");
+        if args.rounds > 1 {
+            eprintln!("bench: round {round} of {}: {mode:?} …", args.rounds);
+        } else {
+            eprintln!("bench: {mode:?} …");
+        }
         let sampler = procstat::Sampler::start(services.clone());
         let cpu = cpustat::Sampler::start(cpustat::groups(&services));
         let (m, saga) = match mode {
@@ -300,6 +311,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let memory = sampler.finish().await;
         let cpu = report::Cpu::of(&m, saga.as_ref(), &cpu.finish().await);
         results.push(ModeReport {
+            round,
             m,
             saga,
             memory,
@@ -309,6 +321,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let machine = machine(&args).await;
     let figures = report::Figures {
+        rounds: args.rounds,
         scenario: format!("{:?}", args.scenario),
         load: &load,
         db_pool,

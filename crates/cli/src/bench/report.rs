@@ -11,6 +11,8 @@ use crate::{
 
 /// One mode as measured, with what was watched around it.
 pub struct ModeReport {
+    /// Which round of `--rounds` (from 1).
+    pub round: usize,
     pub m: Measurement,
     pub saga: Option<Saga>,
     pub memory: Vec<Memory>,
@@ -48,6 +50,7 @@ impl Cpu {
 
 /// What the whole run shares.
 pub struct Figures<'a> {
+    pub rounds: usize,
     pub scenario: String,
     pub load: &'a Load,
     pub db_pool: u32,
@@ -58,6 +61,7 @@ pub struct Figures<'a> {
 impl ModeReport {
     fn to_json(&self) -> Value {
         let mut v = self.m.to_json();
+        v["round"] = json!(self.round);
         v["memory"] = self.memory.iter().map(Memory::to_json).collect();
         v["memory_over_limit"] = json!(self.memory.iter().any(Memory::over_limit));
         v["idle_wait_s"] = json!(self.idle.map(|w| w.waited.as_secs_f64()));
@@ -85,8 +89,10 @@ pub fn json(f: &Figures<'_>, results: &[ModeReport]) -> Value {
         "machine": f.machine,
         "services": f.services.iter().map(|s| json!({"service": s.name, "pid": s.pid})).collect::<Vec<_>>(),
         "memory_limit_mib": procstat::MEMORY_LIMIT_MIB,
+        "rounds": f.rounds,
         "modes": results.iter().map(ModeReport::to_json).collect::<Vec<_>>(),
-        "ratios": ratios(results),
+        "ratios": median_ratios(&by_round(results)),
+        "ratios_by_round": by_round(results),
     })
 }
 
@@ -99,6 +105,14 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
     println!("machine: {}", f.machine);
     println!("{}", Measurement::header());
     for r in results {
+        if f.rounds > 1
+            && results
+                .iter()
+                .find(|x| x.round == r.round)
+                .is_some_and(|first| std::ptr::eq(first, r))
+        {
+            println!("round {} of {}:", r.round, f.rounds);
+        }
         println!("{}", r.m.row());
         if !r.m.errors.is_empty() {
             println!("    errors: {} {:?}", r.m.errored(), r.m.errors);
@@ -163,18 +177,68 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
             );
         }
     }
-    for (name, value) in ratios(results).as_object().into_iter().flatten() {
-        println!("{name:<45} {value}");
+    let rounds = by_round(results);
+    for (name, value) in median_ratios(&rounds).as_object().into_iter().flatten() {
+        if rounds.len() > 1 {
+            let each: Vec<String> = rounds.iter().map(|r| r[name].to_string()).collect();
+            println!(
+                "{name:<45} {value} (median of {} rounds: {})",
+                rounds.len(),
+                each.join(", ")
+            );
+        } else {
+            println!("{name:<45} {value}");
+        }
     }
 }
 
-fn find<'a>(results: &'a [ModeReport], prefix: &str) -> Option<&'a ModeReport> {
-    results.iter().find(|r| r.m.name.starts_with(prefix))
+/// Each round's ratios, in round order.
+fn by_round(results: &[ModeReport]) -> Vec<Value> {
+    let mut rounds: Vec<usize> = results.iter().map(|r| r.round).collect();
+    rounds.dedup();
+    rounds
+        .into_iter()
+        .map(|n| {
+            let of_round: Vec<&ModeReport> = results.iter().filter(|r| r.round == n).collect();
+            ratios(&of_round)
+        })
+        .collect()
+}
+
+/// Each ratio's median over the rounds that have it (the mean of the middle two for an even
+/// count).
+fn median_ratios(rounds: &[Value]) -> Value {
+    let mut names: Vec<&String> = rounds
+        .iter()
+        .filter_map(Value::as_object)
+        .flat_map(|m| m.keys())
+        .collect();
+    names.sort();
+    names.dedup();
+    let mut out = serde_json::Map::new();
+    for name in names {
+        let mut v: Vec<f64> = rounds.iter().filter_map(|r| r[name].as_f64()).collect();
+        v.sort_by(f64::total_cmp);
+        let median = match v.len() {
+            0 => continue,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        };
+        out.insert(name.clone(), json!(round(median)));
+    }
+    out.into()
+}
+
+fn find<'a>(results: &[&'a ModeReport], prefix: &str) -> Option<&'a ModeReport> {
+    results
+        .iter()
+        .copied()
+        .find(|r| r.m.name.starts_with(prefix))
 }
 
 /// platform / baseline, for throughput, accepted orders per second and p99 latency; and the
 /// saga's confirmations per second against the raw insert ceiling.
-fn ratios(results: &[ModeReport]) -> Value {
+fn ratios(results: &[&ModeReport]) -> Value {
     let mut out = serde_json::Map::new();
     let Some(pr) = find(results, "platform") else {
         return out.into();
@@ -282,6 +346,7 @@ mod tests {
         );
         assert_eq!((secs(&cpu.saga), order(&cpu.saga)), (Some(3.0), Some(21.0)));
         let report = ModeReport {
+            round: 1,
             m,
             saga: Some(saga),
             memory: Vec::new(),
@@ -297,5 +362,20 @@ mod tests {
         // Without a followed saga (a baseline), there is no saga window.
         let none = Cpu::of(&report.m, None, &samples);
         assert!(none.saga.is_none() && none.intake.is_some());
+    }
+
+    #[test]
+    fn the_ratios_of_several_rounds_are_their_medians() {
+        let rounds = vec![
+            json!({"a": 1.0, "b": 10.0, "c": 3.0}),
+            json!({"a": 3.0, "b": 30.0}),
+            json!({"a": 2.0, "b": 20.0, "c": 4.0}),
+        ];
+        assert_eq!(
+            median_ratios(&rounds),
+            json!({"a": 2.0, "b": 20.0, "c": 3.5})
+        );
+        assert_eq!(median_ratios(&rounds[..1]), rounds[0]);
+        assert_eq!(median_ratios(&[]), json!({}));
     }
 }

@@ -13,7 +13,9 @@ use crate::{
 #[tokio::test]
 async fn bench_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &str); 18] = [
+    let cases: [(&[&str], &str); 20] = [
+        (&["--rounds", "0"], "--rounds"),
+        (&["--rounds", "21"], "--rounds"),
         (&["--connections", "0"], "--connections"),
         (&["--connections", "65"], "--connections"),
         (&["--connections", "two"], "--connections"),
@@ -333,4 +335,66 @@ async fn the_report_tells_where_the_cpu_went_per_process_and_on_the_machine() {
     assert!(stack > 0.0 && bench > 0.0, "{per}");
     // The machine's busy time holds both processes' (ticks round, hence the slack).
     assert!(machine + 0.01 >= stack + bench, "{per}");
+}
+
+#[tokio::test]
+async fn rounds_repeat_the_modes_with_a_product_each_and_give_median_ratios() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let mut cmd = command(&[
+        "bench",
+        "--modes",
+        "noop,platform",
+        "--rounds",
+        "2",
+        "--scenario",
+        "big-sale",
+        "--requests",
+        "30",
+        "--buyers",
+        "30",
+        "--stock",
+        "10",
+        "--concurrency",
+        "4",
+        "--max-seconds-per-mode",
+        "30",
+        "--max-idle-wait-secs",
+        "0",
+        "--json",
+    ]);
+    cmd.env("FLASHSALE_PRODUCT_STOCK_URL", &stack.stock_url)
+        .env("FLASHSALE_ORDER_URL", &stack.order_url);
+    let run = output(cmd).await;
+    let r = run.json();
+    assert_eq!(r["rounds"], 2, "{r}");
+    let modes = r["modes"].as_array().unwrap();
+    let seen: Vec<(u64, &str)> = modes
+        .iter()
+        .map(|m| {
+            (
+                m["round"].as_u64().unwrap(),
+                &m["mode"].as_str().unwrap()[..5],
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [(1, "no-op"), (1, "platf"), (2, "no-op"), (2, "platf")],
+        "{r}"
+    );
+    // Each round sold its own product out: 10 accepted and every one confirmed, twice.
+    for platform in [&modes[1], &modes[3]] {
+        assert_eq!(platform["accepted"], 10, "{platform}");
+        assert_eq!(platform["saga"]["confirmed"], 10, "{platform}");
+    }
+    let by_round = r["ratios_by_round"].as_array().unwrap();
+    assert_eq!(by_round.len(), 2, "{r}");
+    let key = "platform/noop throughput";
+    let (a, b) = (
+        by_round[0][key].as_f64().unwrap(),
+        by_round[1][key].as_f64().unwrap(),
+    );
+    let median = r["ratios"][key].as_f64().unwrap();
+    // Of two rounds, the median is their mean (rounded to hundredths).
+    assert!((median - (a + b) / 2.0).abs() <= 0.006, "{median} {a} {b}");
 }
