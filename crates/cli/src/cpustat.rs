@@ -3,25 +3,32 @@
 //! how the whole machine's time divided into busy, idle and stolen (by the hypervisor).
 //!
 //! A sampler reads it every [`SAMPLE_EVERY`]; a window between two instants of the mode (the
-//! requests, or the intake up to the last accept) is then the difference of the samples
-//! nearest to its ends. A server is every process of its command name (PostgreSQL's backends
-//! come and go): one that appears between two samples counts whole, one that ends between two
-//! samples loses its last stretch. What cannot be read is unknown, never an error.
+//! requests, or the intake up to the last accept) is then the difference of the readings at
+//! its ends, each interpolated between the two samples around it. A process is known by its
+//! pid and its start time, so a reused pid is a new process. A server is every process of its
+//! command name (PostgreSQL's backends come and go): one that appears between two samples
+//! counts whole, one that ends between two samples loses its last stretch. A group none of
+//! whose processes could ever be read is unknown (`null`), never zero, and never an error.
 
 use std::{
     collections::HashMap,
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
 use serde_json::{Map, Value, json};
-use tokio::{sync::oneshot, task::JoinHandle};
+use tokio::task::JoinHandle;
 
 use crate::procstat::{ServicePid, parse_cpu_ticks};
 
 /// How often the CPU times are read during a mode.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
-/// Units of `/proc/stat` and `/proc/<pid>/stat`: USER_HZ, fixed at 100 in Linux's ABI.
+/// Units of `/proc/stat` and `/proc/<pid>/stat`: USER_HZ, 100 in Linux's ABI on x86-64 and
+/// arm64.
 const TICKS_PER_SEC: f64 = 100.0;
+/// Every this many scans of `/proc`, the names of processes outside every group are read
+/// again (a pid may have been reused by a server's process).
+const RENAME_EVERY: u64 = 10;
 /// The servers the platform runs on, by the command name of their processes.
 const SERVERS: [(&str, &str); 3] = [
     ("postgresql", "postgres"),
@@ -61,6 +68,8 @@ pub struct MachineTicks {
 pub struct Snapshot {
     pub at: Instant,
     pub groups: Vec<u64>,
+    /// Whether some process of the group has been read by then.
+    pub known: Vec<bool>,
     pub machine: Option<MachineTicks>,
 }
 
@@ -69,8 +78,9 @@ pub struct Snapshot {
 pub struct Usage {
     /// The window as sampled (the samples nearest to the asked ends).
     pub secs: f64,
-    /// Each group's CPU time in the window, in seconds.
-    pub groups: Vec<(String, f64)>,
+    /// Each group's CPU time in the window, in seconds (`None`: none of its processes could
+    /// be read).
+    pub groups: Vec<(String, Option<f64>)>,
     pub machine: Option<Shares>,
 }
 
@@ -138,18 +148,47 @@ fn read_machine() -> Option<MachineTicks> {
     parse_machine(&std::fs::read_to_string("/proc/stat").ok()?)
 }
 
-fn read_ticks(pid: u32) -> Option<u64> {
-    parse_cpu_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+/// A process's start time (in ticks since boot) and CPU time (`utime + stime`), from its
+/// `/proc/<pid>/stat`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reading {
+    pub start: u64,
+    pub ticks: u64,
+}
+
+/// `starttime` (field 22) and `utime + stime` of a `/proc/<pid>/stat` text.
+pub fn parse_stat(text: &str) -> Option<Reading> {
+    let ticks = parse_cpu_ticks(text)?;
+    let (_, after) = text.rsplit_once(')')?;
+    // After the name: state (field 3) … starttime (22).
+    let start = after.split_whitespace().nth(19)?.parse::<u64>().ok()?;
+    Some(Reading { start, ticks })
+}
+
+fn read_proc(pid: u32) -> Option<Reading> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// One process of one group, as read in one sample.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    pid: u32,
+    group: usize,
+    reading: Reading,
 }
 
 /// Follows the groups' processes from one sample to the next.
 struct Tracker {
     groups: Vec<Group>,
-    /// Each followed process: its group and its ticks at the last sample.
-    last: HashMap<u32, (usize, u64)>,
-    /// Command-name groups: which group each process seen in `/proc` belongs to, if any.
-    comm_of: HashMap<u32, Option<usize>>,
+    /// Each followed process of each group (a pid may be in two groups): its reading at the
+    /// last sample.
+    last: HashMap<(u32, usize), Reading>,
+    /// Command-name groups: the group (and start time) of each process seen in `/proc`, or
+    /// `None` for a process in no group.
+    comm_of: HashMap<u32, Option<(usize, u64)>>,
     totals: Vec<u64>,
+    known: Vec<bool>,
+    scans: u64,
     started: bool,
 }
 
@@ -161,17 +200,23 @@ impl Tracker {
             last: HashMap::new(),
             comm_of: HashMap::new(),
             totals: vec![0; n],
+            known: vec![false; n],
+            scans: 0,
             started: false,
         }
     }
 
     fn sample(&mut self) -> Snapshot {
-        let mut seen: Vec<(u32, usize, u64)> = Vec::new();
-        for (g, group) in self.groups.iter().enumerate() {
-            if let Members::Pid(Some(pid)) = group.members
-                && let Some(t) = read_ticks(pid)
+        let mut seen: Vec<Seen> = Vec::new();
+        for (group, g) in self.groups.iter().enumerate() {
+            if let Members::Pid(Some(pid)) = g.members
+                && let Some(reading) = read_proc(pid)
             {
-                seen.push((pid, g, t));
+                seen.push(Seen {
+                    pid,
+                    group,
+                    reading,
+                });
             }
         }
         if self
@@ -181,30 +226,52 @@ impl Tracker {
         {
             self.scan_comm(&mut seen);
         }
-        for &(pid, g, ticks) in &seen {
-            let before = match self.last.get(&pid) {
-                Some(&(was, t)) if was == g => t,
-                // Appeared since the last sample: all its time falls after it, unless this is
-                // the first sample, which only sets where counting starts.
+        for s in &seen {
+            let before = match self.last.get(&(s.pid, s.group)) {
+                Some(r) if r.start == s.reading.start => r.ticks,
+                // Appeared since the last sample (or its pid was reused): all its time falls
+                // after it, unless this is the first sample, which only sets where counting
+                // starts.
                 _ if self.started => 0,
-                _ => ticks,
+                _ => s.reading.ticks,
             };
-            self.totals[g] = self.totals[g].saturating_add(ticks.saturating_sub(before));
+            self.totals[s.group] =
+                self.totals[s.group].saturating_add(s.reading.ticks.saturating_sub(before));
+            self.known[s.group] = true;
         }
-        self.last = seen.into_iter().map(|(p, g, t)| (p, (g, t))).collect();
+        self.last = seen
+            .into_iter()
+            .map(|s| ((s.pid, s.group), s.reading))
+            .collect();
         self.started = true;
         Snapshot {
             at: Instant::now(),
             groups: self.totals.clone(),
+            known: self.known.clone(),
             machine: read_machine(),
         }
     }
 
-    /// Adds the processes of the command-name groups; a process's name is read once.
-    fn scan_comm(&mut self, seen: &mut Vec<(u32, usize, u64)>) {
+    /// The command-name group of the process `pid`, from its name.
+    fn group_named(&self, pid: u32) -> Option<usize> {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        let comm = comm.trim_end();
+        self.groups
+            .iter()
+            .position(|g| matches!(&g.members, Members::Comm(c) if c == comm))
+    }
+
+    /// Adds the processes of the command-name groups. A process's name is read once, again
+    /// when its start time changes (a reused pid), and for processes in no group every
+    /// [`RENAME_EVERY`] scans.
+    fn scan_comm(&mut self, seen: &mut Vec<Seen>) {
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return;
         };
+        if self.scans.is_multiple_of(RENAME_EVERY) {
+            self.comm_of.retain(|_, c| c.is_some());
+        }
+        self.scans += 1;
         let mut alive = HashMap::with_capacity(self.comm_of.len());
         for entry in dir.flatten() {
             let Some(pid) = entry
@@ -214,52 +281,54 @@ impl Tracker {
             else {
                 continue;
             };
-            let group = match self.comm_of.get(&pid) {
-                Some(g) => *g,
-                None => std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .ok()
-                    .and_then(|comm| {
-                        let comm = comm.trim_end();
-                        self.groups
-                            .iter()
-                            .position(|g| matches!(&g.members, Members::Comm(c) if c == comm))
-                    }),
+            let found = match self.comm_of.get(&pid).copied() {
+                Some(None) => None,
+                Some(Some((group, start))) => match read_proc(pid) {
+                    Some(reading) if reading.start == start => Some((group, reading)),
+                    Some(_) => self.group_named(pid).zip(read_proc(pid)),
+                    None => None,
+                },
+                None => self
+                    .group_named(pid)
+                    .and_then(|g| Some((g, read_proc(pid)?))),
             };
-            alive.insert(pid, group);
-            if let Some(g) = group
-                && let Some(t) = read_ticks(pid)
-            {
-                seen.push((pid, g, t));
+            alive.insert(pid, found.map(|(g, r)| (g, r.start)));
+            if let Some((group, reading)) = found {
+                seen.push(Seen {
+                    pid,
+                    group,
+                    reading,
+                });
             }
         }
-        // Forget the ended processes, so a reused pid has its name read again.
+        // Ended processes are forgotten.
         self.comm_of = alive;
     }
 }
 
 /// Reads the groups' CPU times every [`SAMPLE_EVERY`] until finished.
 pub struct Sampler {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<(Tracker, Vec<Snapshot>)>,
+    stop: mpsc::Sender<()>,
+    task: JoinHandle<Vec<Snapshot>>,
     names: Vec<String>,
 }
 
 impl Sampler {
     pub fn start(groups: Vec<Group>) -> Self {
         let names = groups.iter().map(|g| g.name.clone()).collect();
-        let (stop, mut stopped) = oneshot::channel();
+        let (stop, stopped) = mpsc::channel::<()>();
+        // Reading /proc blocks: a thread of its own, woken by the stop at once.
         let task = tokio::task::spawn_blocking(move || {
             let mut tracker = Tracker::new(groups);
             let mut snapshots = vec![tracker.sample()];
             let mut next = Instant::now() + SAMPLE_EVERY;
             loop {
-                match stopped.try_recv() {
-                    Err(oneshot::error::TryRecvError::Empty) => {}
-                    _ => return (tracker, snapshots),
-                }
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
-                next += SAMPLE_EVERY;
+                let stop = stopped.recv_timeout(next.saturating_duration_since(Instant::now()));
                 snapshots.push(tracker.sample());
+                if !matches!(stop, Err(mpsc::RecvTimeoutError::Timeout)) {
+                    return snapshots;
+                }
+                next += SAMPLE_EVERY;
             }
         });
         Self { stop, task, names }
@@ -268,16 +337,9 @@ impl Sampler {
     /// Stops sampling, with a last sample taken now.
     pub async fn finish(self) -> Samples {
         let _ = self.stop.send(());
-        let snapshots = match self.task.await {
-            Ok((mut tracker, mut snapshots)) => {
-                snapshots.push(tracker.sample());
-                snapshots
-            }
-            Err(_) => Vec::new(),
-        };
         Samples {
             names: self.names,
-            snapshots,
+            snapshots: self.task.await.unwrap_or_default(),
         }
     }
 }
@@ -289,16 +351,24 @@ pub struct Samples {
     pub snapshots: Vec<Snapshot>,
 }
 
+/// The cumulative figures at one instant, interpolated between samples.
+struct Point {
+    at: Instant,
+    groups: Vec<f64>,
+    known: Vec<bool>,
+    machine: Option<[f64; 3]>,
+}
+
+fn machine_array(m: Option<MachineTicks>) -> Option<[f64; 3]> {
+    m.map(|m| [m.busy as f64, m.idle as f64, m.steal as f64])
+}
+
 impl Samples {
-    /// The use between `from` and `to`, from the samples nearest to each; `None` when the
-    /// samples do not make a window of at least one sample interval.
+    /// The use between `from` and `to`, each end interpolated between the samples around it
+    /// (an end outside the samples is moved to the nearest one); `None` when what is left is
+    /// shorter than half a sample interval.
     pub fn window(&self, from: Instant, to: Instant) -> Option<Usage> {
-        let nearest = |t: Instant| {
-            self.snapshots
-                .iter()
-                .min_by_key(|s| if s.at >= t { s.at - t } else { t - s.at })
-        };
-        let (a, b) = (nearest(from)?, nearest(to)?);
+        let (a, b) = (self.point(from)?, self.point(to)?);
         let secs = b.at.checked_duration_since(a.at)?.as_secs_f64();
         if secs < SAMPLE_EVERY.as_secs_f64() / 2.0 {
             return None;
@@ -306,8 +376,15 @@ impl Samples {
         let groups = self
             .names
             .iter()
-            .zip(a.groups.iter().zip(&b.groups))
-            .map(|(n, (x, y))| (n.clone(), y.saturating_sub(*x) as f64 / TICKS_PER_SEC))
+            .enumerate()
+            .map(|(g, n)| {
+                let known = b.known.get(g).copied().unwrap_or(false);
+                let used = match (a.groups.get(g), b.groups.get(g)) {
+                    (Some(x), Some(y)) if known => Some((y - x).max(0.0) / TICKS_PER_SEC),
+                    _ => None,
+                };
+                (n.clone(), used)
+            })
             .collect();
         let machine = match (a.machine, b.machine) {
             (Some(x), Some(y)) => shares(x, y),
@@ -319,12 +396,51 @@ impl Samples {
             machine,
         })
     }
+
+    fn point(&self, t: Instant) -> Option<Point> {
+        let first = self.snapshots.first()?;
+        let last = self.snapshots.last()?;
+        let exact = |s: &Snapshot| Point {
+            at: s.at,
+            groups: s.groups.iter().map(|&v| v as f64).collect(),
+            known: s.known.clone(),
+            machine: machine_array(s.machine),
+        };
+        if t <= first.at {
+            return Some(exact(first));
+        }
+        if t >= last.at {
+            return Some(exact(last));
+        }
+        let i = self.snapshots.partition_point(|s| s.at <= t);
+        let (a, b) = (&self.snapshots[i - 1], self.snapshots.get(i)?);
+        let span = b.at.saturating_duration_since(a.at).as_secs_f64();
+        let f = if span > 0.0 {
+            t.saturating_duration_since(a.at).as_secs_f64() / span
+        } else {
+            0.0
+        };
+        let lerp = |x: f64, y: f64| x + (y - x) * f;
+        Some(Point {
+            at: t,
+            groups: a
+                .groups
+                .iter()
+                .zip(&b.groups)
+                .map(|(&x, &y)| lerp(x as f64, y as f64))
+                .collect(),
+            // Known from the sample before: a group first read after it counts from there.
+            known: a.known.clone(),
+            machine: match (machine_array(a.machine), machine_array(b.machine)) {
+                (Some(x), Some(y)) => Some([lerp(x[0], y[0]), lerp(x[1], y[1]), lerp(x[2], y[2])]),
+                _ => None,
+            },
+        })
+    }
 }
 
-fn shares(a: MachineTicks, b: MachineTicks) -> Option<Shares> {
-    let busy = b.busy.checked_sub(a.busy)? as f64;
-    let idle = b.idle.checked_sub(a.idle)? as f64;
-    let steal = b.steal.checked_sub(a.steal)? as f64;
+fn shares(a: [f64; 3], b: [f64; 3]) -> Option<Shares> {
+    let [busy, idle, steal] = [b[0] - a[0], b[1] - a[1], b[2] - a[2]].map(|v| v.max(0.0));
     let all = busy + idle + steal;
     (all > 0.0).then(|| Shares {
         busy: busy / all,
@@ -342,12 +458,12 @@ fn round(v: f64, places: i32) -> f64 {
 impl Usage {
     /// `{"window_s", "machine": {busy, idle, steal shares}, "cores": {group: cores used}}`,
     /// and `"ms_per_accepted"` (each group's and the machine's CPU milliseconds per accepted
-    /// order) when `accepted` is given and not zero.
+    /// call) when `accepted` is given and not zero. An unknown group is `null`.
     pub fn to_json(&self, accepted: Option<usize>) -> Value {
         let cores: Map<String, Value> = self
             .groups
             .iter()
-            .map(|(n, s)| (n.clone(), json!(round(s / self.secs, 3))))
+            .map(|(n, s)| (n.clone(), json!(s.map(|s| round(s / self.secs, 3)))))
             .collect();
         let mut v = json!({
             "window_s": round(self.secs, 2),
@@ -363,7 +479,7 @@ impl Usage {
             let mut ms: Map<String, Value> = self
                 .groups
                 .iter()
-                .map(|(g, s)| (g.clone(), json!(per(*s))))
+                .map(|(g, s)| (g.clone(), json!(s.map(per))))
                 .collect();
             ms.insert(
                 "machine".into(),
@@ -374,7 +490,8 @@ impl Usage {
         v
     }
 
-    /// `machine 96% busy, 1% idle, 3% stolen; order 0.62 cores, …` (largest first).
+    /// `machine 96% busy, 1% idle, 3% stolen; cores used: order 0.62, …` (largest first,
+    /// unknown groups left out).
     pub fn cores_text(&self) -> String {
         let machine = self.machine.map_or("machine ?".to_owned(), |m| {
             format!(
@@ -386,7 +503,7 @@ impl Usage {
         });
         let groups = self
             .largest_first()
-            .map(|(n, s)| format!("{n} {:.2}", *s / self.secs))
+            .map(|(n, s)| format!("{n} {:.2}", s / self.secs))
             .collect::<Vec<_>>()
             .join(", ");
         format!("{machine}; cores used: {groups}")
@@ -395,17 +512,17 @@ impl Usage {
     /// `0.61 ms on the machine = postgresql 0.20 + order 0.15 + … (+ 0.06 elsewhere)`.
     pub fn per_accepted_text(&self, accepted: usize) -> String {
         if accepted == 0 {
-            return "no accepted order".into();
+            return "none accepted".into();
         }
         let per = |s: f64| s * 1000.0 / accepted as f64;
         let parts = self
             .largest_first()
-            .map(|(n, s)| format!("{n} {:.3}", per(*s)))
+            .map(|(n, s)| format!("{n} {:.3}", per(s)))
             .collect::<Vec<_>>()
             .join(" + ");
         match self.machine {
             Some(m) => {
-                let named: f64 = self.groups.iter().map(|(_, s)| s).sum();
+                let named: f64 = self.groups.iter().filter_map(|(_, s)| *s).sum();
                 format!(
                     "{:.3} ms on the machine = {parts} (+ {:.3} elsewhere)",
                     per(m.busy_secs),
@@ -416,8 +533,13 @@ impl Usage {
         }
     }
 
-    fn largest_first(&self) -> impl Iterator<Item = &(String, f64)> {
-        let mut v: Vec<&(String, f64)> = self.groups.iter().collect();
+    /// The known groups, largest first.
+    fn largest_first(&self) -> impl Iterator<Item = (&str, f64)> {
+        let mut v: Vec<(&str, f64)> = self
+            .groups
+            .iter()
+            .filter_map(|(n, s)| Some((n.as_str(), (*s)?)))
+            .collect();
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
         v.into_iter()
     }
@@ -460,6 +582,7 @@ mod tests {
         Snapshot {
             at,
             groups: groups.to_vec(),
+            known: vec![true; groups.len()],
             machine: Some(MachineTicks {
                 busy: machine.0,
                 idle: machine.1,
@@ -468,11 +591,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_window_takes_the_samples_nearest_to_its_ends() {
-        let t0 = Instant::now();
+    fn samples(t0: Instant) -> Samples {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let samples = Samples {
+        Samples {
             names: vec!["order".into(), "postgresql".into()],
             snapshots: vec![
                 snap(at(0), &[0, 0], (0, 0, 0)),
@@ -480,12 +601,22 @@ mod tests {
                 snap(at(1100), &[105, 69], (194, 5, 1)),
                 snap(at(2100), &[106, 70], (196, 198, 6)),
             ],
-        };
-        let u = samples.window(at(120), at(1080)).expect("a window");
+        }
+    }
+
+    #[test]
+    fn a_window_is_the_difference_of_its_ends() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let samples = samples(t0);
+        let u = samples.window(at(100), at(1100)).expect("a window");
         assert!((u.secs - 1.0).abs() < 1e-9, "{}", u.secs);
         assert_eq!(
             u.groups,
-            vec![("order".to_owned(), 1.0), ("postgresql".to_owned(), 0.6)]
+            vec![
+                ("order".to_owned(), Some(1.0)),
+                ("postgresql".to_owned(), Some(0.6))
+            ]
         );
         let m = u.machine.expect("machine shares");
         assert!((m.busy - 1.0).abs() < 1e-9 && m.idle == 0.0 && m.steal == 0.0);
@@ -506,6 +637,28 @@ mod tests {
     }
 
     #[test]
+    fn a_window_s_ends_are_interpolated_between_samples_and_kept_within_them() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let samples = samples(t0);
+        // Halfway from 100 ms to 1100 ms: order at 55 ticks, postgresql at 39.
+        let u = samples.window(at(600), at(1100)).expect("a window");
+        assert!((u.secs - 0.5).abs() < 1e-6, "{}", u.secs);
+        let order = u.groups[0].1.expect("known");
+        let pg = u.groups[1].1.expect("known");
+        assert!(
+            (order - 0.5).abs() < 1e-6 && (pg - 0.3).abs() < 1e-6,
+            "{u:?}"
+        );
+        // Past the last sample: the last sample.
+        let late = samples
+            .window(at(1100), at(9000))
+            .expect("a window up to the last sample");
+        assert!((late.secs - 1.0).abs() < 1e-6, "{}", late.secs);
+        assert!((late.groups[0].1.expect("known") - 0.01).abs() < 1e-9);
+    }
+
+    #[test]
     fn no_window_without_two_samples_apart() {
         let t0 = Instant::now();
         let one = Samples {
@@ -518,15 +671,66 @@ mod tests {
             snapshots: vec![],
         };
         assert_eq!(none.window(t0, t0 + Duration::from_secs(1)), None);
+        let short = samples(t0);
+        assert_eq!(
+            short.window(
+                t0 + Duration::from_millis(100),
+                t0 + Duration::from_millis(120)
+            ),
+            None
+        );
     }
 
-    fn spin(for_: Duration) -> u64 {
-        let until = Instant::now() + for_;
-        let mut x = 0u64;
-        while Instant::now() < until {
-            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+    #[test]
+    fn a_group_never_read_is_unknown_not_zero() {
+        let t0 = Instant::now();
+        let mut s = samples(t0);
+        for snap in &mut s.snapshots {
+            snap.known[1] = false;
         }
-        x
+        let u = s
+            .window(t0, t0 + Duration::from_millis(2100))
+            .expect("a window");
+        assert_eq!(u.groups[1], ("postgresql".to_owned(), None));
+        let j = u.to_json(Some(10));
+        assert!(j["cores"]["postgresql"].is_null() && j["ms_per_accepted"]["postgresql"].is_null());
+        assert!(j["cores"]["order"].is_number());
+        assert!(!u.cores_text().contains("postgresql"), "{}", u.cores_text());
+    }
+
+    #[test]
+    fn the_start_time_is_read_after_a_name_with_spaces_and_parens() {
+        let stat = "4242 (flashsale (x) y) S 1 4242 4242 0 -1 4194304 101 0 0 0 \
+            250 17 0 0 20 0 5 0 22562 3133440 409";
+        assert_eq!(
+            parse_stat(stat),
+            Some(Reading {
+                start: 22562,
+                ticks: 267
+            })
+        );
+        assert_eq!(
+            parse_stat("12 (x) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16"),
+            None
+        );
+    }
+
+    /// Spins until this process has used `ticks` more CPU ticks, for at most 10 s of wall
+    /// time (a loaded machine gives it less than a core).
+    fn burn(ticks: u64) {
+        let me = std::process::id();
+        let from = read_proc(me).expect("this process").ticks;
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut x = 0u64;
+        while read_proc(me).expect("this process").ticks < from + ticks {
+            assert!(
+                Instant::now() < until,
+                "could not burn {ticks} ticks in 10 s"
+            );
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+        }
     }
 
     #[test]
@@ -536,16 +740,45 @@ mod tests {
             pid: None,
         }]));
         let a = t.sample();
-        spin(Duration::from_millis(400));
+        burn(30);
         let b = t.sample();
         let names: Vec<&str> = t.groups.iter().map(|g| g.name.as_str()).collect();
         assert_eq!(names, ["gone", "bench", "postgresql", "redis", "rabbitmq"]);
-        // `gone` has no pid: nothing. This process spun for 0.4 s: at least ~0.2 s counted
-        // even on a machine busy with other work.
-        assert_eq!(b.groups[0], 0);
-        assert!(b.groups[1] - a.groups[1] >= 20, "{a:?} {b:?}");
+        // `gone` has no pid: never read, unknown.
+        assert_eq!((b.groups[0], b.known[0]), (0, false));
+        assert!(b.known[1]);
+        assert!(b.groups[1] - a.groups[1] >= 30, "{a:?} {b:?}");
         let (ma, mb) = (a.machine.expect("machine"), b.machine.expect("machine"));
         assert!(mb.busy - ma.busy >= 20, "{ma:?} {mb:?}");
+    }
+
+    #[test]
+    fn a_process_in_two_groups_is_counted_once_in_each() {
+        let me = Some(std::process::id());
+        let mut t = Tracker::new(groups(&[
+            ServicePid {
+                name: "one".into(),
+                pid: me,
+            },
+            ServicePid {
+                name: "two".into(),
+                pid: me,
+            },
+        ]));
+        // A lifetime of CPU already used, which a miscount would add again at every sample.
+        burn(50);
+        t.sample();
+        burn(20);
+        t.sample();
+        burn(20);
+        let end = t.sample();
+        for g in 0..3 {
+            let counted = end.groups[g];
+            assert!(
+                (40..=70).contains(&counted),
+                "group {g}: {counted} ticks, {end:?}"
+            );
+        }
     }
 
     #[test]
@@ -562,17 +795,22 @@ mod tests {
         ]);
         let before = t.sample();
         assert_eq!(before.groups, vec![0, 0]);
-        // Busy for a few seconds at most (a bounded count), killed once sampled.
+        assert_eq!(before.known, vec![false, false]);
+        // Busy for some seconds at most (a bounded count), killed once counted.
         let mut child = std::process::Command::new(&link)
             .args(["-c", "i=0; while [ $i -lt 3000000 ]; do i=$((i+1)); done"])
             .spawn()
             .expect("spawn the burner");
-        std::thread::sleep(Duration::from_millis(300));
-        let during = t.sample();
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut during = t.sample();
+        while during.groups[0] == 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(100));
+            during = t.sample();
+        }
         let _ = child.kill();
         let _ = child.wait();
         let _ = std::fs::remove_dir_all(&dir);
-        assert!(during.groups[0] > 0, "{during:?}");
-        assert_eq!(during.groups[1], 0);
+        assert!(during.groups[0] > 0 && during.known[0], "{during:?}");
+        assert_eq!((during.groups[1], during.known[1]), (0, false));
     }
 }

@@ -230,7 +230,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let services = args.pids.services();
     let mut results: Vec<ModeReport> = Vec::new();
     for (round, mode) in (1..=args.rounds).flat_map(|r| args.modes.iter().map(move |m| (r, m))) {
-        // A product (and gate keys) of its own per round: a sale sells out once.
+        // A product (and gate keys) of its own per mode and round: a sale sells out once.
         let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_uppercase();
         let sku = format!("BENCH-{tag}");
         let idle =

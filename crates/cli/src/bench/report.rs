@@ -162,9 +162,15 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
         if let Some(u) = &r.cpu.requests {
             println!("    cpu over the requests: {}", u.cores_text());
         }
+        // The no-op and the raw insert accept every call: their intake is the run, per call.
+        let per = if r.m.name.starts_with("no-op") || r.m.name.starts_with("raw insert") {
+            "call"
+        } else {
+            "accepted order"
+        };
         if let Some(u) = &r.cpu.intake {
             println!(
-                "    cpu per accepted order over the intake ({:.2} s): {}",
+                "    cpu per {per} over the intake ({:.2} s): {}",
                 u.secs,
                 u.per_accepted_text(r.m.accepted)
             );
@@ -314,6 +320,7 @@ mod tests {
         let snap = |ms: u64, ticks: u64| Snapshot {
             at: at(ms),
             groups: vec![ticks],
+            known: vec![true],
             machine: Some(MachineTicks {
                 busy: ticks * 2,
                 idle: 0,
@@ -334,7 +341,7 @@ mod tests {
         };
         let cpu = Cpu::of(&m, Some(&saga), &samples);
         let secs = |u: &Option<Usage>| u.as_ref().map(|u| (u.secs * 10.0).round() / 10.0);
-        let order = |u: &Option<Usage>| u.as_ref().map(|u| u.groups[0].1);
+        let order = |u: &Option<Usage>| u.as_ref().and_then(|u| u.groups[0].1);
         // ticks at sample k are k²: 0 → 20 (intake) is 400 ticks, 20 → 50 (saga) 2,100.
         assert_eq!(
             (secs(&cpu.requests), order(&cpu.requests)),

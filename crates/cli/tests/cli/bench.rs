@@ -320,8 +320,10 @@ async fn the_report_tells_where_the_cpu_went_per_process_and_on_the_machine() {
     // The stack (this test process) answered the calls, the bench process made them.
     assert!(cpu["cores"]["stack"].as_f64().unwrap() > 0.0, "{cpu}");
     assert!(cpu["cores"]["bench"].as_f64().unwrap() > 0.0, "{cpu}");
+    // The servers are listed, as a figure or, where no process of theirs is visible, null.
+    let cores = cpu["cores"].as_object().unwrap();
     for server in ["postgresql", "redis", "rabbitmq"] {
-        assert!(cpu["cores"][server].as_f64().unwrap() >= 0.0, "{cpu}");
+        assert!(cores.contains_key(server), "{cpu}");
     }
     assert!(cpu.get("ms_per_accepted").is_none(), "{cpu}");
     // Every answered empty call counts as accepted: the intake is the whole run, and its CPU
@@ -333,8 +335,9 @@ async fn the_report_tells_where_the_cpu_went_per_process_and_on_the_machine() {
         per["machine"].as_f64().unwrap(),
     );
     assert!(stack > 0.0 && bench > 0.0, "{per}");
-    // The machine's busy time holds both processes' (ticks round, hence the slack).
-    assert!(machine + 0.01 >= stack + bench, "{per}");
+    // The machine's busy time holds both processes' (each is counted in whole ticks, and
+    // the two are read apart, hence the slack).
+    assert!(machine >= 0.9 * (stack + bench), "{per}");
 }
 
 #[tokio::test]
