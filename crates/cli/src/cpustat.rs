@@ -533,12 +533,14 @@ impl Usage {
         }
     }
 
-    /// The known groups, largest first.
+    /// The known groups that used any CPU, largest first (the text leaves out the idle ones;
+    /// the JSON has them all).
     fn largest_first(&self) -> impl Iterator<Item = (&str, f64)> {
         let mut v: Vec<(&str, f64)> = self
             .groups
             .iter()
             .filter_map(|(n, s)| Some((n.as_str(), (*s)?)))
+            .filter(|(_, s)| *s > 0.0)
             .collect();
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
         v.into_iter()
@@ -696,6 +698,17 @@ mod tests {
         assert!(j["cores"]["postgresql"].is_null() && j["ms_per_accepted"]["postgresql"].is_null());
         assert!(j["cores"]["order"].is_number());
         assert!(!u.cores_text().contains("postgresql"), "{}", u.cores_text());
+        assert!(u.cores_text().contains("order 0.50"), "{}", u.cores_text());
+        // A group that used nothing is left out of the text too.
+        let mut idle = s.clone();
+        for snap in &mut idle.snapshots {
+            snap.groups[0] = 0;
+        }
+        let u = idle
+            .window(t0, t0 + Duration::from_millis(2100))
+            .expect("a window");
+        assert!(!u.cores_text().contains("order"), "{}", u.cores_text());
+        assert_eq!(u.to_json(None)["cores"]["order"], json!(0.0));
     }
 
     #[test]
