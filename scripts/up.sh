@@ -65,9 +65,26 @@ show_log_tail() { # service
     if [[ -s "$logf" ]]; then
         printf '%s: --- last lines of %s ---\n' "$SCRIPT" "$logf" >&2
         tail -n 40 "$logf" | sed 's/^/    /' >&2
+        explain_port_taken "$1" "$logf"
     else
         printf '%s: (%s is empty)\n' "$SCRIPT" "$logf" >&2
     fi
+}
+
+# When a service could not bind its port, shows who holds it. The default ports (50051–50053)
+# lie inside Linux's ephemeral range, so an outgoing connection of any program can hold one
+# for as long as it stays open (seen once here, right after a benchmark).
+explain_port_taken() { # service log
+    local port
+    port="$(grep -aoE 'bind gRPC listener on [^ ]+:[0-9]+' "$2" | tail -n 1 | sed -E 's/.*:([0-9]+)$/\1/')" || true
+    [[ -n "$port" ]] && grep -aq 'Address already in use' "$2" || return 0
+    printf '%s: port %s is taken; its sockets now:\n' "$SCRIPT" "$port" >&2
+    if have ss; then
+        ss -tanp "( sport = :$port )" 2>/dev/null | sed 's/^/    /' >&2 || true
+    fi
+    printf '%s: if that is an outgoing connection (ephemeral range: %s), wait for it to close or give %s another port (FLASHSALE_%s__GRPC__ADDR)\n' \
+        "$SCRIPT" "$(tr '\t' '-' </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo '?')" \
+        "$1" "$(tr 'a-z-' 'A-Z_' <<<"$1")" >&2
 }
 
 # The CLI finds the services through these (only set when the caller did not).
