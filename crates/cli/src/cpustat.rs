@@ -19,13 +19,10 @@ use std::{
 use serde_json::{Map, Value, json};
 use tokio::task::JoinHandle;
 
-use crate::procstat::{ServicePid, parse_cpu_ticks};
+use crate::procstat::{ServicePid, TICKS_PER_SEC, parse_cpu_ticks};
 
 /// How often the CPU times are read during a mode.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
-/// Units of `/proc/stat` and `/proc/<pid>/stat`: USER_HZ, 100 in Linux's ABI on x86-64 and
-/// arm64.
-const TICKS_PER_SEC: f64 = 100.0;
 /// Every this many scans of `/proc`, the names of processes outside every group are read
 /// again (a pid may have been reused by a server's process).
 const RENAME_EVERY: u64 = 10;

@@ -19,8 +19,9 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 const IDLE_WINDOW: Duration = Duration::from_secs(1);
 /// Idle: the services together use less than this share of one core over [`IDLE_WINDOW`].
 const IDLE_CPU_SHARE: f64 = 0.05;
-/// Units of `utime`/`stime` in `/proc/<pid>/stat`: USER_HZ, fixed at 100 in Linux's ABI.
-const TICKS_PER_SEC: f64 = 100.0;
+/// Units of `/proc/stat` and of `utime`/`stime` in `/proc/<pid>/stat`: USER_HZ, 100 in
+/// Linux's ABI on x86-64 and arm64.
+pub const TICKS_PER_SEC: f64 = 100.0;
 /// The services `scripts/up.sh` runs, whose pid files are read by default.
 const SERVICES: [&str; 3] = ["product-stock", "order", "outbound"];
 
