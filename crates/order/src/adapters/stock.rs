@@ -26,8 +26,15 @@ pub struct Granted {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GateBuyers {
     pub available: i64,
-    /// Every buyer, or `None` when the gate had too many to list.
+    /// Every buyer, or `None` when the gate had too many to list or the list asked about is
+    /// [`unchanged`](Self::unchanged).
     pub users: Option<Vec<String>>,
+    /// The product's refills count (bumped whenever units may come back to the gate); `""` from
+    /// a gate that does not keep one.
+    pub refills: String,
+    /// The refills count was still the one asked about: no units came back since that list was
+    /// read, so it still holds every buyer while `available` is at most zero.
+    pub unchanged: bool,
 }
 
 /// Most buyers asked for in one read (the list must fit in one message).
@@ -46,8 +53,9 @@ pub trait StockPort: Send + Sync + 'static {
         quantity: i64,
     ) -> Result<Granted, OrderError>;
 
-    /// The gate's available counter and buyers of `sku`, in one atomic read.
-    async fn buyers(&self, sku: &str) -> Result<GateBuyers, OrderError>;
+    /// The gate's available counter and buyers of `sku`, in one atomic read; no list when the
+    /// product's refills count is still `known_refills` (`""`: always a list).
+    async fn buyers(&self, sku: &str, known_refills: &str) -> Result<GateBuyers, OrderError>;
 }
 
 /// [`StockPort`] over product-stock's gRPC API. Concurrent reservations are coalesced into
@@ -213,10 +221,11 @@ impl StockPort for GrpcStock {
         }
     }
 
-    async fn buyers(&self, sku: &str) -> Result<GateBuyers, OrderError> {
+    async fn buyers(&self, sku: &str, known_refills: &str) -> Result<GateBuyers, OrderError> {
         let msg = GetGateBuyersRequest {
             sku: sku.to_owned(),
             max_buyers: MAX_LISTED_BUYERS,
+            known_refills: known_refills.to_owned(),
         };
         let req = flashsale_platform::grpc::service_request(msg, &self.token)
             .map_err(|e| OrderError::Internal(anyhow::anyhow!("service request: {e}")))?;
@@ -226,6 +235,8 @@ impl StockPort for GrpcStock {
                 Ok(GateBuyers {
                     available: r.gate_available,
                     users: r.complete.then_some(r.user_ids),
+                    refills: r.refills,
+                    unchanged: r.unchanged,
                 })
             }
             Err(s) => Err(map_status(s, sku)),

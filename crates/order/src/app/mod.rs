@@ -1,7 +1,7 @@
 //! Order use cases over the order database, the stock gate port and the outbox. The gRPC
 //! adapter and the event consumers call these; nothing here knows about tonic or lapin.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use flashsale_messaging::{DelayQueue, envelope};
 use flashsale_proto::{
@@ -29,7 +29,7 @@ pub use place::{
 };
 pub use query::WatchHub;
 pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
-pub use sold_out::{SoldOutCache, Verdict};
+pub use sold_out::{Load, SoldOutCache, Verdict};
 
 /// The name this service signs its events with.
 pub const PRODUCER: &str = "order";
@@ -115,13 +115,15 @@ impl Orders {
     /// The gate answered SOLD_OUT for `sku`: read who may still be replaying an accepted request
     /// for it, in the background, and refuse everyone else from memory once that is known.
     fn remember_sold_out(&self, sku: &str) {
-        let Some(generation) = self.sold_out.begin_load(sku) else {
+        let Some(load) = self.sold_out.begin_load(sku) else {
             return;
         };
-        let (this, sku) = (self.clone(), sku.to_owned());
+        let (this, sku, generation) = (self.clone(), sku.to_owned(), load.generation);
         tokio::spawn(async move {
-            match this.possible_replayers(&sku).await {
-                Ok(Some(users)) => this.sold_out.install(&sku, generation, users),
+            match this.possible_replayers(&sku, load.previous).await {
+                Ok(Some((users, refills))) => {
+                    this.sold_out.install(&sku, generation, users, &refills);
+                }
                 Ok(None) => this.sold_out.abandon(&sku, generation),
                 Err(e) => {
                     tracing::warn!(error = %e, %sku, "could not read a sold-out product's buyers; asking the gate meanwhile");
@@ -132,19 +134,35 @@ impl Orders {
     }
 
     /// The gate's buyers (read with the counter, so orders still being written anywhere are in)
-    /// plus every user with an order here (cancelled ones left the gate's count); `None` when
-    /// the product is not sold out after all or has too many buyers to list.
+    /// plus every user with an order here (cancelled ones left the gate's count), with the
+    /// gate's refills count; `None` when the product is not sold out after all or has too many
+    /// buyers to list. With `previous` (the list that just expired and its refills count) the
+    /// gate first checks the count: if no units came back since, `previous` still holds and
+    /// nothing else is read.
     async fn possible_replayers(
         &self,
         sku: &str,
-    ) -> Result<Option<std::collections::HashSet<String>>, crate::domain::OrderError> {
-        let gate = self.stock.buyers(sku).await?;
-        let Some(users) = gate.users.filter(|_| gate.available <= 0) else {
+        previous: Option<(Arc<HashSet<String>>, String)>,
+    ) -> Result<Option<(Arc<HashSet<String>>, String)>, crate::domain::OrderError> {
+        let known = previous.as_ref().map_or("", |(_, r)| r.as_str());
+        let gate = self.stock.buyers(sku, known).await?;
+        if gate.available > 0 {
+            return Ok(None);
+        }
+        if gate.unchanged {
+            let Some((list, _)) = previous else {
+                return Ok(None);
+            };
+            metrics::counter!("flashsale_sold_out_list_reads_total", "read" => "kept").increment(1);
+            return Ok(Some((list, gate.refills)));
+        }
+        let Some(users) = gate.users else {
             return Ok(None);
         };
         let mut all = crate::adapters::db::users_with_orders(&self.db, sku).await?;
         all.extend(users);
-        Ok(Some(all))
+        metrics::counter!("flashsale_sold_out_list_reads_total", "read" => "full").increment(1);
+        Ok(Some((Arc::new(all), gate.refills)))
     }
 
     async fn failpoint(&self, name: &str) -> Result<(), crate::domain::OrderError> {

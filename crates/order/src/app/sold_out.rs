@@ -18,6 +18,14 @@
 //! and `stock.gate_refilled` (a repair or rebuild that raised the gate) events (a broadcast
 //! subscription per replica) and forgets the product, and the entry's short life bounds the
 //! rest.
+//!
+//! Re-reading a list when it expires would cost the gate, the database and this replica a read
+//! of every buyer, every TTL, on every replica, for as long as requests keep coming (with
+//! 100,000 buyers, a few tens of milliseconds of each per second). So a list keeps the gate's
+//! *refills count* it was read with, and the re-read first asks the gate whether that count
+//! moved (it moves whenever units may come back: a release, an adjustment, a repair, a
+//! rebuild). If it did not and the counter is still at zero, nobody can have bought since, and
+//! the same list is kept for another TTL without reading anything else.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -50,11 +58,23 @@ enum Entry {
         generation: u64,
         stale: Option<(Arc<HashSet<String>>, Instant)>,
     },
-    /// Sold out until `until`, with who may be replaying.
+    /// Sold out until `until`, with who may be replaying and the gate's refills count when
+    /// they were read.
     Ready {
         until: Instant,
         replayers: Arc<HashSet<String>>,
+        refills: String,
     },
+}
+
+/// A load to run: see [`SoldOutCache::begin_load`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Load {
+    /// Pass back to [`SoldOutCache::install`] or [`SoldOutCache::abandon`].
+    pub generation: u64,
+    /// The list that just expired, with the gate's refills count it was read with: if the
+    /// count has not moved and the product is still sold out, install it again as it is.
+    pub previous: Option<(Arc<HashSet<String>>, String)>,
 }
 
 /// The per-replica sold-out memory. Cheap to clone.
@@ -102,7 +122,9 @@ impl SoldOutCache {
                 }
             }
             Some(Entry::Loading { .. }) => Verdict::AskGate,
-            Some(Entry::Ready { until, replayers }) => {
+            Some(Entry::Ready {
+                until, replayers, ..
+            }) => {
                 if *until <= Instant::now() {
                     Verdict::Open
                 } else if replayers.contains(user_id) {
@@ -114,10 +136,11 @@ impl SoldOutCache {
         }
     }
 
-    /// The gate answered SOLD_OUT for `sku`: `Some(generation)` when the caller should read
-    /// the possible replayers and [`install`](Self::install) them; `None` when that is already
-    /// under way or fresh (or the cache is off).
-    pub fn begin_load(&self, sku: &str) -> Option<u64> {
+    /// The gate answered SOLD_OUT for `sku`: `Some(load)` when the caller should read the
+    /// possible replayers (or check that the list that just expired still holds) and
+    /// [`install`](Self::install) them; `None` when that is already under way or fresh (or the
+    /// cache is off).
+    pub fn begin_load(&self, sku: &str) -> Option<Load> {
         if self.ttl.is_zero() {
             return None;
         }
@@ -140,11 +163,16 @@ impl SoldOutCache {
         let generation = state.generation;
         // Only a list that expired less than a TTL ago keeps answering, and only until then:
         // one that expired long ago may predate units that came back without an event.
-        let stale = match state.entries.remove(sku) {
-            Some(Entry::Ready { replayers, until }) if until + self.ttl > now => {
-                Some((replayers, until + self.ttl))
-            }
-            _ => None,
+        let (stale, previous) = match state.entries.remove(sku) {
+            Some(Entry::Ready {
+                replayers,
+                until,
+                refills,
+            }) if until + self.ttl > now => (
+                Some((replayers.clone(), until + self.ttl)),
+                (!refills.is_empty()).then_some((replayers, refills)),
+            ),
+            _ => (None, None),
         };
         state.entries.insert(
             sku.to_owned(),
@@ -154,12 +182,22 @@ impl SoldOutCache {
                 stale,
             },
         );
-        Some(generation)
+        Some(Load {
+            generation,
+            previous,
+        })
     }
 
-    /// Installs the possible replayers read for the load started at `generation`; ignored if
-    /// the product was forgotten since (units came back while reading).
-    pub fn install(&self, sku: &str, generation: u64, replayers: HashSet<String>) {
+    /// Installs the possible replayers read for the load started at `generation`, with the
+    /// gate's refills count read with them; ignored if the product was forgotten since (units
+    /// came back while reading).
+    pub fn install(
+        &self,
+        sku: &str,
+        generation: u64,
+        replayers: impl Into<Arc<HashSet<String>>>,
+        refills: &str,
+    ) {
         let Ok(mut state) = self.inner.write() else {
             return;
         };
@@ -174,7 +212,8 @@ impl SoldOutCache {
                 sku.to_owned(),
                 Entry::Ready {
                     until,
-                    replayers: Arc::new(replayers),
+                    replayers: replayers.into(),
+                    refills: refills.to_owned(),
                 },
             );
         } else {
@@ -222,14 +261,14 @@ mod tests {
     async fn refuses_only_users_who_cannot_be_replaying() {
         let c = SoldOutCache::new(Duration::from_secs(60));
         assert_eq!(c.verdict("A", "bob"), Verdict::Open);
-        let g = c.begin_load("A").unwrap();
+        let g = c.begin_load("A").unwrap().generation;
         assert_eq!(
             c.verdict("A", "bob"),
             Verdict::AskGate,
             "loading asks the gate"
         );
         assert_eq!(c.begin_load("A"), None, "one load at a time");
-        c.install("A", g, set(&["alice"]));
+        c.install("A", g, set(&["alice"]), "");
         assert_eq!(c.verdict("A", "alice"), Verdict::AskGate);
         assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
         assert_eq!(c.verdict("B", "bob"), Verdict::Open);
@@ -238,20 +277,20 @@ mod tests {
     #[tokio::test]
     async fn a_list_read_before_units_came_back_is_not_installed() {
         let c = SoldOutCache::new(Duration::from_secs(60));
-        let g = c.begin_load("A").unwrap();
+        let g = c.begin_load("A").unwrap().generation;
         c.forget("A");
-        c.install("A", g, set(&[]));
+        c.install("A", g, set(&[]), "");
         assert_eq!(c.verdict("A", "bob"), Verdict::Open);
         // Forgetting another product also makes an older list stale (the generation is global).
-        let g = c.begin_load("A").unwrap();
+        let g = c.begin_load("A").unwrap().generation;
         c.forget("Z");
-        c.install("A", g, set(&[]));
+        c.install("A", g, set(&[]), "");
         assert_eq!(
             c.verdict("A", "bob"),
             Verdict::Open,
             "a stale list is dropped"
         );
-        let g = c.begin_load("A").unwrap();
+        let g = c.begin_load("A").unwrap().generation;
         c.abandon("A", g);
         assert_eq!(c.verdict("A", "bob"), Verdict::Open);
         assert!(
@@ -263,13 +302,13 @@ mod tests {
     #[tokio::test]
     async fn entries_expire_and_can_be_cleared() {
         let c = SoldOutCache::new(Duration::from_millis(30));
-        let g = c.begin_load("A").unwrap();
-        c.install("A", g, set(&[]));
+        let g = c.begin_load("A").unwrap().generation;
+        c.install("A", g, set(&[]), "");
         assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
         tokio::time::sleep(Duration::from_millis(60)).await;
         assert_eq!(c.verdict("A", "bob"), Verdict::Open);
-        let g = c.begin_load("A").unwrap();
-        c.install("A", g, set(&[]));
+        let g = c.begin_load("A").unwrap().generation;
+        c.install("A", g, set(&[]), "");
         c.clear();
         assert_eq!(c.verdict("A", "bob"), Verdict::Open);
     }
@@ -278,38 +317,78 @@ mod tests {
     async fn an_expired_list_keeps_refusing_while_it_is_read_again_unless_units_came_back() {
         let ttl = Duration::from_millis(200);
         let c = SoldOutCache::new(ttl);
-        let g = c.begin_load("A").unwrap();
-        c.install("A", g, set(&["alice"]));
+        let g = c.begin_load("A").unwrap().generation;
+        c.install("A", g, set(&["alice"]), "");
         tokio::time::sleep(Duration::from_millis(250)).await;
         // Expired (50 ms ago): the next request asks the gate, whose SOLD_OUT starts a re-read ...
         assert_eq!(c.verdict("A", "bob"), Verdict::Open);
-        let g = c.begin_load("A").unwrap();
+        let g = c.begin_load("A").unwrap().generation;
         // ... during which the previous list still answers.
         assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
         assert_eq!(c.verdict("A", "alice"), Verdict::AskGate);
-        c.install("A", g, set(&["alice", "carol"]));
+        c.install("A", g, set(&["alice", "carol"]), "");
         assert_eq!(c.verdict("A", "carol"), Verdict::AskGate);
         // Units coming back during a re-read drop the old list at once.
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let _ = c.begin_load("A").unwrap();
+        let _ = c.begin_load("A").unwrap().generation;
         assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
         c.forget("A");
         assert_eq!(c.verdict("A", "bob"), Verdict::Open);
         // A list that expired more than a TTL ago answers nothing: the re-read asks the gate.
-        let g = c.begin_load("A").unwrap();
-        c.install("A", g, set(&[]));
+        let g = c.begin_load("A").unwrap().generation;
+        c.install("A", g, set(&[]), "");
         tokio::time::sleep(Duration::from_millis(450)).await;
-        let _ = c.begin_load("A").unwrap();
+        let _ = c.begin_load("A").unwrap().generation;
         assert_eq!(c.verdict("A", "bob"), Verdict::AskGate);
         // A re-read that takes too long stops serving the old list one TTL after it expired.
         c.forget("A");
-        let g = c.begin_load("A").unwrap();
-        c.install("A", g, set(&[]));
+        let g = c.begin_load("A").unwrap().generation;
+        c.install("A", g, set(&[]), "");
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let _ = c.begin_load("A").unwrap();
+        let _ = c.begin_load("A").unwrap().generation;
         assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(c.verdict("A", "bob"), Verdict::AskGate);
+    }
+
+    #[tokio::test]
+    async fn an_expired_list_is_offered_back_with_its_refills_count_to_check() {
+        let ttl = Duration::from_millis(200);
+        let c = SoldOutCache::new(ttl);
+        let g = c.begin_load("A").unwrap();
+        assert_eq!(g.previous, None, "nothing to check the first time");
+        c.install("A", g.generation, set(&["alice"]), "42");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let load = c.begin_load("A").unwrap();
+        let (list, refills) = load.previous.clone().unwrap();
+        assert_eq!((*list).clone(), set(&["alice"]));
+        assert_eq!(refills, "42");
+        // Kept as it is: the same list answers for another TTL.
+        c.install("A", load.generation, list, &refills);
+        assert_eq!(c.verdict("A", "bob"), Verdict::Refuse);
+        assert_eq!(c.verdict("A", "alice"), Verdict::AskGate);
+        // A list read from a gate without a refills count is never kept: always read again.
+        c.forget("A");
+        let g = c.begin_load("A").unwrap();
+        c.install("A", g.generation, set(&[]), "");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(c.begin_load("A").unwrap().previous, None);
+        // Nor one that expired more than a TTL ago.
+        c.forget("A");
+        let g = c.begin_load("A").unwrap();
+        c.install("A", g.generation, set(&[]), "7");
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        assert_eq!(c.begin_load("A").unwrap().previous, None);
+        // Units coming back while the check runs drop whatever it installs.
+        c.forget("A");
+        let g = c.begin_load("A").unwrap();
+        c.install("A", g.generation, set(&[]), "7");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let load = c.begin_load("A").unwrap();
+        c.forget("A");
+        let (list, refills) = load.previous.unwrap();
+        c.install("A", load.generation, list, &refills);
+        assert_eq!(c.verdict("A", "bob"), Verdict::Open);
     }
 
     #[tokio::test]

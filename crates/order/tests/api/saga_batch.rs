@@ -26,7 +26,7 @@ impl StockPort for NoGate {
     async fn reserve(&self, _: Uuid, _: &str, _: &str, _: i64) -> Result<Granted, OrderError> {
         Err(OrderError::Unavailable("no gate in this test".into()))
     }
-    async fn buyers(&self, _: &str) -> Result<GateBuyers, OrderError> {
+    async fn buyers(&self, _: &str, _: &str) -> Result<GateBuyers, OrderError> {
         Err(OrderError::Unavailable("no gate in this test".into()))
     }
 }

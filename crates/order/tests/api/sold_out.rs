@@ -12,7 +12,7 @@ use std::{
 
 use flashsale_order::{
     adapters::stock::{GateBuyers, Granted, StockPort},
-    app::{Orders, SOLD_OUT_REMEMBERED, WatchHub, write_pending},
+    app::{Orders, SOLD_OUT_REMEMBERED, Verdict, WatchHub, write_pending},
     config::SagaSettings,
     domain::{OrderError, PlaceOrder, Policy},
 };
@@ -24,10 +24,35 @@ use sea_orm_migration::MigratorTrait as _;
 
 use crate::helpers::{TestApp, as_admin, as_user, create_req, reason, spawn_stack};
 
-/// A gate that is sold out and lists `buyers`; counts the reservations it is asked for.
+/// A gate that is sold out and lists its buyers with a refills count (no list when the caller
+/// knows the count); counts the reservations it is asked for and the lists it sends.
 struct SoldOutGate {
     reserves: AtomicUsize,
-    buyers: Vec<String>,
+    /// The buyers and the refills count.
+    state: std::sync::Mutex<(Vec<String>, String)>,
+    full_reads: AtomicUsize,
+    kept_reads: AtomicUsize,
+}
+
+impl SoldOutGate {
+    fn new(buyers: &[&str], refills: &str) -> Self {
+        Self {
+            reserves: AtomicUsize::new(0),
+            state: std::sync::Mutex::new((
+                buyers.iter().map(|b| (*b).to_owned()).collect(),
+                refills.to_owned(),
+            )),
+            full_reads: AtomicUsize::new(0),
+            kept_reads: AtomicUsize::new(0),
+        }
+    }
+
+    /// Units came back and `buyer` took them: the count moves.
+    fn refill_for(&self, buyer: &str, refills: &str) {
+        let mut s = self.state.lock().unwrap();
+        s.0.push(buyer.to_owned());
+        s.1 = refills.to_owned();
+    }
 }
 
 #[tonic::async_trait]
@@ -43,10 +68,19 @@ impl StockPort for SoldOutGate {
         Err(OrderError::Refused("SOLD_OUT".into(), "sold out".into()))
     }
 
-    async fn buyers(&self, _sku: &str) -> Result<GateBuyers, OrderError> {
+    async fn buyers(&self, _sku: &str, known_refills: &str) -> Result<GateBuyers, OrderError> {
+        let (buyers, refills) = self.state.lock().unwrap().clone();
+        let unchanged = !known_refills.is_empty() && known_refills == refills;
+        if unchanged {
+            self.kept_reads.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.full_reads.fetch_add(1, Ordering::SeqCst);
+        }
         Ok(GateBuyers {
             available: 0,
-            users: Some(self.buyers.clone()),
+            users: (!unchanged).then_some(buyers),
+            refills,
+            unchanged,
         })
     }
 }
@@ -77,10 +111,7 @@ async fn after_a_sell_out_only_possible_replayers_reach_the_gate() {
     )
     .await
     .unwrap();
-    let gate = Arc::new(SoldOutGate {
-        reserves: AtomicUsize::new(0),
-        buyers: vec!["alice".into()],
-    });
+    let gate = Arc::new(SoldOutGate::new(&["alice"], "100"));
     let settings = SagaSettings {
         sold_out_cache_ms: 60_000,
         ..SagaSettings::default()
@@ -133,6 +164,70 @@ async fn after_a_sell_out_only_possible_replayers_reach_the_gate() {
 }
 
 #[tokio::test]
+async fn an_expired_list_is_kept_without_a_read_until_the_gate_says_units_came_back() {
+    let db = flashsale_test_support::TestDatabase::create()
+        .await
+        .unwrap();
+    let conn = db.connect().await.unwrap();
+    flashsale_order::migration::Migrator::up(&conn, None)
+        .await
+        .unwrap();
+    let gate = Arc::new(SoldOutGate::new(&["alice"], "100"));
+    let settings = SagaSettings {
+        sold_out_cache_ms: 100,
+        ..SagaSettings::default()
+    };
+    let amqp = flashsale_messaging::AmqpConfig::default();
+    let orders = Orders::new(
+        conn.clone(),
+        gate.clone(),
+        settings,
+        flashsale_order::adapters::amqp::payment_timeout_queue(&amqp, Duration::from_secs(60)),
+        WatchHub::new(),
+        flashsale_platform::failpoint::Failpoints::default(),
+    );
+    let place = |user: &str| PlaceOrder::new(user, "k", "HOT", 1, 10).unwrap();
+    // Requests from users who bought nothing keep coming for well over ten periods of the
+    // memory: each expiry is followed by a check of the gate's refills count, never by a read
+    // of the buyers.
+    let until = tokio::time::Instant::now() + Duration::from_millis(1_200);
+    let mut i = 0;
+    while tokio::time::Instant::now() < until {
+        i += 1;
+        assert_eq!(
+            refused_reason(orders.place(place(&format!("u{i}"))).await),
+            "SOLD_OUT"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(gate.full_reads.load(Ordering::SeqCst), 1, "one full read");
+    let kept = gate.kept_reads.load(Ordering::SeqCst);
+    assert!(kept >= 3, "the list was checked and kept {kept} times");
+    assert!(
+        gate.reserves.load(Ordering::SeqCst) < i / 2,
+        "most requests were refused from memory ({} of {i} reached the gate)",
+        gate.reserves.load(Ordering::SeqCst)
+    );
+
+    // Units came back and dave bought them (the event that says so was missed): the count
+    // moved, so the next check reads the buyers again, and dave's replay reaches the gate.
+    gate.refill_for("dave", "101");
+    flashsale_test_support::eventually(Duration::from_secs(10), "dave in the list", || {
+        let (orders, gate) = (orders.clone(), gate.clone());
+        async move {
+            let _ = orders.place(place("zed")).await;
+            let found = gate.full_reads.load(Ordering::SeqCst) == 2
+                && orders.sold_out().verdict("HOT", "dave") == Verdict::AskGate
+                && orders.sold_out().verdict("HOT", "zed") == Verdict::Refuse;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            found.then_some(())
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
 async fn units_coming_back_reopen_a_sold_out_product_at_once() {
     // A minute-long cache: only the broadcast of the released units can reopen the product
     // within the test's bound.
@@ -160,6 +255,42 @@ async fn units_coming_back_reopen_a_sold_out_product_at_once() {
         OrderStatus::Pending as i32,
         "a new order for the returned unit"
     );
+}
+
+/// The value of `flashsale_sold_out_list_reads_total{read="<read>"}` on the service's
+/// `/metrics` (0 while it was never counted).
+async fn list_reads(app: &TestApp, read: &str) -> u64 {
+    let (_, body) = flashsale_test_support::grpc::http_get(app.metrics_port, "/metrics")
+        .await
+        .unwrap();
+    let series = format!("flashsale_sold_out_list_reads_total{{read=\"{read}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn with_the_real_gate_an_unchanged_list_is_kept_without_reading_it_again() {
+    let app = spawn_stack(|s| s.saga.sold_out_cache_ms = 100).await;
+    app.product("KEEP", 1, 0).await;
+    app.order("alice", "a", "KEEP", 1).await.unwrap();
+    let sold = app.order("bob", "b0", "KEEP", 1).await.unwrap_err();
+    assert_eq!(reason(&sold), "SOLD_OUT");
+    refused_from_memory(&app, "bob", "KEEP").await;
+    // Several periods of the memory go by with refusals flowing: the list is checked, not read.
+    flashsale_test_support::eventually(Duration::from_secs(20), "kept three times", || {
+        let app = &app;
+        async move {
+            let _ = app
+                .order("carol", &uuid::Uuid::new_v4().to_string(), "KEEP", 1)
+                .await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            (list_reads(app, "kept").await >= 3).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(list_reads(&app, "full").await, 1, "one full read");
 }
 
 /// Waits until `user`'s orders for `sku` are refused from this replica's sold-out memory (the

@@ -17,6 +17,7 @@ use flashsale_proto::product::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
+    adapters::redis::gate::REFILLS_MAX_LEN,
     app::{DriftReport, StockService},
     domain::{
         Adjustment, DeductionPolicy, Product, ProductDraft, ReservationState, ReserveRequest, Sku,
@@ -303,13 +304,25 @@ impl ProductStockService for ProductStockApi {
                 format!("must be 1..={MAX_GATE_BUYERS}"),
             )));
         }
+        if r.known_refills.len() > REFILLS_MAX_LEN
+            || !r.known_refills.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(status(StockError::invalid(
+                "known_refills",
+                format!("must be empty or at most {REFILLS_MAX_LEN} ASCII digits"),
+            )));
+        }
         let resp = match self
             .service
-            .gate_buyers(&sku, r.max_buyers)
+            .gate_buyers(&sku, r.max_buyers, &r.known_refills)
             .await
             .map_err(status)?
         {
-            GateBuyers::Listed { available, users } => {
+            GateBuyers::Listed {
+                available,
+                users,
+                refills,
+            } => {
                 let count = i64::try_from(users.len()).unwrap_or(i64::MAX);
                 // A list that would not fit in one message is not sent (the caller then asks
                 // the gate per request, which is always correct).
@@ -320,13 +333,33 @@ impl ProductStockService for ProductStockApi {
                     buyer_count: count,
                     user_ids: if complete { users } else { Vec::new() },
                     complete,
+                    refills,
+                    unchanged: false,
                 }
             }
-            GateBuyers::TooMany { available, count } => GetGateBuyersResponse {
+            GateBuyers::Unchanged {
+                available,
+                count,
+                refills,
+            } => GetGateBuyersResponse {
                 gate_available: available,
                 buyer_count: count,
                 user_ids: Vec::new(),
                 complete: false,
+                refills,
+                unchanged: true,
+            },
+            GateBuyers::TooMany {
+                available,
+                count,
+                refills,
+            } => GetGateBuyersResponse {
+                gate_available: available,
+                buyer_count: count,
+                user_ids: Vec::new(),
+                complete: false,
+                refills,
+                unchanged: false,
             },
             GateBuyers::NotLoaded => {
                 return Err(status(StockError::GateUnavailable(

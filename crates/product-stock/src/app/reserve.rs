@@ -51,14 +51,20 @@ impl StockService {
     }
 
     /// The gate's available counter and its buyers of `sku` (see [`GateBuyers`]), rebuilding
-    /// the gate first if it lost the product.
-    pub async fn gate_buyers(&self, sku: &Sku, max: u32) -> Result<GateBuyers, StockError> {
+    /// the gate first if it lost the product; no list while the refills count is still
+    /// `known_refills` (`""`: always a list).
+    pub async fn gate_buyers(
+        &self,
+        sku: &Sku,
+        max: u32,
+        known_refills: &str,
+    ) -> Result<GateBuyers, StockError> {
         // Unknown products are NOT_FOUND, not an empty list.
         self.terms(sku).await?;
         for _ in 0..2 {
             match self
                 .gate
-                .buyers(sku.as_str(), max)
+                .buyers(sku.as_str(), max, known_refills)
                 .await
                 .map_err(gate_err)?
             {

@@ -243,6 +243,7 @@ fn buyers_req(sku: &str, max_buyers: u32) -> flashsale_proto::product::v1::GetGa
     flashsale_proto::product::v1::GetGateBuyersRequest {
         sku: sku.into(),
         max_buyers,
+        known_refills: String::new(),
     }
 }
 
@@ -289,6 +290,56 @@ async fn gate_buyers_lists_who_holds_units_with_the_counter() {
 }
 
 #[tokio::test]
+async fn gate_buyers_sends_no_list_while_no_units_came_back() {
+    let app = spawn_app().await;
+    app.create("GB3", 2, 0, RTC).await;
+    let mut c = app.client().await;
+    for u in ["u1", "u2"] {
+        reserve(&mut c, Uuid::new_v4(), u, "GB3", 1).await.unwrap();
+    }
+    let first = c
+        .get_gate_buyers(service(buyers_req("GB3", 10)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(first.complete && !first.unchanged);
+    assert!(!first.refills.is_empty());
+    let again = |known: String| flashsale_proto::product::v1::GetGateBuyersRequest {
+        known_refills: known,
+        ..buyers_req("GB3", 10)
+    };
+    // Sold out and nothing came back: the earlier list still holds, none is sent.
+    let same = c
+        .get_gate_buyers(service(again(first.refills.clone())))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(same.unchanged && !same.complete);
+    assert!(same.user_ids.is_empty());
+    assert_eq!(
+        (same.gate_available, same.buyer_count, same.refills.as_str()),
+        (0, 2, first.refills.as_str())
+    );
+    // A restock: units came back, so the list comes again with a new count.
+    c.adjust_stock(admin(flashsale_proto::product::v1::AdjustStockRequest {
+        request_id: "restock".into(),
+        sku: "GB3".into(),
+        delta: 1,
+        reason: "delivery".into(),
+    }))
+    .await
+    .unwrap();
+    let moved = c
+        .get_gate_buyers(service(again(first.refills.clone())))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!moved.unchanged && moved.complete);
+    assert_ne!(moved.refills, first.refills);
+    assert_eq!((moved.gate_available, moved.user_ids.len()), (1, 2));
+}
+
+#[tokio::test]
 async fn bad_gate_buyers_input_is_refused() {
     let app = spawn_app().await;
     app.create("GB2", 3, 0, RTC).await;
@@ -308,6 +359,19 @@ async fn bad_gate_buyers_input_is_refused() {
             flashsale_platform::error::violated_fields(&err),
             [field],
             "{sku:?} {max}"
+        );
+    }
+    for known in ["12a", "-1", " 1", &"1".repeat(33)] {
+        let req = flashsale_proto::product::v1::GetGateBuyersRequest {
+            known_refills: known.into(),
+            ..buyers_req("GB2", 10)
+        };
+        let err = c.get_gate_buyers(service(req)).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{known:?}");
+        assert_eq!(
+            flashsale_platform::error::violated_fields(&err),
+            ["known_refills"],
+            "{known:?}"
         );
     }
     let missing = c

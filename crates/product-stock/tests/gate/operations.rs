@@ -2,7 +2,8 @@
 
 use deadpool_redis::redis;
 use flashsale_product_stock::adapters::redis::gate::{
-    AdjustOutcome, PendingHold, ReleaseOutcome, RepairOutcome, ReserveOutcome,
+    AdjustOutcome, GateBuyers, GateError, PendingHold, ReleaseOutcome, RepairOutcome,
+    ReserveOutcome,
 };
 use uuid::Uuid;
 
@@ -264,18 +265,126 @@ async fn forget_deletes_every_key_of_the_product_and_nothing_else() {
         .into_iter()
         .filter(|k| k.contains("{p:OTHER}"))
         .count();
-    assert!(other_keys >= 6, "{other_keys}");
+    assert!(other_keys >= 7, "{other_keys}");
 
     let deleted = t.gate.forget(SKU).await.unwrap();
 
     assert_eq!(
-        deleted, 6,
-        "avail, held, users, epoch, order record, adjustment marker"
+        deleted, 7,
+        "avail, held, users, epoch, refills, order record, adjustment marker"
     );
     assert_eq!(t.gate.snapshot(SKU).await.unwrap(), None);
     let left = t.all_keys().await;
     assert!(left.iter().all(|k| k.contains("{p:OTHER}")), "{left:?}");
     assert_eq!(left.len(), other_keys);
     assert_eq!(t.order_state("OTHER", other).await.as_deref(), Some("H"));
+    t.cleanup().await;
+}
+
+/// The buyers read with their refills count, for the checks below.
+async fn buyers(t: &TestGate, known: &str) -> GateBuyers {
+    t.gate.buyers(SKU, 100, known).await.unwrap()
+}
+
+fn refills_of(b: &GateBuyers) -> String {
+    match b {
+        GateBuyers::Listed { refills, .. }
+        | GateBuyers::Unchanged { refills, .. }
+        | GateBuyers::TooMany { refills, .. } => refills.clone(),
+        GateBuyers::NotLoaded => panic!("not loaded"),
+    }
+}
+
+fn listed(b: &GateBuyers) -> (i64, Vec<String>) {
+    match b {
+        GateBuyers::Listed {
+            available, users, ..
+        } => {
+            let mut users = users.clone();
+            users.sort();
+            (*available, users)
+        }
+        other => panic!("wanted a list, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_refills_count_moves_only_when_units_may_come_back() {
+    let t = TestGate::new();
+    t.loaded(SKU, 2).await;
+    let first = buyers(&t, "").await;
+    let r0 = refills_of(&first);
+    assert!(
+        !r0.is_empty() && r0.bytes().all(|b| b.is_ascii_digit()),
+        "{r0:?}"
+    );
+    assert_eq!(listed(&first), (2, vec![]));
+
+    // Reservations and persisted holds give nothing back: the count stays, and a caller that
+    // knows it gets no list.
+    let alice = t.reserve(SKU, "alice", 1).await;
+    let bob = t.reserve(SKU, "bob", 1).await;
+    t.gate.mark_persisted(SKU, alice).await.unwrap();
+    assert_eq!(
+        buyers(&t, &r0).await,
+        GateBuyers::Unchanged {
+            available: 0,
+            count: 2,
+            refills: r0.clone()
+        }
+    );
+    // Without the count, or with another one, the list comes as before.
+    let full = buyers(&t, "").await;
+    assert_eq!(refills_of(&full), r0);
+    assert_eq!(listed(&full), (0, vec!["alice".into(), "bob".into()]));
+    assert_eq!(listed(&buyers(&t, "12345").await).1.len(), 2);
+
+    // A release gives units back: a new buyer may take them, so the count moves.
+    assert!(matches!(
+        t.gate.release(SKU, bob, "bob", 1).await.unwrap(),
+        ReleaseOutcome::ReleasedHold { .. }
+    ));
+    let after_release = buyers(&t, &r0).await;
+    let r1 = refills_of(&after_release);
+    assert_ne!(r1, r0);
+    assert_eq!(listed(&after_release), (1, vec!["alice".into()]));
+    let carol = t.reserve(SKU, "carol", 1).await;
+    assert_eq!(listed(&buyers(&t, &r0).await).1, ["alice", "carol"]);
+    // Dropping a hold (its units not given back) leaves the count alone.
+    t.gate.drop_hold(SKU, carol).await.unwrap();
+    assert!(matches!(
+        buyers(&t, &r1).await,
+        GateBuyers::Unchanged { .. }
+    ));
+
+    // An adjustment and a repair may raise the counter: each moves the count.
+    t.gate.adjust(SKU, "restock-1", 1).await.unwrap();
+    let r2 = refills_of(&buyers(&t, "").await);
+    assert_ne!(r2, r1);
+    assert!(matches!(
+        t.gate.repair(SKU, 5).await.unwrap(),
+        RepairOutcome::Repaired { .. }
+    ));
+    let r3 = refills_of(&buyers(&t, "").await);
+    assert_ne!(r3, r2);
+
+    // A rebuild after Redis lost the product starts from the clock: no count read before the
+    // loss matches again, even after as many bumps as before.
+    t.gate.forget(SKU).await.unwrap();
+    t.loaded(SKU, 1).await;
+    let rebuilt = refills_of(&buyers(&t, "").await);
+    for old in [&r0, &r1, &r2, &r3] {
+        assert_ne!(&rebuilt, old);
+    }
+    assert!(matches!(
+        buyers(&t, &rebuilt).await,
+        GateBuyers::Unchanged { available: 1, .. }
+    ));
+
+    // A count longer than any the gate hands out is refused before Redis is asked.
+    assert!(matches!(
+        t.gate.buyers(SKU, 100, &"1".repeat(33)).await,
+        Err(GateError::InvalidInput(_))
+    ));
     t.cleanup().await;
 }

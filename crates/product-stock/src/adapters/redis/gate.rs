@@ -39,7 +39,9 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-pub use keys::{MAX_QTY, MAX_SAFE_INTEGER, ProductKeys, SKU_MAX_LEN, product_tag, validate_sku};
+pub use keys::{
+    MAX_QTY, MAX_SAFE_INTEGER, ProductKeys, REFILLS_MAX_LEN, SKU_MAX_LEN, product_tag, validate_sku,
+};
 pub use outcome::{
     AdjustOutcome, GateBuyers, GateError, GateSnapshot, PendingHold, ReleaseOutcome, RepairOutcome,
     ReserveOutcome,
@@ -124,20 +126,33 @@ impl RedisGate {
 
     /// The available counter and the users the gate counts as buyers of `sku` (holding or
     /// having bought units not released), in one atomic read; at most `max` users are listed.
-    pub async fn buyers(&self, sku: &str, max: u32) -> Result<GateBuyers, GateError> {
+    /// `known_refills` is the refills count of a list read before (`""`: none): while it is
+    /// still the product's, no list is sent ([`GateBuyers::Unchanged`]), since no units came
+    /// back that a new buyer could have taken.
+    pub async fn buyers(
+        &self,
+        sku: &str,
+        max: u32,
+        known_refills: &str,
+    ) -> Result<GateBuyers, GateError> {
         let k = self.keys(sku)?;
+        if known_refills.len() > REFILLS_MAX_LEN {
+            return Err(GateError::InvalidInput(
+                "known_refills must be at most 32 bytes",
+            ));
+        }
         let r = Reply::new(
             BUYERS
                 .run(
                     &mut self.conn().await?,
-                    &[k.avail(), k.users()],
-                    &[max.to_string()],
+                    &[k.avail(), k.users(), k.refills()],
+                    &[max.to_string(), known_refills.to_owned()],
                 )
                 .await?,
         )?;
         Ok(match r.code()? {
             "B" => {
-                let users = match r.get(3)? {
+                let users = match r.get(4)? {
                     deadpool_redis::redis::Value::Array(items) => items
                         .iter()
                         .map(|v| script::text(v).map(str::to_owned))
@@ -151,11 +166,18 @@ impl RedisGate {
                 GateBuyers::Listed {
                     available: r.int(1)?,
                     users,
+                    refills: r.text(3)?.to_owned(),
                 }
             }
+            "U" => GateBuyers::Unchanged {
+                available: r.int(1)?,
+                count: r.int(2)?,
+                refills: r.text(3)?.to_owned(),
+            },
             "T" => GateBuyers::TooMany {
                 available: r.int(1)?,
                 count: r.int(2)?,
+                refills: r.text(3)?.to_owned(),
             },
             "N" => GateBuyers::NotLoaded,
             other => return Err(unknown_code("buyers", other)),
@@ -361,6 +383,7 @@ impl RedisGate {
             k.users(),
             k.order(order_id),
             k.epoch(),
+            k.refills(),
         ];
         let args = [
             order_id.hyphenated().to_string(),
@@ -405,7 +428,14 @@ impl RedisGate {
                 args.push(units.to_string());
             }
         }
-        let keys = [k.avail(), k.held(), k.pending(), k.users(), k.epoch()];
+        let keys = [
+            k.avail(),
+            k.held(),
+            k.pending(),
+            k.users(),
+            k.epoch(),
+            k.refills(),
+        ];
         let value = LOAD.run(&mut self.conn().await?, &keys, &args).await?;
         Ok(int(&value)? == 1)
     }
@@ -423,7 +453,7 @@ impl RedisGate {
             return Err(GateError::InvalidInput("request_id must be 1..=128 bytes"));
         }
         validate_amount(delta.saturating_abs(), "delta must be within ±(2^53-1)")?;
-        let keys = [k.avail(), k.adjustment(request_id), k.epoch()];
+        let keys = [k.avail(), k.adjustment(request_id), k.epoch(), k.refills()];
         let args = [delta.to_string(), self.record_ttl_ms.clone()];
         let r = Reply::new(ADJUST.run(&mut self.conn().await?, &keys, &args).await?)?;
         match r.code()? {

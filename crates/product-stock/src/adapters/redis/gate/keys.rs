@@ -11,6 +11,9 @@ pub const SKU_MAX_LEN: usize = 64;
 pub const USER_ID_MAX_LEN: usize = 128;
 /// Longest adjustment request id the gate accepts (bytes).
 pub const REQUEST_ID_MAX_LEN: usize = 128;
+/// Longest refills count a caller may pass back (the count is a decimal number: a rebuild's
+/// microsecond clock plus the bumps since).
+pub const REFILLS_MAX_LEN: usize = 32;
 /// Largest quantity of one order.
 pub const MAX_QTY: i64 = 1_000_000;
 /// Largest integer a Lua number (a double) holds exactly: 2^53 - 1.
@@ -108,6 +111,14 @@ impl ProductKeys {
         self.part("epoch")
     }
 
+    /// String: the product's refills count, bumped by every change that may give units back to
+    /// `avail` (a release, an adjustment, a repair) and started afresh from the clock by a
+    /// rebuild. While it stays put and `avail` stays at zero, no new buyer can appear (see
+    /// [`RedisGate::buyers`](super::RedisGate::buyers)).
+    pub fn refills(&self) -> String {
+        self.part("refills")
+    }
+
     /// Hash with a TTL: one order's record (`s` state, `q` qty, `u` user, `n` first answer).
     pub fn order(&self, order_id: Uuid) -> String {
         format!("{}:o:{}", self.base, order_id.hyphenated())
@@ -160,6 +171,7 @@ mod tests {
             keys.pending(),
             keys.users(),
             keys.epoch(),
+            keys.refills(),
             keys.order(Uuid::new_v4()),
             keys.adjustment("req-1"),
         ];

@@ -137,7 +137,7 @@ impl RedisGate {
     ) -> Result<RepairOutcome, GateError> {
         let k = self.keys(sku)?;
         validate_amount(db_available, "db_available must be 0..=2^53-1")?;
-        let keys = [k.avail(), k.held(), k.epoch()];
+        let keys = [k.avail(), k.held(), k.epoch(), k.refills()];
         let args = [
             db_available.to_string(),
             epoch.map(|e| e.to_string()).unwrap_or_default(),

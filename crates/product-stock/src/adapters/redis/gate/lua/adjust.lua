@@ -1,5 +1,5 @@
 -- Restock (+) or write-off (-) from a `stock.adjusted` event, once per request id.
--- KEYS: 1 avail, 2 the request's marker, 3 epoch
+-- KEYS: 1 avail, 2 the request's marker, 3 epoch, 4 refills
 -- ARGV: 1 delta, 2 marker ttl ms
 -- Reply: {'D'} seen before | {'N'} not loaded | {'A', applied, available, clamped}
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -30,4 +30,5 @@ else
 end
 redis.call('SET', KEYS[2], 'A', 'PX', ARGV[2])
 redis.call('INCR', KEYS[3])
+redis.call('INCR', KEYS[4])
 return {'A', after - avail, after, clamped}

@@ -1,6 +1,6 @@
 -- Gives an order's units back (or, in mode 'drop', forgets its hold without giving them back),
 -- once: the record moves to X, so a replay changes nothing.
--- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 the order's record, 6 epoch
+-- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 the order's record, 6 epoch, 7 refills
 -- ARGV: 1 order id, 2 user id, 3 qty, 4 record ttl ms,
 --       5 mode: 'any' (H or P or no record), 'hold' (H only), 'drop' (H only, units not returned)
 -- Reply: {'N'} not loaded | {'X'} already released | {'F', state} nothing held
@@ -29,6 +29,8 @@ if mode == 'drop' then
   available = tonumber(redis.call('GET', KEYS[1]))
 else
   available = redis.call('INCRBY', KEYS[1], qty)
+  -- Units came back: a new buyer may take them (see buyers.lua).
+  redis.call('INCR', KEYS[7])
 end
 if redis.call('HINCRBY', KEYS[4], user, '-' .. qty) <= 0 then
   redis.call('HDEL', KEYS[4], user)

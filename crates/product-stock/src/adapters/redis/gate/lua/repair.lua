@@ -1,6 +1,6 @@
 -- Sets the counter to what the database says minus the unpersisted holds, reading `held` here
 -- so reservations may flow meanwhile.
--- KEYS: 1 avail, 2 held, 3 epoch
+-- KEYS: 1 avail, 2 held, 3 epoch, 4 refills
 -- ARGV: 1 database available, 2 expected epoch ('' = unconditional)
 -- Reply: {'N'} not loaded | {'S', epoch} epoch moved | {'R', before, after, held, clamped}
 local before = redis.call('GET', KEYS[1])
@@ -21,4 +21,5 @@ else
   after, clamped = redis.call('DECRBY', KEYS[1], held), 0
 end
 redis.call('INCR', KEYS[3])
+redis.call('INCR', KEYS[4])
 return {'R', tonumber(before), after, tonumber(held), clamped}
