@@ -85,6 +85,42 @@ impl StockPort for SoldOutGate {
     }
 }
 
+/// A fresh, migrated order database (keep the first value alive for the test's length).
+async fn migrated_db() -> (
+    flashsale_test_support::TestDatabase,
+    sea_orm::DatabaseConnection,
+) {
+    let db = flashsale_test_support::TestDatabase::create()
+        .await
+        .unwrap();
+    let conn = db.connect().await.unwrap();
+    flashsale_order::migration::Migrator::up(&conn, None)
+        .await
+        .unwrap();
+    (db, conn)
+}
+
+/// The order use cases over `conn` and `gate`, with a sold-out memory of `sold_out_cache_ms`.
+fn orders_over(
+    conn: &sea_orm::DatabaseConnection,
+    gate: Arc<SoldOutGate>,
+    sold_out_cache_ms: u64,
+) -> Orders {
+    let settings = SagaSettings {
+        sold_out_cache_ms,
+        ..SagaSettings::default()
+    };
+    let amqp = flashsale_messaging::AmqpConfig::default();
+    Orders::new(
+        conn.clone(),
+        gate,
+        settings,
+        flashsale_order::adapters::amqp::payment_timeout_queue(&amqp, Duration::from_secs(60)),
+        WatchHub::new(),
+        flashsale_platform::failpoint::Failpoints::default(),
+    )
+}
+
 fn refused_reason(r: Result<(flashsale_order::domain::Order, bool), OrderError>) -> String {
     match r {
         Err(OrderError::Refused(reason, _)) => reason,
@@ -94,13 +130,7 @@ fn refused_reason(r: Result<(flashsale_order::domain::Order, bool), OrderError>)
 
 #[tokio::test]
 async fn after_a_sell_out_only_possible_replayers_reach_the_gate() {
-    let db = flashsale_test_support::TestDatabase::create()
-        .await
-        .unwrap();
-    let conn = db.connect().await.unwrap();
-    flashsale_order::migration::Migrator::up(&conn, None)
-        .await
-        .unwrap();
+    let (_db, conn) = migrated_db().await;
     // erin has an order in this database (e.g. cancelled since, so the gate no longer counts
     // her); alice holds units in the gate.
     write_pending(
@@ -112,19 +142,7 @@ async fn after_a_sell_out_only_possible_replayers_reach_the_gate() {
     .await
     .unwrap();
     let gate = Arc::new(SoldOutGate::new(&["alice"], "100"));
-    let settings = SagaSettings {
-        sold_out_cache_ms: 60_000,
-        ..SagaSettings::default()
-    };
-    let amqp = flashsale_messaging::AmqpConfig::default();
-    let orders = Orders::new(
-        conn.clone(),
-        gate.clone(),
-        settings,
-        flashsale_order::adapters::amqp::payment_timeout_queue(&amqp, Duration::from_secs(60)),
-        WatchHub::new(),
-        flashsale_platform::failpoint::Failpoints::default(),
-    );
+    let orders = orders_over(&conn, gate.clone(), 60_000);
     let place = |user: &str, key: &str| PlaceOrder::new(user, key, "HOT", 1, 10).unwrap();
     let calls = || gate.reserves.load(Ordering::SeqCst);
 
@@ -165,27 +183,9 @@ async fn after_a_sell_out_only_possible_replayers_reach_the_gate() {
 
 #[tokio::test]
 async fn an_expired_list_is_kept_without_a_read_until_the_gate_says_units_came_back() {
-    let db = flashsale_test_support::TestDatabase::create()
-        .await
-        .unwrap();
-    let conn = db.connect().await.unwrap();
-    flashsale_order::migration::Migrator::up(&conn, None)
-        .await
-        .unwrap();
+    let (_db, conn) = migrated_db().await;
     let gate = Arc::new(SoldOutGate::new(&["alice"], "100"));
-    let settings = SagaSettings {
-        sold_out_cache_ms: 100,
-        ..SagaSettings::default()
-    };
-    let amqp = flashsale_messaging::AmqpConfig::default();
-    let orders = Orders::new(
-        conn.clone(),
-        gate.clone(),
-        settings,
-        flashsale_order::adapters::amqp::payment_timeout_queue(&amqp, Duration::from_secs(60)),
-        WatchHub::new(),
-        flashsale_platform::failpoint::Failpoints::default(),
-    );
+    let orders = orders_over(&conn, gate.clone(), 100);
     let place = |user: &str| PlaceOrder::new(user, "k", "HOT", 1, 10).unwrap();
     // Requests from users who bought nothing keep coming for well over ten periods of the
     // memory: each expiry is followed by a check of the gate's refills count, never by a read

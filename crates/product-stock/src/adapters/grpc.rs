@@ -312,12 +312,13 @@ impl ProductStockService for ProductStockApi {
                 format!("must be empty or at most {REFILLS_MAX_LEN} ASCII digits"),
             )));
         }
-        let resp = match self
+        let found = self
             .service
             .gate_buyers(&sku, r.max_buyers, &r.known_refills)
             .await
-            .map_err(status)?
-        {
+            .map_err(status)?;
+        let unchanged = matches!(found, GateBuyers::Unchanged { .. });
+        let resp = match found {
             GateBuyers::Listed {
                 available,
                 users,
@@ -337,19 +338,13 @@ impl ProductStockService for ProductStockApi {
                     unchanged: false,
                 }
             }
+            // No list: the caller's earlier one still holds, or there are too many to send.
             GateBuyers::Unchanged {
                 available,
                 count,
                 refills,
-            } => GetGateBuyersResponse {
-                gate_available: available,
-                buyer_count: count,
-                user_ids: Vec::new(),
-                complete: false,
-                refills,
-                unchanged: true,
-            },
-            GateBuyers::TooMany {
+            }
+            | GateBuyers::TooMany {
                 available,
                 count,
                 refills,
@@ -359,7 +354,7 @@ impl ProductStockService for ProductStockApi {
                 user_ids: Vec::new(),
                 complete: false,
                 refills,
-                unchanged: false,
+                unchanged,
             },
             GateBuyers::NotLoaded => {
                 return Err(status(StockError::GateUnavailable(
