@@ -60,9 +60,11 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         failpoints.clone(),
     );
     let o = orders.clone();
-    // Two batches at once: one commits while the next forms.
-    let reserved =
-        crate::app::reserved_batcher(orders.clone(), 2, usize::from(settings.amqp.prefetch) / 2);
+    let reserved = crate::app::reserved_batcher(
+        orders.clone(),
+        crate::app::SAGA_BATCHES_IN_FLIGHT,
+        usize::from(settings.amqp.prefetch) / 2,
+    );
     let handler = move |msg| amqp::handle(o.clone(), reserved.clone(), msg);
     let topologies = [amqp::topology(&settings.amqp)];
     let relay = flashsale_messaging::RelayOptions {
