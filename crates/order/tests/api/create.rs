@@ -212,22 +212,6 @@ async fn a_replay_after_the_sell_out_still_returns_its_order() {
     assert_eq!(reason(&carol), "SOLD_OUT");
 }
 
-/// A migrated order database of its own (kept while the first value lives).
-async fn orders_database() -> (
-    flashsale_test_support::TestDatabase,
-    sea_orm::DatabaseConnection,
-) {
-    use sea_orm_migration::MigratorTrait as _;
-    let db = flashsale_test_support::TestDatabase::create()
-        .await
-        .unwrap();
-    let conn = db.connect().await.unwrap();
-    flashsale_order::migration::Migrator::up(&conn, None)
-        .await
-        .unwrap();
-    (db, conn)
-}
-
 /// A write of `q` units of SKU at 100 cents for `user` under request id `key`.
 fn pending_write(user: &str, key: &str, q: i64) -> flashsale_order::app::PendingWrite {
     flashsale_order::app::PendingWrite {
@@ -241,7 +225,7 @@ fn pending_write(user: &str, key: &str, q: i64) -> flashsale_order::app::Pending
 async fn one_batch_write_tells_new_repeated_and_reused_keys_apart() {
     use flashsale_order::{adapters::db::Inserted, app::write_pending_batch};
     use sea_orm::FromQueryResult as _;
-    let (_db, conn) = orders_database().await;
+    let (_db, conn) = super::helpers::migrated_orders_db().await;
     let w = pending_write;
     let batch = vec![
         w("a", "k", 1),
@@ -327,7 +311,7 @@ async fn a_batch_whose_read_back_fails_still_answers_its_new_orders() {
         adapters::db::Inserted,
         app::{FP_AFTER_BATCH_WRITE, write_pending_batch, write_pending_batch_with},
     };
-    let (_db, conn) = orders_database().await;
+    let (_db, conn) = super::helpers::migrated_orders_db().await;
     let w = pending_write;
     write_pending_batch(&conn, vec![w("a", "k", 1)])
         .await

@@ -303,3 +303,20 @@ impl TestApp {
         u32::try_from(n).unwrap()
     }
 }
+
+/// A fresh, migrated order database of its own (keep the first value alive for the test's
+/// length).
+pub async fn migrated_orders_db() -> (
+    flashsale_test_support::TestDatabase,
+    sea_orm::DatabaseConnection,
+) {
+    use sea_orm_migration::MigratorTrait as _;
+    let db = flashsale_test_support::TestDatabase::create()
+        .await
+        .unwrap();
+    let conn = db.connect().await.unwrap();
+    flashsale_order::migration::Migrator::up(&conn, None)
+        .await
+        .unwrap();
+    (db, conn)
+}
