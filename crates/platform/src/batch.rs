@@ -1,10 +1,13 @@
 //! Coalescing concurrent calls into batches: under load, many requests wait on the same slow
 //! resource (a PostgreSQL round trip or commit), so they are gathered and served by one call of
 //! the batch function. At most `parallel` batches run at once; calls that arrive while they run
-//! form the next batch (up to `max_batch`, optionally waiting `max_wait` for more), so batches
-//! grow with the load and a lone call under no load runs at once.
+//! form the next batch (up to `max_batch`, optionally waiting `max_wait` for more, else for one
+//! turn of the scheduler), so batches grow with the load and a lone call under no load runs at
+//! once.
 
 use std::{future::Future, sync::Arc, time::Duration};
+
+use tokio::time::Instant;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -82,7 +85,29 @@ pub enum BatchError {
     Stopped,
 }
 
-type Job<K, V> = (K, oneshot::Sender<Result<V, BatchError>>);
+/// One call waiting for its batch: its key, where its answer goes, and when it was queued.
+type Job<K, V> = (K, oneshot::Sender<Result<V, BatchError>>, Instant);
+
+/// The metrics every [`Batcher`] records per batch, labelled `batch` with its name: how many
+/// calls it served, how long its oldest call had waited for it to start, and how long it ran.
+/// A call's time in the batcher is at most the wait plus the run of its batch, so the two say
+/// whether callers wait for a slot (raise the batches in flight, or make each cheaper) or for
+/// the work itself.
+pub const BATCH_SIZE: &str = "flashsale_batch_size";
+/// See [`BATCH_SIZE`]: seconds from the oldest call's arrival to its batch's start.
+pub const BATCH_WAIT_SECONDS: &str = "flashsale_batch_wait_seconds";
+/// See [`BATCH_SIZE`]: seconds the batch function ran.
+pub const BATCH_RUN_SECONDS: &str = "flashsale_batch_run_seconds";
+
+/// Moves the calls already queued into `jobs`, up to `max_batch` in all.
+fn drain<K, V>(rx: &mut mpsc::Receiver<Job<K, V>>, jobs: &mut Vec<Job<K, V>>, max_batch: usize) {
+    while jobs.len() < max_batch {
+        match rx.try_recv() {
+            Ok(job) => jobs.push(job),
+            Err(_) => break,
+        }
+    }
+}
 
 /// A handle to a batching worker. Cheap to clone.
 pub struct Batcher<K, V> {
@@ -105,8 +130,15 @@ impl<K, V> std::fmt::Debug for Batcher<K, V> {
 
 impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
     /// Starts the worker. `run` gets the keys of one batch and must answer one value per key,
-    /// in the same order. At most `parallel` batches run at once.
-    pub fn spawn<F, Fut, E>(max_batch: usize, max_wait: Duration, parallel: usize, run: F) -> Self
+    /// in the same order. At most `parallel` batches run at once. `name` labels the batch
+    /// metrics ([`BATCH_SIZE`], [`BATCH_WAIT_SECONDS`], [`BATCH_RUN_SECONDS`]).
+    pub fn spawn<F, Fut, E>(
+        name: &'static str,
+        max_batch: usize,
+        max_wait: Duration,
+        parallel: usize,
+        run: F,
+    ) -> Self
     where
         F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<V>, E>> + Send + 'static,
@@ -123,11 +155,17 @@ impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
                     return;
                 };
                 let mut jobs = vec![first];
-                while jobs.len() < max_batch {
-                    match rx.try_recv() {
-                        Ok(job) => jobs.push(job),
-                        Err(_) => break,
-                    }
+                drain(&mut rx, &mut jobs, max_batch);
+                if max_wait.is_zero() && jobs.len() < max_batch {
+                    // Callers woken by one event (the answers of the batch before, say) queue
+                    // one task after another, on both worker threads: one turn of the
+                    // scheduler lets the rest of them join this batch rather than start a
+                    // small one of their own. In session 11's A/B (big sale, six alternating
+                    // pairs) the order service's write batches grew from ~17 orders to ~24 and
+                    // its gate batches from ~9 to ~11; PostgreSQL spent ~15% less per accepted
+                    // order and the platform accepted ~12% more orders per second.
+                    tokio::task::yield_now().await;
+                    drain(&mut rx, &mut jobs, max_batch);
                 }
                 if !max_wait.is_zero() {
                     let deadline = tokio::time::Instant::now() + max_wait;
@@ -140,9 +178,18 @@ impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
                 }
                 let run = run.clone();
                 tokio::spawn(async move {
-                    let (keys, replies): (Vec<K>, Vec<_>) = jobs.into_iter().unzip();
+                    let started = Instant::now();
+                    let oldest = jobs.iter().map(|j| j.2).min().unwrap_or(started);
+                    let (keys, replies): (Vec<K>, Vec<_>) =
+                        jobs.into_iter().map(|(k, r, _)| (k, r)).unzip();
                     let n = keys.len();
-                    match run(keys).await {
+                    let out = run(keys).await;
+                    metrics::histogram!(BATCH_SIZE, "batch" => name).record(n as f64);
+                    metrics::histogram!(BATCH_WAIT_SECONDS, "batch" => name)
+                        .record(started.duration_since(oldest).as_secs_f64());
+                    metrics::histogram!(BATCH_RUN_SECONDS, "batch" => name)
+                        .record(started.elapsed().as_secs_f64());
+                    match out {
                         Ok(values) if values.len() == n => {
                             for (reply, v) in replies.into_iter().zip(values) {
                                 let _ = reply.send(Ok(v));
@@ -175,7 +222,7 @@ impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
     pub async fn call(&self, key: K) -> Result<V, BatchError> {
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send((key, reply))
+            .send((key, reply, Instant::now()))
             .await
             .map_err(|_| BatchError::Stopped)?;
         answer.await.map_err(|_| BatchError::Stopped)?
@@ -193,10 +240,16 @@ mod tests {
         let batches = Arc::new(AtomicUsize::new(0));
         let b = {
             let batches = batches.clone();
-            Batcher::spawn(64, Duration::from_millis(20), 2, move |keys: Vec<u32>| {
-                batches.fetch_add(1, Ordering::SeqCst);
-                async move { Ok::<_, String>(keys.into_iter().map(|k| k * 2).collect()) }
-            })
+            Batcher::spawn(
+                "test_shared",
+                64,
+                Duration::from_millis(20),
+                2,
+                move |keys: Vec<u32>| {
+                    batches.fetch_add(1, Ordering::SeqCst);
+                    async move { Ok::<_, String>(keys.into_iter().map(|k| k * 2).collect()) }
+                },
+            )
         };
         let calls: Vec<_> = (0..200u32)
             .map(|i| {
@@ -212,15 +265,84 @@ mod tests {
         assert!((4..200).contains(&n), "{n} batches for 200 calls");
     }
 
+    /// The value of the Prometheus line `{metric}{batch="{batch}"}` in `text`.
+    fn scraped(text: &str, metric: &str, batch: &str) -> Option<f64> {
+        let prefix = format!("{metric}{{batch=\"{batch}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    #[tokio::test]
+    async fn each_batch_records_its_size_its_oldest_calls_wait_and_its_run_time() {
+        let handle = crate::metrics::handle().unwrap();
+        // The first batch (one call) is held until released; three calls queue meanwhile and
+        // form the second batch, whose oldest call has waited at least the hold.
+        let (release, held) = tokio::sync::watch::channel(false);
+        let (began, mut first_began) = mpsc::channel::<()>(1);
+        let b = Batcher::spawn(
+            "test_metrics",
+            8,
+            Duration::ZERO,
+            1,
+            move |keys: Vec<u32>| {
+                let (mut held, began) = (held.clone(), began.clone());
+                async move {
+                    if keys == [0] {
+                        began.send(()).await.map_err(|e| e.to_string())?;
+                        held.wait_for(|r| *r).await.map_err(|e| e.to_string())?;
+                    }
+                    Ok::<_, String>(keys)
+                }
+            },
+        );
+        let first = tokio::spawn({
+            let b = b.clone();
+            async move { b.call(0).await }
+        });
+        first_began.recv().await.unwrap();
+        // Queued here, as `call` would, so that all three are surely in before the release.
+        let mut rest = Vec::new();
+        for i in 1..=3u32 {
+            let (reply, answer) = oneshot::channel();
+            b.tx.send((i, reply, Instant::now())).await.unwrap();
+            rest.push(answer);
+        }
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        release.send(true).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), 0);
+        for (i, answer) in (1..=3u32).zip(rest) {
+            assert_eq!(answer.await.unwrap().unwrap(), i);
+        }
+        let text = handle.render();
+        let get = |metric: &str| {
+            scraped(&text, metric, "test_metrics")
+                .unwrap_or_else(|| panic!("no {metric} for the batch in:\n{text}"))
+        };
+        assert_eq!(get("flashsale_batch_size_count"), 2.0);
+        assert_eq!(get("flashsale_batch_size_sum"), 4.0);
+        assert_eq!(get("flashsale_batch_wait_seconds_count"), 2.0);
+        assert!(get("flashsale_batch_wait_seconds_sum") >= 0.07, "{text}");
+        assert!(get("flashsale_batch_run_seconds_sum") >= 0.07, "{text}");
+    }
+
     #[tokio::test]
     async fn a_failed_batch_fails_each_of_its_calls() {
-        let b = Batcher::spawn(8, Duration::from_millis(1), 1, |_: Vec<u8>| async {
-            Err::<Vec<u8>, _>("db down")
-        });
+        let b = Batcher::spawn(
+            "test_failed",
+            8,
+            Duration::from_millis(1),
+            1,
+            |_: Vec<u8>| async { Err::<Vec<u8>, _>("db down") },
+        );
         assert!(matches!(b.call(1).await, Err(BatchError::Failed(e)) if e == "db down"));
-        let short = Batcher::spawn(8, Duration::from_millis(1), 1, |_: Vec<u8>| async {
-            Ok::<Vec<u8>, String>(vec![])
-        });
+        let short = Batcher::spawn(
+            "test_short",
+            8,
+            Duration::from_millis(1),
+            1,
+            |_: Vec<u8>| async { Ok::<Vec<u8>, String>(vec![]) },
+        );
         assert!(matches!(short.call(1).await, Err(BatchError::Failed(_))));
     }
 

@@ -104,10 +104,16 @@ impl GrpcStock {
         let client =
             ProductStockServiceClient::new(flashsale_platform::grpc::lazy_channel(url, timeout)?);
         let (c, t) = (client.clone(), token.clone());
-        let batch = Batcher::spawn(MAX_BATCH, Duration::ZERO, PARALLEL_BATCHES, move |items| {
-            let (c, t) = (c.clone(), t.clone());
-            async move { Ok::<_, std::convert::Infallible>(reserve_batch(c, &t, items).await) }
-        });
+        let batch = Batcher::spawn(
+            "order_gate",
+            MAX_BATCH,
+            Duration::ZERO,
+            PARALLEL_BATCHES,
+            move |items| {
+                let (c, t) = (c.clone(), t.clone());
+                async move { Ok::<_, std::convert::Infallible>(reserve_batch(c, &t, items).await) }
+            },
+        );
         Ok(Self {
             client,
             token,

@@ -71,6 +71,7 @@ impl Orders {
         let writes = {
             let (db, failpoints) = (db.clone(), failpoints.clone());
             flashsale_platform::batch::Batcher::spawn(
+                "order_write",
                 128,
                 Duration::ZERO,
                 WRITE_BATCHES_IN_FLIGHT,

@@ -54,6 +54,7 @@ pub const SAGA_BATCHES_IN_FLIGHT: usize = 1;
 /// cannot fill up would wait the whole [`GATHER`] every time.
 pub fn reserved_batcher(orders: Orders, parallel: usize, max_batch: usize) -> ReservedBatcher {
     Batcher::spawn(
+        "order_stock_reserved",
         max_batch.clamp(1, MAX_BATCH),
         GATHER,
         parallel,

@@ -61,6 +61,7 @@ pub const SAGA_BATCHES_IN_FLIGHT: usize = 1;
 /// cannot fill up would wait the whole [`GATHER`] every time.
 pub fn created_batcher(service: StockService, parallel: usize, max_batch: usize) -> CreatedBatcher {
     Batcher::spawn(
+        "stock_order_created",
         max_batch.clamp(1, MAX_BATCH),
         GATHER,
         parallel,
