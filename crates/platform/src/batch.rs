@@ -7,9 +7,10 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use tokio::time::Instant;
-
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::{
+    sync::{Semaphore, mpsc, oneshot},
+    time::Instant,
+};
 
 /// The metric names of one kind of [`together_or_each`] batch.
 #[derive(Clone, Copy, Debug)]
