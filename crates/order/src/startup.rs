@@ -60,11 +60,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         failpoints.clone(),
     );
     let o = orders.clone();
-    let reserved = crate::app::reserved_batcher(
-        orders.clone(),
-        crate::app::SAGA_BATCHES_IN_FLIGHT,
-        usize::from(settings.amqp.prefetch) / 2,
-    );
+    let reserved =
+        crate::app::reserved_batcher(orders.clone(), usize::from(settings.amqp.prefetch) / 2);
     let handler = move |msg| amqp::handle(o.clone(), reserved.clone(), msg);
     let topologies = [amqp::topology(&settings.amqp)];
     let relay = flashsale_messaging::RelayOptions {

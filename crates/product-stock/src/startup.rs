@@ -54,11 +54,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         amqp::stock_events_topology(&settings.amqp),
     ];
     let svc = service.clone();
-    let created = crate::app::created_batcher(
-        service.clone(),
-        crate::app::SAGA_BATCHES_IN_FLIGHT,
-        usize::from(settings.amqp.prefetch) / 2,
-    );
+    let created =
+        crate::app::created_batcher(service.clone(), usize::from(settings.amqp.prefetch) / 2);
     let handler = move |msg| amqp::handle(svc.clone(), created.clone(), msg);
     let dead_letters = flashsale_messaging::wiring::start(
         &mut f.runner,

@@ -28,7 +28,7 @@ pub use place::{
     write_pending_batch, write_pending_batch_with,
 };
 pub use query::WatchHub;
-pub use saga_batch::{Reserved, ReservedBatcher, SAGA_BATCHES_IN_FLIGHT, reserved_batcher};
+pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
 pub use sold_out::{Load, SoldOutCache, Verdict};
 
 /// The name this service signs its events with.

@@ -20,7 +20,7 @@ mod saga_batch;
 
 pub use reconcile::DriftReport;
 pub use reserve::Reserved;
-pub use saga_batch::{Created, CreatedBatcher, SAGA_BATCHES_IN_FLIGHT, created_batcher};
+pub use saga_batch::{Created, CreatedBatcher, created_batcher};
 
 /// The name this service signs its events with.
 pub const PRODUCER: &str = "product-stock";

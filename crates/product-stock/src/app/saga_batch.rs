@@ -53,18 +53,18 @@ pub type CreatedBatcher = Batcher<Created, Result<(), StockError>>;
 /// 1.10–1.32 ×) but, with fewer of the saga's transactions competing for the two cores, cut
 /// the p99 of the buyers refused after the sell-out from 46–62 ms to 28–40 ms. Several
 /// replicas each apply their own.
-pub const SAGA_BATCHES_IN_FLIGHT: usize = 1;
+const SAGA_BATCHES_IN_FLIGHT: usize = 1;
 
-/// Starts the worker; `parallel` batches may run at once, each of at most `max_batch`
-/// deliveries (at most [`MAX_BATCH`]). Size batches to what the consumer can hold: with a
+/// Starts the worker: one batch at a time (`SAGA_BATCHES_IN_FLIGHT`), each of at most
+/// `max_batch` deliveries (at most [`MAX_BATCH`]). Size batches to what the consumer can hold: with a
 /// prefetch of P, `P / 2`, so the next batch can fill while one is applied — a batch that
 /// cannot fill up would wait the whole [`GATHER`] every time.
-pub fn created_batcher(service: StockService, parallel: usize, max_batch: usize) -> CreatedBatcher {
+pub fn created_batcher(service: StockService, max_batch: usize) -> CreatedBatcher {
     Batcher::spawn(
         "stock_order_created",
         max_batch.clamp(1, MAX_BATCH),
         GATHER,
-        parallel,
+        SAGA_BATCHES_IN_FLIGHT,
         move |items: Vec<Created>| {
             let service = service.clone();
             async move { Ok::<_, std::convert::Infallible>(service.persist_created(items).await) }
