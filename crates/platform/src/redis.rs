@@ -1,14 +1,143 @@
 //! A Redis connection pool from settings.
+//!
+//! deadpool-redis checks every connection it hands out with a round trip (`UNWATCH` + `PING`),
+//! so each call of the stock gate — one pipeline for a whole batch of reservations — cost two
+//! round trips instead of one. This pool hands out a connection without that check while it is
+//! in steady use ([`CHECK_AFTER_IDLE`], as connection pools such as HikariCP do), still checks
+//! one that sat idle, and replaces one whose last command failed in a way that leaves it
+//! unusable (a dropped connection, an I/O error) instead of handing it out again. Connections
+//! are handed out most recently used first, so the few in use under load stay warm and the rest
+//! are checked before they serve again.
+
+use std::time::Duration;
 
 use anyhow::Context as _;
-use deadpool_redis::{Config, PoolConfig, Runtime};
+use deadpool::managed::{self, Metrics, QueueMode, RecycleError, RecycleResult};
+use deadpool_redis::redis::{
+    Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value,
+    aio::{ConnectionLike, MultiplexedConnection},
+};
 
 use crate::settings::RedisSettings;
 
+/// A connection handed out again within this long of its last hand-out is not checked first.
+pub const CHECK_AFTER_IDLE: Duration = Duration::from_millis(500);
+
+/// A pool of [`Conn`]s.
+pub type Pool = managed::Pool<Manager>;
+/// A connection on loan from a [`Pool`]; use it as `&mut *conn` where a `ConnectionLike` is
+/// asked for.
+pub type Connection = managed::Object<Manager>;
+
 /// A pool of `settings.pool_size` connections to `settings.url` (connections open lazily).
-pub fn pool(settings: &RedisSettings) -> anyhow::Result<deadpool_redis::Pool> {
-    let mut cfg = Config::from_url(settings.url.clone());
-    cfg.pool = Some(PoolConfig::new(settings.pool_size));
-    cfg.create_pool(Some(Runtime::Tokio1))
+pub fn pool(settings: &RedisSettings) -> anyhow::Result<Pool> {
+    pool_with(settings, CHECK_AFTER_IDLE)
+}
+
+/// [`pool`], checking a connection before it serves again once it was idle for `check_after`
+/// (`Duration::ZERO`: before every hand-out, as deadpool-redis does).
+pub fn pool_with(settings: &RedisSettings, check_after: Duration) -> anyhow::Result<Pool> {
+    let manager = Manager {
+        inner: deadpool_redis::Manager::new(settings.url.as_str()).context("Redis URL")?,
+        check_after,
+    };
+    let mut config = managed::PoolConfig::new(settings.pool_size);
+    config.queue_mode = QueueMode::Lifo;
+    Pool::builder(manager)
+        .config(config)
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()
         .context("create Redis pool")
+}
+
+/// Opens multiplexed connections and decides whether one can serve again.
+#[derive(Debug)]
+pub struct Manager {
+    inner: deadpool_redis::Manager,
+    check_after: Duration,
+}
+
+impl managed::Manager for Manager {
+    type Type = Conn;
+    type Error = RedisError;
+
+    async fn create(&self) -> Result<Conn, RedisError> {
+        Ok(Conn {
+            inner: self.inner.create().await?,
+            broken: false,
+        })
+    }
+
+    async fn recycle(&self, conn: &mut Conn, metrics: &Metrics) -> RecycleResult<RedisError> {
+        if conn.broken {
+            return Err(RecycleError::message(
+                "its last command lost the connection",
+            ));
+        }
+        if metrics.last_used() < self.check_after {
+            return Ok(());
+        }
+        self.inner.recycle(&mut conn.inner, metrics).await
+    }
+}
+
+/// A multiplexed connection that remembers whether a command failed in a way that leaves the
+/// connection unusable.
+pub struct Conn {
+    inner: MultiplexedConnection,
+    broken: bool,
+}
+
+impl Conn {
+    /// Whether a command failed in a way that leaves this connection unusable (the pool then
+    /// replaces it).
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    fn note<T>(&mut self, result: &RedisResult<T>) {
+        if let Err(e) = result
+            && (e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error())
+        {
+            self.broken = true;
+        }
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("broken", &self.broken)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let result = self.inner.req_packed_command(cmd).await;
+            self.note(&result);
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let result = self
+                .inner
+                .req_packed_commands(pipeline, offset, count)
+                .await;
+            self.note(&result);
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
 }

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use deadpool_redis::{Config, Pool, PoolConfig, Runtime, redis};
+use deadpool_redis::redis;
+use flashsale_platform::{redis::Pool, settings::RedisSettings};
 use flashsale_product_stock::adapters::redis::gate::{GateSnapshot, ProductKeys, RedisGate};
 use uuid::Uuid;
 
@@ -21,10 +22,13 @@ impl TestGate {
     }
 
     pub fn with_pool_size(size: usize) -> Self {
-        let mut cfg = Config::from_url(flashsale_test_support::redis_url());
-        cfg.pool = Some(PoolConfig::new(size));
-        let pool = cfg.create_pool(Some(Runtime::Tokio1)).unwrap();
         let prefix = format!("{}:", flashsale_test_support::unique_name("gate_test"));
+        let settings = RedisSettings {
+            url: flashsale_test_support::redis_url(),
+            key_prefix: prefix.clone(),
+            pool_size: size,
+        };
+        let pool = flashsale_platform::redis::pool(&settings).unwrap();
         let gate = RedisGate::new(pool.clone(), prefix.clone(), Duration::from_secs(3600));
         Self { gate, pool, prefix }
     }
@@ -66,7 +70,7 @@ impl TestGate {
 
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
         let mut conn = self.pool.get().await.unwrap();
-        cmd.query_async(&mut conn).await.unwrap()
+        cmd.query_async(&mut *conn).await.unwrap()
     }
 
     pub async fn users(&self, sku: &str) -> Vec<(String, i64)> {

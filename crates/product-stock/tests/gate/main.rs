@@ -7,4 +7,5 @@ mod concurrency;
 mod helpers;
 mod lifecycle;
 mod operations;
+mod pool;
 mod reserve;

@@ -68,7 +68,7 @@ const MIN_RECORD_TTL: Duration = Duration::from_secs(1);
 /// The stock gate of every product, over a Redis connection pool. Cheap to clone.
 #[derive(Clone)]
 pub struct RedisGate {
-    pool: deadpool_redis::Pool,
+    pool: flashsale_platform::redis::Pool,
     prefix: String,
     record_ttl_ms: String,
 }
@@ -86,7 +86,7 @@ impl RedisGate {
     /// long order records and adjustment markers live (at least one second), i.e. how long a
     /// replay is recognised.
     pub fn new(
-        pool: deadpool_redis::Pool,
+        pool: flashsale_platform::redis::Pool,
         key_prefix: impl Into<String>,
         order_ttl: Duration,
     ) -> Self {
@@ -144,7 +144,7 @@ impl RedisGate {
         let r = Reply::new(
             BUYERS
                 .run(
-                    &mut self.conn().await?,
+                    &mut *self.conn().await?,
                     &[k.avail(), k.users(), k.refills()],
                     &[max.to_string(), known_refills.to_owned()],
                 )
@@ -205,7 +205,7 @@ impl RedisGate {
             now_ms,
         };
         let (keys, args) = self.reserve_call(&r)?;
-        reserve_outcome(RESERVE.run(&mut self.conn().await?, &keys, &args).await?)
+        reserve_outcome(RESERVE.run(&mut *self.conn().await?, &keys, &args).await?)
     }
 
     /// [`reserve`](Self::reserve) for many orders in one Redis round trip (a pipeline; each
@@ -231,7 +231,7 @@ impl RedisGate {
         }
         let batch: Vec<&(Vec<String>, Vec<String>)> = calls.iter().flatten().collect();
         let mut replies = RESERVE
-            .run_many(&mut self.conn().await?, &batch)
+            .run_many(&mut *self.conn().await?, &batch)
             .await?
             .into_iter();
         for (i, call) in calls.iter().enumerate() {
@@ -295,7 +295,7 @@ impl RedisGate {
         ];
         let args = [order_id.hyphenated().to_string()];
         let value = MARK_PERSISTED
-            .run(&mut self.conn().await?, &keys, &args)
+            .run(&mut *self.conn().await?, &keys, &args)
             .await?;
         Ok(int(&value)? == 1)
     }
@@ -321,7 +321,7 @@ impl RedisGate {
         }
         let batch: Vec<&(Vec<String>, Vec<String>)> = calls.iter().collect();
         let replies = MARK_PERSISTED
-            .run_many(&mut self.conn().await?, &batch)
+            .run_many(&mut *self.conn().await?, &batch)
             .await?;
         if replies.len() != items.len() {
             return Err(GateError::Script(format!(
@@ -392,7 +392,7 @@ impl RedisGate {
             self.record_ttl_ms.clone(),
             mode.to_owned(),
         ];
-        let r = Reply::new(RELEASE.run(&mut self.conn().await?, &keys, &args).await?)?;
+        let r = Reply::new(RELEASE.run(&mut *self.conn().await?, &keys, &args).await?)?;
         let code = r.code()?;
         let released = |make: fn(i64, i64) -> ReleaseOutcome| Ok(make(r.int(1)?, r.int(2)?));
         match code {
@@ -436,7 +436,7 @@ impl RedisGate {
             k.epoch(),
             k.refills(),
         ];
-        let value = LOAD.run(&mut self.conn().await?, &keys, &args).await?;
+        let value = LOAD.run(&mut *self.conn().await?, &keys, &args).await?;
         Ok(int(&value)? == 1)
     }
 
@@ -455,7 +455,7 @@ impl RedisGate {
         validate_amount(delta.saturating_abs(), "delta must be within ±(2^53-1)")?;
         let keys = [k.avail(), k.adjustment(request_id), k.epoch(), k.refills()];
         let args = [delta.to_string(), self.record_ttl_ms.clone()];
-        let r = Reply::new(ADJUST.run(&mut self.conn().await?, &keys, &args).await?)?;
+        let r = Reply::new(ADJUST.run(&mut *self.conn().await?, &keys, &args).await?)?;
         match r.code()? {
             "A" => Ok(AdjustOutcome::Applied {
                 applied: r.int(1)?,
@@ -468,7 +468,7 @@ impl RedisGate {
         }
     }
 
-    async fn conn(&self) -> Result<deadpool_redis::Connection, GateError> {
+    async fn conn(&self) -> Result<flashsale_platform::redis::Connection, GateError> {
         self.pool
             .get()
             .await

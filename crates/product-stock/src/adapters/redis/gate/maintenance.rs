@@ -19,7 +19,7 @@ impl RedisGate {
             .arg(k.avail())
             .arg(k.held())
             .arg(k.epoch())
-            .query_async(&mut self.conn().await?)
+            .query_async(&mut *self.conn().await?)
             .await
             .map_err(redis_error)?;
         let optional = |i: usize| match values.get(i) {
@@ -59,7 +59,7 @@ impl RedisGate {
             .arg("LIMIT")
             .arg(0)
             .arg(limit)
-            .query_async(&mut conn)
+            .query_async(&mut *conn)
             .await
             .map_err(redis_error)?;
         let mut keys = vec![k.pending()];
@@ -142,7 +142,7 @@ impl RedisGate {
             db_available.to_string(),
             epoch.map(|e| e.to_string()).unwrap_or_default(),
         ];
-        let r = Reply::new(REPAIR.run(&mut self.conn().await?, &keys, &args).await?)?;
+        let r = Reply::new(REPAIR.run(&mut *self.conn().await?, &keys, &args).await?)?;
         match r.code()? {
             "R" => Ok(RepairOutcome::Repaired {
                 before: r.int(1)?,
@@ -170,13 +170,13 @@ impl RedisGate {
                 .arg(k.pattern())
                 .arg("COUNT")
                 .arg(1000)
-                .query_async(&mut conn)
+                .query_async(&mut *conn)
                 .await
                 .map_err(redis_error)?;
             if !batch.is_empty() {
                 let n: u64 = redis::cmd("DEL")
                     .arg(&batch)
-                    .query_async(&mut conn)
+                    .query_async(&mut *conn)
                     .await
                     .map_err(redis_error)?;
                 deleted += n;

@@ -31,7 +31,7 @@ impl LuaScript {
     /// Loads the script into the server's cache and remembers its digest.
     pub(super) async fn load(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut flashsale_platform::redis::Conn,
     ) -> Result<String, GateError> {
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
@@ -45,7 +45,7 @@ impl LuaScript {
     /// Runs the script, reloading it if the server forgot it.
     pub(super) async fn run(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut flashsale_platform::redis::Conn,
         keys: &[String],
         args: &[String],
     ) -> Result<Value, GateError> {
@@ -80,7 +80,7 @@ impl LuaScript {
     /// call the server could not run because it forgot the script is run again with `EVAL`.
     pub(super) async fn run_many(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut flashsale_platform::redis::Conn,
         calls: &[&(Vec<String>, Vec<String>)],
     ) -> Result<Vec<Result<Value, GateError>>, GateError> {
         if calls.is_empty() {

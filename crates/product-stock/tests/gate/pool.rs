@@ -1,0 +1,112 @@
+//! The gate's connection pool (`flashsale_platform::redis`): a connection in steady use serves
+//! again without a round trip of its own, one that sat idle is checked first, and one whose
+//! command lost the connection is replaced rather than handed out again. What a connection did
+//! last is read from another connection with `CLIENT LIST ID`.
+
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use flashsale_platform::{
+    redis::{Connection, Pool},
+    settings::RedisSettings,
+};
+
+fn settings() -> RedisSettings {
+    RedisSettings {
+        url: flashsale_test_support::redis_url(),
+        key_prefix: format!("{}:", flashsale_test_support::unique_name("pool_test")),
+        pool_size: 1,
+    }
+}
+
+async fn client_id(conn: &mut Connection) -> i64 {
+    redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut **conn)
+        .await
+        .unwrap()
+}
+
+/// The last command the client `id` ran, as `CLIENT LIST` names it (`ping`, `client|id`, …),
+/// read over a connection of its own.
+async fn last_command(id: i64) -> String {
+    let client = redis::Client::open(flashsale_test_support::redis_url()).unwrap();
+    let mut other = client.get_multiplexed_async_connection().await.unwrap();
+    let line: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut other)
+        .await
+        .unwrap();
+    line.split_whitespace()
+        .find_map(|field| field.strip_prefix("cmd="))
+        .unwrap_or_else(|| panic!("no cmd= in {line:?}"))
+        .to_owned()
+}
+
+/// Takes the pool's one connection, learns its client id and gives it back.
+async fn use_once(pool: &Pool) -> i64 {
+    let mut conn = pool.get().await.unwrap();
+    client_id(&mut conn).await
+}
+
+#[tokio::test]
+async fn a_connection_in_steady_use_serves_again_without_a_ping() {
+    let pool = flashsale_platform::redis::pool(&settings()).unwrap();
+    let id = use_once(&pool).await;
+    let _again = pool.get().await.unwrap();
+    assert_eq!(last_command(id).await, "client|id");
+}
+
+#[tokio::test]
+async fn a_pool_told_to_check_every_time_pings_at_every_hand_out() {
+    // What deadpool-redis does on its own, and what the test above would see without the
+    // steady-use window.
+    let pool = flashsale_platform::redis::pool_with(&settings(), Duration::ZERO).unwrap();
+    let id = use_once(&pool).await;
+    let _again = pool.get().await.unwrap();
+    assert_eq!(last_command(id).await, "ping");
+}
+
+#[tokio::test]
+async fn a_connection_idle_past_the_window_is_checked_before_it_serves() {
+    let window = Duration::from_millis(50);
+    let pool = flashsale_platform::redis::pool_with(&settings(), window).unwrap();
+    let id = use_once(&pool).await;
+    // The window is what is under test: let it pass.
+    tokio::time::sleep(window * 3).await;
+    let mut again = pool.get().await.unwrap();
+    assert_eq!(last_command(id).await, "ping");
+    assert_eq!(
+        client_id(&mut again).await,
+        id,
+        "the checked connection serves"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_that_lost_its_server_is_replaced_not_handed_out_again() {
+    let pool = flashsale_platform::redis::pool(&settings()).unwrap();
+    let mut conn = pool.get().await.unwrap();
+    let id = client_id(&mut conn).await;
+    let client = redis::Client::open(flashsale_test_support::redis_url()).unwrap();
+    let mut other = client.get_multiplexed_async_connection().await.unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    let lost: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut *conn).await;
+    assert!(lost.is_err(), "a killed connection answered: {lost:?}");
+    assert!(conn.is_broken());
+    drop(conn);
+    // Within the steady-use window, yet the pool opens a new connection.
+    let mut fresh = pool.get().await.unwrap();
+    let fresh_id = client_id(&mut fresh).await;
+    assert_ne!(fresh_id, id);
+    assert!(!fresh.is_broken());
+}
