@@ -6,6 +6,7 @@
 
 mod amqp_version;
 mod baselines;
+mod batches;
 mod measure;
 mod platform;
 mod report;
@@ -138,6 +139,15 @@ pub struct Args {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     amqp_url: String,
+    /// The services' Prometheus endpoints, read before and after each mode for what their
+    /// batchers did (endpoints that do not answer are left out; "" reads none).
+    #[arg(
+        long,
+        env = "FLASHSALE_BENCH_METRICS_URLS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:9101/metrics,http://127.0.0.1:9102/metrics,http://127.0.0.1:9103/metrics"
+    )]
+    metrics_url: Vec<String>,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -204,6 +214,7 @@ impl Args {
                 "{flag} must be a database name of 1..=63 characters a-z, 0-9 and _ (got {name:?})"
             );
         }
+        batches::parse_urls(&self.metrics_url)?;
         if let Some(url) = &self.orders_db_url {
             let ok = url::Url::parse(url)
                 .is_ok_and(|u| matches!(u.scheme(), "postgres" | "postgresql") && u.has_host());
@@ -228,6 +239,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (load, limit, ticketing) = args.load()?;
     let db_pool = args.db_pool()?;
     let services = args.pids.services();
+    let metrics_urls = batches::parse_urls(&args.metrics_url)?;
     let mut results: Vec<ModeReport> = Vec::new();
     for (round, mode) in (1..=args.rounds).flat_map(|r| args.modes.iter().map(move |m| (r, m))) {
         // A product (and gate keys) of its own per mode and round: a sale sells out once.
@@ -250,6 +262,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         } else {
             eprintln!("bench: {mode:?} …");
         }
+        let batches_before = batches::scrape(&metrics_urls).await;
         let sampler = procstat::Sampler::start(services.clone());
         let cpu = cpustat::Sampler::start(cpustat::groups(&services));
         let (m, saga) = match mode {
@@ -310,6 +323,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         let memory = sampler.finish().await;
         let cpu = report::Cpu::of(&m, saga.as_ref(), &cpu.finish().await);
+        let batches = batches::between(&batches_before, &batches::scrape(&metrics_urls).await);
         results.push(ModeReport {
             round,
             m,
@@ -317,6 +331,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             memory,
             idle,
             cpu,
+            batches,
         });
     }
     let machine = machine(&args).await;

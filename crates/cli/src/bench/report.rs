@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{baselines::Load, measure::Measurement, saga::Saga};
+use super::{baselines::Load, batches::BatchFigures, measure::Measurement, saga::Saga};
 use crate::{
     cpustat::{Samples, Usage},
     procstat::{self, IdleWait, Memory, ServicePid},
@@ -18,6 +18,8 @@ pub struct ModeReport {
     pub memory: Vec<Memory>,
     pub idle: Option<IdleWait>,
     pub cpu: Cpu,
+    /// What the services' batchers did during the mode (empty when none ran or none answered).
+    pub batches: Vec<BatchFigures>,
 }
 
 /// Where the CPU went during a mode: over its requests; over its intake (first call → last
@@ -74,6 +76,7 @@ impl ModeReport {
             "intake": self.cpu.intake.as_ref().map(|u| u.to_json(Some(self.m.accepted))),
             "after_intake_to_last_confirmation": self.cpu.saga.as_ref().map(|u| u.to_json(Some(self.m.accepted))),
         });
+        v["batches"] = self.batches.iter().map(BatchFigures::to_json).collect();
         v
     }
 }
@@ -181,6 +184,9 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
                 u.secs,
                 u.per_accepted_text(r.m.accepted)
             );
+        }
+        for b in &r.batches {
+            println!("    batcher {}", b.text());
         }
     }
     let rounds = by_round(results);
@@ -359,6 +365,7 @@ mod tests {
             memory: Vec::new(),
             idle: None,
             cpu,
+            batches: Vec::new(),
         };
         let j = report.to_json();
         assert_eq!(j["cpu"]["intake"]["ms_per_accepted"]["order"], 2000.0);

@@ -13,7 +13,7 @@ use crate::{
 #[tokio::test]
 async fn bench_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &str); 20] = [
+    let cases: [(&[&str], &str); 22] = [
         (&["--rounds", "0"], "--rounds"),
         (&["--rounds", "21"], "--rounds"),
         (&["--connections", "0"], "--connections"),
@@ -40,6 +40,14 @@ async fn bench_refuses_bad_options_naming_the_flag() {
             "--orders-db-url",
         ),
         (&["--orders-db-url", "not a url"], "--orders-db-url"),
+        (
+            &["--metrics-url", "127.0.0.1:9102/metrics"],
+            "--metrics-url",
+        ),
+        (
+            &["--metrics-url", "https://127.0.0.1:9102/metrics"],
+            "--metrics-url",
+        ),
     ];
     for (args, flag) in cases {
         let mut full = vec![
@@ -103,6 +111,8 @@ async fn a_small_bench_follows_the_saga_and_reads_the_services_memory() {
         &flashsale_test_support::postgres_server_url(),
         "--redis-url",
         &flashsale_test_support::redis_url(),
+        "--metrics-url",
+        &stack.order_metrics_url,
         "--json",
     ]);
     cmd.env("FLASHSALE_PRODUCT_STOCK_URL", &stack.stock_url)
@@ -111,6 +121,23 @@ async fn a_small_bench_follows_the_saga_and_reads_the_services_memory() {
     let r = run.json();
     let modes = r["modes"].as_array().unwrap();
     assert_eq!(modes.len(), 5, "{r}");
+    // The order service's batchers during the platform mode (its recorder is shared with the
+    // other tests' services in this process, so they may add to the figures, never take).
+    let batches = modes[4]["batches"].as_array().unwrap();
+    let calls = |name: &str| {
+        batches
+            .iter()
+            .find(|b| b["batch"] == name)
+            .and_then(|b| b["calls"].as_u64())
+            .unwrap_or(0)
+    };
+    assert!(calls("order_gate") >= 10, "{batches:?}");
+    assert!(calls("order_write") >= 10, "{batches:?}");
+    assert!(calls("order_stock_reserved") >= 10, "{batches:?}");
+    for b in batches {
+        assert!(b["run_ms"].as_f64().unwrap() > 0.0, "{b}");
+        assert!(b["calls_per_batch"].as_f64().unwrap() >= 1.0, "{b}");
+    }
     assert_eq!(r["db_pool"], 2, "{r}");
     for m in modes {
         assert_eq!(m["errored"], 0, "{m}");

@@ -17,6 +17,8 @@ pub struct FullStack {
     pub outbound_url: String,
     /// The order service's database.
     pub order_db_url: String,
+    /// The order service's Prometheus endpoint.
+    pub order_metrics_url: String,
     stops: Vec<Shutdown>,
     _dbs: Vec<TestDatabase>,
 }
@@ -50,6 +52,7 @@ impl FullStack {
         o.saga.sweep_interval_ms = 200;
         let order = flashsale_order::startup::build(o).await.unwrap();
         let (order_port, order_stop) = (order.grpc_port(), order.shutdown());
+        let order_metrics_port = order.metrics_port();
         tokio::spawn(order.run_until_stopped());
 
         let out_db = TestDatabase::create().await.unwrap();
@@ -72,6 +75,7 @@ impl FullStack {
             order_url: format!("http://127.0.0.1:{order_port}"),
             outbound_url: format!("http://127.0.0.1:{outbound_port}"),
             order_db_url: order_db.url.clone(),
+            order_metrics_url: format!("http://127.0.0.1:{order_metrics_port}/metrics"),
             stops: vec![outbound_stop, order_stop, stock_stop],
             _dbs: vec![out_db, order_db, stock_db],
         }
