@@ -5,7 +5,8 @@
 //! round trips instead of one. This pool hands out a connection without that check while it is
 //! in steady use ([`CHECK_AFTER_IDLE`], as connection pools such as HikariCP do), still checks
 //! one that sat idle, and replaces one whose last command failed in a way that leaves it
-//! unusable (a dropped connection, an I/O error) instead of handing it out again. Connections
+//! unusable (a dropped connection, an I/O error, a response timeout) instead of handing it out
+//! again, and checks one whose last command was cut off before its answer. Connections
 //! are handed out most recently used first, so the few in use under load stay warm and the rest
 //! are checked before they serve again.
 
@@ -65,6 +66,7 @@ impl managed::Manager for Manager {
         Ok(Conn {
             inner: self.inner.create().await?,
             broken: false,
+            in_flight: false,
         })
     }
 
@@ -74,18 +76,22 @@ impl managed::Manager for Manager {
                 "its last command lost the connection",
             ));
         }
-        if metrics.last_used() < self.check_after {
+        // A command whose caller gave up before its answer (a cancelled future) says nothing
+        // about the connection: check it, whatever its last use.
+        if metrics.last_used() < self.check_after && !conn.in_flight {
             return Ok(());
         }
+        conn.in_flight = false;
         self.inner.recycle(&mut conn.inner, metrics).await
     }
 }
 
 /// A multiplexed connection that remembers whether a command failed in a way that leaves the
-/// connection unusable.
+/// connection unusable, and whether a command was cut off before its answer.
 pub struct Conn {
     inner: MultiplexedConnection,
     broken: bool,
+    in_flight: bool,
 }
 
 impl Conn {
@@ -95,9 +101,14 @@ impl Conn {
         self.broken
     }
 
+    /// Server errors (a script error, `NOSCRIPT`, a wrong type) arrive as values and leave the
+    /// connection as good as it was; a dropped connection, an I/O error and a response timeout
+    /// (an I/O error too: the connection may be stuck) do not. Such a connection is replaced
+    /// rather than checked again: a reconnect costs about what the check would.
     fn note<T>(&mut self, result: &RedisResult<T>) {
+        self.in_flight = false;
         if let Err(e) = result
-            && (e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error())
+            && (e.is_unrecoverable_error() || e.is_io_error())
         {
             self.broken = true;
         }
@@ -115,6 +126,7 @@ impl std::fmt::Debug for Conn {
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
+            self.in_flight = true;
             let result = self.inner.req_packed_command(cmd).await;
             self.note(&result);
             result
@@ -128,6 +140,7 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
+            self.in_flight = true;
             let result = self
                 .inner
                 .req_packed_commands(pipeline, offset, count)

@@ -23,7 +23,7 @@ pub struct Totals {
     pub run_s: f64,
 }
 
-/// The totals of every batcher of every endpoint that answered, by batcher name.
+/// The totals of every batcher of one endpoint, by batcher name.
 pub type Snapshot = BTreeMap<String, Totals>;
 
 /// One batcher over a mode.
@@ -99,65 +99,82 @@ pub fn parse(text: &str) -> Snapshot {
 
 /// The value of the `batch` label in `labels` (the text after `{`).
 fn batch_label(labels: &str) -> Option<&str> {
-    let start = labels.find("batch=\"")? + "batch=\"".len();
+    const KEY: &str = "batch=\"";
+    let start = if labels.starts_with(KEY) {
+        KEY.len()
+    } else {
+        labels.find(&format!(",{KEY}"))? + 1 + KEY.len()
+    };
     let rest = &labels[start..];
     Some(&rest[..rest.find('"')?])
 }
 
-/// What each batcher did between two snapshots (batchers that ran no batch are left out).
-pub fn between(before: &Snapshot, after: &Snapshot) -> Vec<BatchFigures> {
-    after
-        .iter()
-        .filter_map(|(name, a)| {
-            let b = before.get(name).copied().unwrap_or_default();
-            let batches = a.batches - b.batches;
+/// What each batcher did between two readings of each endpoint (one [`Snapshot`] per endpoint,
+/// `None` where it did not answer). Only endpoints read both times count, and only where
+/// their totals grew (a service restarted between the readings starts from zero); batchers
+/// that ran no batch are left out.
+pub fn between(before: &[Option<Snapshot>], after: &[Option<Snapshot>]) -> Vec<BatchFigures> {
+    let mut diff = Snapshot::new();
+    for (b, a) in before.iter().zip(after) {
+        let (Some(b), Some(a)) = (b, a) else {
+            continue;
+        };
+        for (name, a) in a {
+            let b = b.get(name).copied().unwrap_or_default();
+            if a.batches < b.batches || a.calls < b.calls {
+                continue;
+            }
+            let d = diff.entry(name.clone()).or_default();
+            d.batches += a.batches - b.batches;
+            d.calls += a.calls - b.calls;
+            d.wait_s += a.wait_s - b.wait_s;
+            d.run_s += a.run_s - b.run_s;
+        }
+    }
+    diff.iter()
+        .filter_map(|(name, d)| {
+            let batches = d.batches;
             if batches < 1.0 {
                 return None;
             }
-            let calls = a.calls - b.calls;
+            let calls = d.calls;
             Some(BatchFigures {
                 name: name.clone(),
                 batches: batches.round() as u64,
                 calls: calls.round().max(0.0) as u64,
                 mean_calls: calls / batches,
-                mean_wait_ms: (a.wait_s - b.wait_s) * 1000.0 / batches,
-                mean_run_ms: (a.run_s - b.run_s) * 1000.0 / batches,
+                mean_wait_ms: d.wait_s * 1000.0 / batches,
+                mean_run_ms: d.run_s * 1000.0 / batches,
             })
         })
         .collect()
 }
 
-/// The batch totals of every endpoint in `urls` that answers (merged by batcher name).
-pub async fn scrape(urls: &[url::Url]) -> Snapshot {
-    let mut out = Snapshot::new();
+/// The batch totals of each endpoint in `urls`, in order (`None`: it did not answer).
+pub async fn scrape(urls: &[url::Url]) -> Vec<Option<Snapshot>> {
+    let mut out = Vec::with_capacity(urls.len());
     for url in urls {
-        let Some(text) = fetch(url).await else {
-            continue;
-        };
-        for (name, t) in parse(&text) {
-            let sum = out.entry(name).or_default();
-            sum.batches += t.batches;
-            sum.calls += t.calls;
-            sum.wait_s += t.wait_s;
-            sum.run_s += t.run_s;
-        }
+        out.push(fetch(url).await.map(|text| parse(&text)));
     }
     out
 }
 
 /// The body of a `200` answer to `GET url` (HTTP/1.0, so the server closes when done).
 async fn fetch(url: &url::Url) -> Option<String> {
+    let addrs = url.socket_addrs(|| None).ok()?;
     let host = url.host_str()?;
-    let port = url.port_or_known_default()?;
+    let target = &url[url::Position::BeforePath..url::Position::AfterQuery];
     let get = async {
-        let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
-        let request = format!(
-            "GET {} HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain\r\n\r\n",
-            url.path()
-        );
+        let mut stream = tokio::net::TcpStream::connect(&addrs[..]).await.ok()?;
+        let request =
+            format!("GET {target} HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut raw = Vec::new();
-        stream.take(MAX_BODY).read_to_end(&mut raw).await.ok()?;
+        stream.take(MAX_BODY + 1).read_to_end(&mut raw).await.ok()?;
+        // Cut off: its last line could be a number read short.
+        if raw.len() as u64 > MAX_BODY {
+            return None;
+        }
         let text = String::from_utf8(raw).ok()?;
         let (head, body) = text.split_once("\r\n\r\n")?;
         let status = head.lines().next()?.split_whitespace().nth(1)?;
@@ -215,7 +232,7 @@ flashsale_batch_size_count{batch=\"idle\"} 1
     #[test]
     fn a_mode_gets_each_batchers_batches_calls_waits_and_runs_between_two_readings() {
         // `idle` ran no batch between the readings: it is left out.
-        let figures = between(&parse(BEFORE), &parse(AFTER));
+        let figures = between(&[Some(parse(BEFORE))], &[Some(parse(AFTER))]);
         assert_eq!(figures.len(), 2, "{figures:?}");
         let gate = &figures[0];
         assert_eq!(
@@ -231,6 +248,35 @@ flashsale_batch_size_count{batch=\"idle\"} 1
         assert!((write.mean_calls - 24.0).abs() < 1e-9);
         assert!((write.mean_run_ms - 2.5).abs() < 1e-9);
         assert_eq!(write.to_json()["calls_per_batch"], 24.0);
+    }
+
+    #[test]
+    fn only_endpoints_read_both_times_and_totals_that_grew_count() {
+        let (before, after) = (parse(BEFORE), parse(AFTER));
+        // The first endpoint did not answer before the mode, the second not after it, the
+        // third restarted (its totals fell): none of them says what the mode did.
+        let figures = between(
+            &[
+                None,
+                Some(before.clone()),
+                Some(after.clone()),
+                Some(before.clone()),
+            ],
+            &[
+                Some(after.clone()),
+                None,
+                Some(before.clone()),
+                Some(after.clone()),
+            ],
+        );
+        assert_eq!(figures, between(&[Some(before)], &[Some(after)]));
+    }
+
+    #[test]
+    fn the_batch_label_is_found_among_others_but_not_inside_another_name() {
+        assert_eq!(batch_label("batch=\"a\"}"), Some("a"));
+        assert_eq!(batch_label("service=\"x\",batch=\"b\"}"), Some("b"));
+        assert_eq!(batch_label("sub_batch=\"c\"}"), None);
     }
 
     #[test]
@@ -281,9 +327,11 @@ flashsale_batch_size_count{batch=\"idle\"} 1
             format!("http://{up}/metrics"),
         ])
         .unwrap();
-        let snapshot = scrape(&urls).await;
+        let snapshots = scrape(&urls).await;
         server.await.unwrap();
-        assert_eq!(snapshot.get("order_write").map(|t| t.batches), Some(20.0));
-        assert_eq!(snapshot.len(), 3, "{snapshot:?}");
+        assert!(snapshots[0].is_none(), "{snapshots:?}");
+        let up = snapshots[1].as_ref().unwrap();
+        assert_eq!(up.get("order_write").map(|t| t.batches), Some(20.0));
+        assert_eq!(up.len(), 3, "{up:?}");
     }
 }

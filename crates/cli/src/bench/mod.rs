@@ -214,7 +214,6 @@ impl Args {
                 "{flag} must be a database name of 1..=63 characters a-z, 0-9 and _ (got {name:?})"
             );
         }
-        batches::parse_urls(&self.metrics_url)?;
         if let Some(url) = &self.orders_db_url {
             let ok = url::Url::parse(url)
                 .is_ok_and(|u| matches!(u.scheme(), "postgres" | "postgresql") && u.has_host());

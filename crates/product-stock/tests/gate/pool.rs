@@ -51,9 +51,12 @@ async fn use_once(pool: &Pool) -> i64 {
     client_id(&mut conn).await
 }
 
+/// A window no test outlasts: what happens within it does not depend on the machine's speed.
+const LONG: Duration = Duration::from_secs(3600);
+
 #[tokio::test]
 async fn a_connection_in_steady_use_serves_again_without_a_ping() {
-    let pool = flashsale_platform::redis::pool(&settings()).unwrap();
+    let pool = flashsale_platform::redis::pool_with(&settings(), LONG).unwrap();
     let id = use_once(&pool).await;
     let _again = pool.get().await.unwrap();
     assert_eq!(last_command(id).await, "client|id");
@@ -87,7 +90,7 @@ async fn a_connection_idle_past_the_window_is_checked_before_it_serves() {
 
 #[tokio::test]
 async fn a_connection_that_lost_its_server_is_replaced_not_handed_out_again() {
-    let pool = flashsale_platform::redis::pool(&settings()).unwrap();
+    let pool = flashsale_platform::redis::pool_with(&settings(), LONG).unwrap();
     let mut conn = pool.get().await.unwrap();
     let id = client_id(&mut conn).await;
     let client = redis::Client::open(flashsale_test_support::redis_url()).unwrap();
@@ -109,4 +112,47 @@ async fn a_connection_that_lost_its_server_is_replaced_not_handed_out_again() {
     let fresh_id = client_id(&mut fresh).await;
     assert_ne!(fresh_id, id);
     assert!(!fresh.is_broken());
+}
+
+#[tokio::test]
+async fn a_server_error_leaves_the_connection_in_service() {
+    let pool = flashsale_platform::redis::pool_with(&settings(), LONG).unwrap();
+    let mut conn = pool.get().await.unwrap();
+    let id = client_id(&mut conn).await;
+    let unknown: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
+        .arg("0000000000000000000000000000000000000000")
+        .arg(0)
+        .query_async(&mut *conn)
+        .await;
+    assert!(unknown.is_err(), "{unknown:?}");
+    let wrong: redis::RedisResult<i64> =
+        redis::cmd("NO-SUCH-COMMAND").query_async(&mut *conn).await;
+    assert!(wrong.is_err(), "{wrong:?}");
+    assert!(!conn.is_broken());
+    drop(conn);
+    let mut again = pool.get().await.unwrap();
+    assert_eq!(client_id(&mut again).await, id);
+}
+
+#[tokio::test]
+async fn a_connection_whose_command_was_cut_off_is_checked_before_it_serves() {
+    let pool = flashsale_platform::redis::pool_with(&settings(), LONG).unwrap();
+    let mut conn = pool.get().await.unwrap();
+    let id = client_id(&mut conn).await;
+    // The caller gives up on a command the server is still working on (it blocks for 2 s):
+    // the connection is busy, and nothing told it so.
+    let key = format!("{}blocked", settings().key_prefix);
+    let mut blpop = redis::cmd("BLPOP");
+    blpop.arg(&key).arg(2);
+    let cut = tokio::time::timeout(
+        Duration::from_millis(50),
+        blpop.query_async::<redis::Value>(&mut *conn),
+    )
+    .await;
+    assert!(cut.is_err(), "the command answered: {cut:?}");
+    drop(conn);
+    // Within the window, yet checked: its PING waits behind the blocked command past the
+    // response timeout, so the pool opens a new connection.
+    let mut next = pool.get().await.unwrap();
+    assert_ne!(client_id(&mut next).await, id);
 }
