@@ -1,0 +1,41 @@
+//! The rules every flashsale service and client shares, each with one home: the sku format,
+//! the limits on ids, keys and quantities, the conversion between timestamps and
+//! `google.protobuf.Timestamp`, the deduction policy's names, and the reasons a reservation is
+//! refused. Pure values and checks: no I/O, no tonic, no database.
+
+mod limits;
+mod policy;
+mod refusal;
+mod sku;
+mod time;
+
+pub use limits::*;
+pub use policy::Policy;
+pub use refusal::Refusal;
+pub use sku::{Sku, SkuError, check_sku};
+pub use time::{from_timestamp, to_timestamp};
+
+/// A canonical hyphenated UUID (lowercase or uppercase); anything else, braces, URNs or the
+/// simple form included, is refused so one order has one spelling.
+pub fn parse_canonical_uuid(raw: &str) -> Option<uuid::Uuid> {
+    let id = uuid::Uuid::try_parse(raw).ok()?;
+    (id.hyphenated().to_string() == raw.to_ascii_lowercase()).then_some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_canonical_uuid_form_is_accepted() {
+        let id = uuid::Uuid::new_v4();
+        assert_eq!(parse_canonical_uuid(&id.to_string()), Some(id));
+        assert_eq!(
+            parse_canonical_uuid(&id.to_string().to_uppercase()),
+            Some(id)
+        );
+        assert_eq!(parse_canonical_uuid(&id.simple().to_string()), None);
+        assert_eq!(parse_canonical_uuid(&id.urn().to_string()), None);
+        assert_eq!(parse_canonical_uuid("not-a-uuid"), None);
+    }
+}
