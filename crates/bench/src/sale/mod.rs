@@ -1,8 +1,9 @@
 //! `flashsale sale`: a gateway in front of many buyers, end to end, that always stops by itself.
-//! It creates a product, floods CreateOrder with bounded concurrency (one user token per buyer),
-//! waits for the saga to confirm the accepted orders, has the winners pay, never pay, pay too
-//! late or cancel, waits for quiescence, then reports throughput, latency and the outcome of
-//! every order — and checks the platform's invariants (docs/invariants.md) read back over gRPC.
+//! It (a) creates a product, (b) floods CreateOrder with bounded concurrency (one user token
+//! per buyer), (c) waits for the saga to confirm the accepted orders, (d) has the winners pay,
+//! never pay, pay too late or cancel, (e) waits for quiescence, then (f) reports throughput,
+//! latency and the outcome of every order — and checks the platform's invariants
+//! (docs/invariants.md) read back over gRPC.
 //! Progress goes to stderr, the report to stdout; the exit code is non-zero when an invariant
 //! fails or the run hit its time bound.
 
