@@ -63,7 +63,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 async fn check(url: &str, service: &str, timeout: Duration) -> anyhow::Result<String> {
-    let channel = crate::output::connect(url, timeout).await?;
+    let channel = flashsale_bench::client::connect(url, timeout).await?;
     let resp = HealthClient::new(channel)
         .check(HealthCheckRequest {
             service: service.to_owned(),

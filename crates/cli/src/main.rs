@@ -1,18 +1,16 @@
 //! `flashsale`: the command-line face of the platform — mint tokens, check health, administer
-//! products, place and follow orders, look up shipments, and run a flash sale end to end.
+//! products, place and follow orders, look up shipments; and, from `flashsale-bench`, run a
+//! flash sale end to end and benchmark the platform.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use flashsale_bench::{bench, sale};
 
-mod bench;
-mod cpustat;
 mod health;
 mod order;
 mod output;
-mod procstat;
 mod product;
-mod sale;
 mod shipment;
 mod token;
 

@@ -13,10 +13,9 @@ use flashsale_proto::order::v1::{
 };
 use tonic::transport::Channel;
 
-use crate::{
-    output::{authorized, connect, print, status_error, to_json},
-    token::Secret,
-};
+use flashsale_bench::client::{Secret, authorized, connect, status_error};
+
+use crate::output::{print, to_json};
 
 /// Lifetime of a minted token; the service checks it once per call, so a long watch is fine.
 const TOKEN_TTL: Duration = Duration::from_secs(600);

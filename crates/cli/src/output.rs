@@ -1,42 +1,7 @@
-//! What every command shares: connecting, authorising, and printing messages as JSON.
-
-use std::time::Duration;
+//! Printing answers: a protobuf message as canonical protobuf JSON.
 
 use anyhow::Context as _;
 use prost_reflect::{DescriptorPool, DynamicMessage};
-use tonic::transport::Channel;
-
-/// A channel to `url`.
-pub async fn connect(url: &str, timeout: Duration) -> anyhow::Result<Channel> {
-    tonic::transport::Endpoint::from_shared(url.to_owned())
-        .with_context(|| format!("parse URL `{url}`"))?
-        .connect_timeout(timeout)
-        .timeout(timeout)
-        .connect()
-        .await
-        .with_context(|| format!("connect to {url}"))
-}
-
-/// `message` with `authorization: Bearer <token>`.
-pub fn authorized<T>(message: T, token: &str) -> anyhow::Result<tonic::Request<T>> {
-    let mut req = tonic::Request::new(message);
-    req.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {token}")
-            .parse()
-            .context("token is not valid metadata")?,
-    );
-    Ok(req)
-}
-
-/// A failed call as a readable error: code, message and `ErrorInfo` reason or bad fields.
-pub fn status_error(s: tonic::Status) -> anyhow::Error {
-    let mut text = format!("{:?}: {}", s.code(), s.message());
-    if let Some(reason) = flashsale_platform::error::reason_of(&s) {
-        text.push_str(&format!(" [{reason}]"));
-    }
-    anyhow::anyhow!(text)
-}
 
 /// `message` (of protobuf type `full_name`) as canonical protobuf JSON.
 pub fn to_json<M: prost::Message>(

@@ -11,10 +11,9 @@ use flashsale_proto::product::v1::{
     product_stock_service_client::ProductStockServiceClient,
 };
 
-use crate::{
-    output::{authorized, connect, print, status_error},
-    token::Secret,
-};
+use flashsale_bench::client::{Secret, authorized, connect, status_error};
+
+use crate::output::print;
 
 #[derive(clap::Args)]
 pub struct Args {

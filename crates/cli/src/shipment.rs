@@ -11,10 +11,9 @@ use flashsale_proto::outbound::v1::{
     outbound_service_client::OutboundServiceClient,
 };
 
-use crate::{
-    output::{authorized, connect, print, status_error},
-    token::Secret,
-};
+use flashsale_bench::client::{Secret, authorized, connect, status_error};
+
+use crate::output::print;
 
 /// Lifetime of a minted token.
 const TOKEN_TTL: Duration = Duration::from_secs(600);

@@ -364,7 +364,7 @@ pub async fn noop(url: &str, load: &Load) -> anyhow::Result<Measurement> {
     // As many connections as the platform mode opens, so that the two compare.
     let mut clients = Vec::new();
     for _ in 0..load.connections.max(1) {
-        let channel = crate::output::connect(url, Duration::from_secs(10)).await?;
+        let channel = crate::client::connect(url, Duration::from_secs(10)).await?;
         clients.push(tonic_health::pb::health_client::HealthClient::new(channel));
     }
     drive(

@@ -21,10 +21,7 @@ use super::{
     measure::{Measurement, Outcome, drive},
     saga::{self, Accept, Saga},
 };
-use crate::{
-    output::{authorized, connect, status_error},
-    token::Secret,
-};
+use crate::client::{Secret, authorized, connect, status_error};
 
 #[allow(clippy::too_many_arguments)]
 pub async fn flood(

@@ -17,7 +17,7 @@ use hdrhistogram::Histogram;
 use tokio::{task::JoinSet, time::Instant};
 
 use super::Ctx;
-use crate::output::authorized;
+use crate::client::authorized;
 
 /// The longest latency the histogram tells apart (one hour, in µs); longer ones saturate.
 const HISTOGRAM_MAX_US: u64 = 3_600_000_000;

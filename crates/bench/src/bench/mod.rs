@@ -21,9 +21,9 @@ use baselines::Load;
 use report::ModeReport;
 
 use crate::{
+    client::Secret,
     cpustat,
     procstat::{self, PidArgs},
-    token::Secret,
 };
 
 /// The bench's own PostgreSQL pool is at most this large by default.

@@ -16,7 +16,7 @@ use super::{
     Ctx,
     follow::{Outcome, Run},
 };
-use crate::output::authorized;
+use crate::client::authorized;
 
 /// Calls in flight while reading back or acting on orders.
 pub(crate) const READ_CONCURRENCY: usize = 32;

@@ -1,8 +1,9 @@
 //! `flashsale sale`: a gateway in front of many buyers, end to end, that always stops by itself.
-//! It creates a product, floods CreateOrder with bounded concurrency (one user token per buyer),
-//! waits for the saga to confirm the accepted orders, has the winners pay, never pay, pay too
-//! late or cancel, waits for quiescence, then reports throughput, latency and the outcome of
-//! every order — and checks the platform's invariants (ARCHITECTURE §7) read back over gRPC.
+//! It (a) creates a product, (b) floods CreateOrder with bounded concurrency (one user token
+//! per buyer), (c) waits for the saga to confirm the accepted orders, (d) has the winners pay,
+//! never pay, pay too late or cancel, (e) waits for quiescence, then (f) reports throughput,
+//! latency and the outcome of every order — and checks the platform's invariants
+//! (docs/invariants.md) read back over gRPC.
 //! Progress goes to stderr, the report to stdout; the exit code is non-zero when an invariant
 //! fails or the run hit its time bound.
 
@@ -20,8 +21,8 @@ use std::{
 
 use anyhow::Context as _;
 use clap::ValueEnum;
+use flashsale_contract::{SKU_MAX_LEN, check_sku};
 use flashsale_platform::auth::Role;
-use flashsale_product_stock::adapters::redis::gate::{SKU_MAX_LEN, validate_sku};
 use flashsale_proto::{
     order::v1::order_service_client::OrderServiceClient,
     outbound::v1::outbound_service_client::OutboundServiceClient,
@@ -33,9 +34,8 @@ use flashsale_proto::{
 use tonic::transport::Channel;
 
 use crate::{
-    output::{authorized, connect, status_error},
+    client::{Secret, authorized, connect, status_error},
     procstat::{PidArgs, Sampler},
-    token::Secret,
 };
 
 /// Deadline of one gRPC call (and of connecting).
@@ -176,9 +176,9 @@ const MAX_STOCK: i64 = 1_000_000_000;
 /// Most products of one sale.
 const MAX_PRODUCTS: usize = 50;
 
-/// A sku product-stock accepts (its own rule: 1..=64 characters of `[A-Za-z0-9._-]`).
+/// A sku every service accepts (the contract's rule: 1..=64 characters of `[A-Za-z0-9._-]`).
 fn sku_arg(s: &str) -> Result<String, String> {
-    validate_sku(s)
+    check_sku(s)
         .map(|()| s.to_owned())
         .map_err(|_| format!("`{s}` is not a sku: 1..={SKU_MAX_LEN} characters of [A-Za-z0-9._-]"))
 }
