@@ -11,7 +11,7 @@ use std::{
 use serde_json::{Value, json};
 use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 
-/// Resident memory above this is flagged in the reports (the per-service budget).
+/// Resident memory above this is flagged in the reports (the per-service memory budget).
 pub const MEMORY_LIMIT_MIB: f64 = 128.0;
 /// How often resident memory is sampled during a load.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);

@@ -1,4 +1,4 @@
-//! The invariant checks of a sale (ARCHITECTURE §7) on the orders, shipments and product as
+//! The invariant checks of a sale (docs/invariants.md) on the orders, shipments and product as
 //! read back over gRPC at the end of the run.
 
 use std::collections::BTreeMap;

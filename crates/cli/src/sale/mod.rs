@@ -2,7 +2,7 @@
 //! It creates a product, floods CreateOrder with bounded concurrency (one user token per buyer),
 //! waits for the saga to confirm the accepted orders, has the winners pay, never pay, pay too
 //! late or cancel, waits for quiescence, then reports throughput, latency and the outcome of
-//! every order — and checks the platform's invariants (ARCHITECTURE §7) read back over gRPC.
+//! every order — and checks the platform's invariants (docs/invariants.md) read back over gRPC.
 //! Progress goes to stderr, the report to stdout; the exit code is non-zero when an invariant
 //! fails or the run hit its time bound.
 

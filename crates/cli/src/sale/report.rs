@@ -1,5 +1,5 @@
 //! Phase (f), the report: what the flood measured, what became of every order, and the
-//! invariant checks (ARCHITECTURE §7) on figures read back over gRPC — as text or one JSON
+//! invariant checks (docs/invariants.md) on figures read back over gRPC — as text or one JSON
 //! object.
 
 use std::{
