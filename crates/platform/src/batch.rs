@@ -3,7 +3,7 @@
 //! the batch function. At most `parallel` batches run at once; calls that arrive while they run
 //! form the next batch (up to `max_batch`, optionally waiting `max_wait` for more, else for one
 //! turn of the scheduler), so batches grow with the load and a lone call under no load runs at
-//! once.
+//! once. The services' batchers and why each is sized as it is: docs/architecture.md#batchers.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -161,10 +161,11 @@ impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
                     // Callers woken by one event (the answers of the batch before, say) queue
                     // one task after another, on the runtime's worker threads: one turn of the
                     // scheduler lets the rest of them join this batch rather than start a
-                    // small one of their own. In session 11's A/B (big sale, six alternating
-                    // pairs) the order service's write batches grew from ~17 orders to ~24 and
-                    // its gate batches from ~9 to ~11; PostgreSQL spent ~15% less per accepted
-                    // order and the platform accepted ~12% more orders per second.
+                    // small one of their own. Measured on the big sale (six alternating runs
+                    // with and without the turn), the order service's write batches grew from
+                    // ~17 orders to ~24 and its gate batches from ~9 to ~11; PostgreSQL spent
+                    // ~15% less per accepted order and the platform accepted ~12% more orders
+                    // per second (docs/architecture.md#batchers).
                     if jobs.len() < max_batch {
                         tokio::task::yield_now().await;
                         drain(&mut rx, &mut jobs, max_batch);

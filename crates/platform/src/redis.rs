@@ -8,7 +8,8 @@
 //! unusable (a dropped connection, an I/O error, a response timeout) instead of handing it out
 //! again, and checks one whose last command was cut off before its answer. Connections
 //! are handed out most recently used first, so the few in use under load stay warm and the rest
-//! are checked before they serve again.
+//! are checked before they serve again. Why, and what it costs after a Redis restart:
+//! docs/adr/0006-redis-pool-ping-bypass.md.
 
 use std::time::Duration;
 

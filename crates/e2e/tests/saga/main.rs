@@ -1,4 +1,4 @@
-//! The whole saga across the three services as separate processes (issue #5): 1,000 buyers for
+//! The whole saga across the three services as separate processes: 1,000 buyers for
 //! 100 units; 70% of the winners pay, 20% never pay, 10% pay after the deadline; the warehouse
 //! fails 5% of shipments. At quiescence every order is SHIPPED or CANCELLED, shipped +
 //! available = initial stock, every failed shipment and late payment has exactly one refund, and
