@@ -12,7 +12,7 @@ mod time;
 pub use limits::*;
 pub use policy::Policy;
 pub use refusal::Refusal;
-pub use sku::{Sku, SkuError, check_sku};
+pub use sku::{SKU_MAX_LEN, Sku, SkuError, check_sku};
 pub use time::{from_timestamp, to_timestamp};
 
 /// A canonical hyphenated UUID (lowercase or uppercase); anything else, braces, URNs or the

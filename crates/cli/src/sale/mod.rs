@@ -21,7 +21,7 @@ use std::{
 use anyhow::Context as _;
 use clap::ValueEnum;
 use flashsale_platform::auth::Role;
-use flashsale_product_stock::adapters::redis::gate::{SKU_MAX_LEN, validate_sku};
+use flashsale_product_stock::infra::gate::{SKU_MAX_LEN, validate_sku};
 use flashsale_proto::{
     order::v1::order_service_client::OrderServiceClient,
     outbound::v1::outbound_service_client::OutboundServiceClient,
