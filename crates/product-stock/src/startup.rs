@@ -38,22 +38,27 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     )
     .await?;
     let pool = flashsale_platform::redis::pool(&settings.redis)?;
-    let gate = RedisGate::new(
+    let redis_gate = RedisGate::new(
         pool,
         settings.redis.key_prefix.clone(),
         Duration::from_secs(settings.stock.order_record_ttl_secs),
     );
     // One terms cache for every handle: a product's terms never change after creation.
     let terms = Terms::new(f.db.clone());
-    let catalog = Catalog::new(f.db.clone(), gate.clone(), failpoints.clone());
-    let reserve = Gate::new(f.db.clone(), gate.clone(), terms.clone(), &settings.stock);
+    let catalog = Catalog::new(f.db.clone(), redis_gate.clone(), failpoints.clone());
+    let gate = Gate::new(
+        f.db.clone(),
+        redis_gate.clone(),
+        terms.clone(),
+        &settings.stock,
+    );
     let saga = StockSaga::new(
         f.db.clone(),
-        gate.clone(),
+        redis_gate.clone(),
         terms.clone(),
         failpoints.clone(),
     );
-    let reconciler = Reconciler::new(f.db.clone(), gate, terms, &settings.stock);
+    let reconciler = Reconciler::new(f.db.clone(), redis_gate, terms, &settings.stock);
 
     let topologies = [
         amqp::order_events_topology(&settings.amqp),
@@ -80,11 +85,9 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
-            ProductStockServiceServer::new(ProductStockApi::new(
-                catalog, reserve, saga, reconciler,
-            ))
-            .max_decoding_message_size(max)
-            .max_encoding_message_size(max),
+            ProductStockServiceServer::new(ProductStockApi::new(catalog, gate, saga, reconciler))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
             f.auth.clone(),
         ))
         .with_service(InterceptedService::new(

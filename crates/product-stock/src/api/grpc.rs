@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     app::{Catalog, DriftReport, Gate, Reconciler, StockSaga},
     domain::{
-        Adjustment, DeductionPolicy, GateBuyers, Product, ProductDraft, ReservationState,
+        Adjustment, DeductionPolicy, GateBuyers, Product, ProductDraft, Refusal, ReservationState,
         ReserveRequest, Sku, StockError, parse_order_id,
     },
 };
@@ -109,7 +109,7 @@ impl From<StockError> for ApiError {
             },
             StockError::Refused(r, _) => ApiError::failed_precondition(r.reason(), message),
             StockError::WriteOffBelowReserved => {
-                ApiError::failed_precondition("INSUFFICIENT_STOCK", message)
+                ApiError::failed_precondition(Refusal::InsufficientStock.reason(), message)
             }
             StockError::IdempotencyKeyReused(_) => {
                 ApiError::failed_precondition("IDEMPOTENCY_KEY_REUSED", message)

@@ -15,7 +15,9 @@ use uuid::Uuid;
 
 use super::{PRODUCER, Terms, failpoint, gate_err};
 use crate::{
-    domain::{DeductionPolicy, Reservation, ReservationState, Sku, StockError, parse_order_id},
+    domain::{
+        DeductionPolicy, Refusal, Reservation, ReservationState, Sku, StockError, parse_order_id,
+    },
     infra::{db, gate::RedisGate},
 };
 
@@ -192,7 +194,7 @@ impl StockSaga {
                 order_id,
                 row.state,
                 ReservationState::Released,
-                "INSUFFICIENT_STOCK",
+                Refusal::InsufficientStock.reason(),
             )
             .await?;
             let detail = "the database has fewer units than the gate admitted";
