@@ -15,9 +15,10 @@ use flashsale_proto::{
 use tonic::service::interceptor::InterceptedService;
 
 use crate::{
-    adapters::{amqp, grpc::ProductStockApi, redis::gate::RedisGate},
-    app::StockService,
+    api::{amqp, grpc::ProductStockApi},
+    app::{Catalog, Gate, Reconciler, StockSaga, Terms},
     config::Settings,
+    infra::gate::RedisGate,
     migration::Migrator,
 };
 
@@ -37,26 +38,36 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     )
     .await?;
     let pool = flashsale_platform::redis::pool(&settings.redis)?;
-    let gate = RedisGate::new(
+    let redis_gate = RedisGate::new(
         pool,
         settings.redis.key_prefix.clone(),
         Duration::from_secs(settings.stock.order_record_ttl_secs),
     );
-    let service = StockService::new(
+    // One terms cache for every handle: a product's terms never change after creation.
+    let terms = Terms::new(f.db.clone());
+    let catalog = Catalog::new(f.db.clone(), redis_gate.clone(), failpoints.clone());
+    let gate = Gate::new(
         f.db.clone(),
-        gate,
-        settings.stock.clone(),
+        redis_gate.clone(),
+        terms.clone(),
+        &settings.stock,
+    );
+    let saga = StockSaga::new(
+        f.db.clone(),
+        redis_gate.clone(),
+        terms.clone(),
         failpoints.clone(),
     );
+    let reconciler = Reconciler::new(f.db.clone(), redis_gate, terms, &settings.stock);
 
     let topologies = [
         amqp::order_events_topology(&settings.amqp),
         amqp::stock_events_topology(&settings.amqp),
     ];
-    let svc = service.clone();
     let created =
-        crate::app::created_batcher(service.clone(), usize::from(settings.amqp.prefetch) / 2);
-    let handler = move |msg| amqp::handle(svc.clone(), created.clone(), msg);
+        crate::app::created_batcher(saga.clone(), usize::from(settings.amqp.prefetch) / 2);
+    let consumer_saga = saga.clone();
+    let handler = move |msg| amqp::handle(consumer_saga.clone(), created.clone(), msg);
     let dead_letters = flashsale_messaging::wiring::start(
         &mut f.runner,
         &f.db,
@@ -69,12 +80,12 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     .await?
     .dead_letters;
     f.runner
-        .spawn(service.clone().run_sweeper(f.runner.shutdown()));
+        .spawn(reconciler.clone().run_sweeper(f.runner.shutdown()));
 
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
-            ProductStockServiceServer::new(ProductStockApi::new(service))
+            ProductStockServiceServer::new(ProductStockApi::new(catalog, gate, saga, reconciler))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             f.auth.clone(),

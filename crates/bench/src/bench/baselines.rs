@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use flashsale_product_stock::adapters::redis::gate::{RedisGate, ReserveOutcome};
+use flashsale_product_stock::infra::gate::{RedisGate, ReserveOutcome};
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, TransactionTrait};
 use uuid::Uuid;
 

@@ -281,7 +281,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     pool_size: load.concurrency.clamp(1, 256),
                 };
                 let pool = flashsale_platform::redis::pool(&settings)?;
-                let gate = flashsale_product_stock::adapters::redis::gate::RedisGate::new(
+                let gate = flashsale_product_stock::infra::gate::RedisGate::new(
                     pool,
                     settings.key_prefix.clone(),
                     Duration::from_secs(600),

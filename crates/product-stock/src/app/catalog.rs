@@ -1,13 +1,14 @@
 //! Creating, reading, listing and restocking products.
 
 use flashsale_messaging::{envelope, outbox};
+use flashsale_platform::failpoint::Failpoints;
 use flashsale_proto::events::v1::{StockAdjusted, envelope::Payload};
-use sea_orm::TransactionTrait as _;
+use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
-use super::{PRODUCER, StockService, gate_err};
+use super::{PRODUCER, failpoint, gate_err};
 use crate::{
-    adapters::db,
     domain::{Adjustment, Product, ProductDraft, Sku, StockError},
+    infra::{db, gate::RedisGate},
 };
 
 /// Largest and default page of ListProducts.
@@ -18,7 +19,23 @@ const TOKEN_PREFIX: &str = "p1.";
 /// A product and the gate's counter for it (`None` while the gate has not loaded it).
 pub type ProductView = (Product, Option<i64>);
 
-impl StockService {
+/// The catalog's use cases: products and their stock adjustments. Cheap to clone.
+#[derive(Clone)]
+pub struct Catalog {
+    db: DatabaseConnection,
+    gate: RedisGate,
+    failpoints: Failpoints,
+}
+
+impl Catalog {
+    pub fn new(db: DatabaseConnection, gate: RedisGate, failpoints: Failpoints) -> Self {
+        Self {
+            db,
+            gate,
+            failpoints,
+        }
+    }
+
     /// Creates a product and seeds the gate with its initial stock.
     #[tracing::instrument(skip_all, fields(sku = %draft.sku))]
     pub async fn create_product(&self, draft: ProductDraft) -> Result<ProductView, StockError> {
@@ -129,7 +146,7 @@ impl StockService {
             PRODUCER,
         );
         outbox::enqueue(&txn, &env).await?;
-        // The gate follows under the stock row lock (see `release_persisted`); when Redis is
+        // The gate follows under the stock row lock (see `StockSaga`'s release); when Redis is
         // down the `stock.adjusted` event applies it later, once.
         if let Err(e) = self
             .gate
@@ -138,7 +155,7 @@ impl StockService {
         {
             tracing::warn!(error = %e, "gate not adjusted now; the stock.adjusted event will");
         }
-        self.failpoint("stock.adjust.before_commit").await?;
+        failpoint(&self.failpoints, "stock.adjust.before_commit").await?;
         txn.commit().await?;
         Ok((self.get_product(&adj.sku).await?, false))
     }
@@ -180,7 +197,6 @@ fn decode_token(token: &str) -> Result<String, StockError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

@@ -1,6 +1,7 @@
-//! Keeping the gate and the database in agreement (ARCHITECTURE §4, §6): settle holds the
-//! database already has, expire holds that never reached it, report the drift of
-//! `gate_available + held` from the database's figure and, on request, repair it.
+//! Keeping the gate and the database in agreement (docs/architecture.md#the-stock-model,
+//! docs/architecture.md#operations, docs/invariants.md invariant 3): settle holds the database
+//! already has, expire holds that never reached it, report the drift of `gate_available + held`
+//! from the database's figure and, on request, repair it.
 
 use std::time::Duration;
 
@@ -9,12 +10,16 @@ use flashsale_proto::events::v1::{
     Envelope, ReservationFailureReason, StockGateRefilled, StockReservationFailed,
     envelope::Payload,
 };
-use sea_orm::TransactionTrait as _;
+use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
-use super::{StockService, gate_err, saga::HOLD_EXPIRED};
+use super::{Terms, gate::rebuild, gate_err, saga::HOLD_EXPIRED};
 use crate::{
-    adapters::{db, redis::gate::RepairOutcome},
+    config::StockSettings,
     domain::{Reservation, ReservationState, Sku, StockError},
+    infra::{
+        db,
+        gate::{RedisGate, RepairOutcome},
+    },
 };
 
 /// One product's comparison of the gate with the database.
@@ -51,7 +56,33 @@ pub(super) fn gate_refilled(sku: &Sku, before: i64, after: i64, cause: &str) -> 
     )
 }
 
-impl StockService {
+/// The reconciler's use cases: the gate against the database, and the sweeper of expired
+/// holds. Cheap to clone.
+#[derive(Clone)]
+pub struct Reconciler {
+    db: DatabaseConnection,
+    gate: RedisGate,
+    terms: Terms,
+    hold_ttl_ms: u64,
+    sweep_interval_ms: u64,
+}
+
+impl Reconciler {
+    pub fn new(
+        db: DatabaseConnection,
+        gate: RedisGate,
+        terms: Terms,
+        settings: &StockSettings,
+    ) -> Self {
+        Self {
+            db,
+            gate,
+            terms,
+            hold_ttl_ms: settings.hold_ttl_ms,
+            sweep_interval_ms: settings.sweep_interval_ms,
+        }
+    }
+
     /// Compares (and with `repair`, corrects) the gate of each sku (every product when empty).
     pub async fn reconcile(
         &self,
@@ -85,7 +116,7 @@ impl StockService {
             Some(s) => s,
             None if repair => {
                 drop(txn);
-                self.rebuild_gate(sku).await?;
+                rebuild(&self.db, &self.gate, sku).await?;
                 return Box::pin(self.reconcile_one(sku, false))
                     .await
                     .map(|r| DriftReport {
@@ -162,7 +193,7 @@ impl StockService {
                 }
                 None if cutoff_ms == i64::MAX => txn.commit().await?, // young hold: leave it be
                 None => {
-                    let policy = self.terms(sku).await?.policy;
+                    let policy = self.terms.get(sku).await?.policy;
                     let tombstone = Reservation {
                         order_id: hold.order_id,
                         sku: sku.clone(),
@@ -215,7 +246,7 @@ impl StockService {
 
     /// One sweep over every product: expire holds older than `stock.hold_ttl_ms`.
     pub async fn sweep_expired_holds(&self) -> Result<u64, StockError> {
-        let ttl = i64::try_from(self.settings.hold_ttl_ms).unwrap_or(i64::MAX);
+        let ttl = i64::try_from(self.hold_ttl_ms).unwrap_or(i64::MAX);
         let cutoff = chrono::Utc::now().timestamp_millis().saturating_sub(ttl);
         let mut total = 0;
         for sku in db::all_skus(&self.db).await? {
@@ -229,7 +260,7 @@ impl StockService {
         self,
         shutdown: flashsale_platform::shutdown::Shutdown,
     ) -> anyhow::Result<()> {
-        let period = Duration::from_millis(self.settings.sweep_interval_ms);
+        let period = Duration::from_millis(self.sweep_interval_ms);
         flashsale_platform::shutdown::every(period, shutdown, "hold sweep", || {
             self.sweep_expired_holds()
         })

@@ -1,36 +1,29 @@
-//! product-stock's part of the order saga (ARCHITECTURE §3): persist reservations from
+//! product-stock's part of the order saga (docs/architecture.md#the-order-saga): persist reservations from
 //! `order.created`, release them on `order.cancelled` (leaving a tombstone when the cancel comes
 //! first), commit them at shipment, and follow `stock.adjusted` in the gate. Each handler runs in
 //! one database transaction with its inbox row, so a redelivered message has no second effect;
 //! the gate is told afterwards, with idempotent scripts, and the sweeper mends a lost update.
 
 use flashsale_messaging::{envelope, inbox, outbox};
-use flashsale_proto::{
-    events::v1::{
-        Envelope, OrderCancelled, OrderCreated, ReservationFailureReason, StockAdjusted,
-        StockCommitted, StockReleased, StockReservationFailed, StockReserved, envelope::Payload,
-    },
-    product::v1::DeductionPolicy as ProtoPolicy,
+use flashsale_platform::failpoint::Failpoints;
+use flashsale_proto::events::v1::{
+    Envelope, OrderCancelled, OrderCreated, ReservationFailureReason, StockAdjusted,
+    StockCommitted, StockReleased, StockReservationFailed, StockReserved, envelope::Payload,
 };
-use sea_orm::{DatabaseTransaction, TransactionTrait as _};
+use sea_orm::{DatabaseConnection, DatabaseTransaction, TransactionTrait as _};
 use uuid::Uuid;
 
-use super::{PRODUCER, StockService};
+use super::{PRODUCER, Terms, failpoint, gate_err};
 use crate::{
-    adapters::db,
-    domain::{DeductionPolicy, Reservation, ReservationState, Sku, StockError, parse_order_id},
+    domain::{
+        DeductionPolicy, Refusal, Reservation, ReservationState, Sku, StockError, parse_order_id,
+    },
+    infra::{db, gate::RedisGate},
 };
 
 /// Tombstone causes: a later `order.created` for the order is refused.
 pub const CANCELLED_BEFORE_CREATED: &str = "CANCELLED_BEFORE_CREATED";
 pub const HOLD_EXPIRED: &str = "HOLD_EXPIRED";
-
-pub(super) fn proto_policy(p: DeductionPolicy) -> i32 {
-    match p {
-        DeductionPolicy::ReserveThenCommit => ProtoPolicy::ReserveThenCommit as i32,
-        DeductionPolicy::CommitAtOrder => ProtoPolicy::CommitAtOrder as i32,
-    }
-}
 
 pub(super) fn parse_event_fields(
     order_id: &str,
@@ -45,7 +38,31 @@ pub(super) fn parse_event_fields(
     Ok((id, sku))
 }
 
-impl StockService {
+/// product-stock's steps of the order saga: the consumers of `order.created`,
+/// `order.cancelled` and `stock.adjusted`, and `CommitReservation` at shipment. Cheap to clone.
+#[derive(Clone)]
+pub struct StockSaga {
+    pub(super) db: DatabaseConnection,
+    pub(super) gate: RedisGate,
+    pub(super) terms: Terms,
+    pub(super) failpoints: Failpoints,
+}
+
+impl StockSaga {
+    pub fn new(
+        db: DatabaseConnection,
+        gate: RedisGate,
+        terms: Terms,
+        failpoints: Failpoints,
+    ) -> Self {
+        Self {
+            db,
+            gate,
+            terms,
+            failpoints,
+        }
+    }
+
     /// Opens the handler's transaction and claims the message; `None` when it was seen before.
     async fn claim(
         &self,
@@ -112,7 +129,7 @@ impl StockService {
             }
             None => {}
         }
-        let terms = match self.terms(&sku).await {
+        let terms = match self.terms.get(&sku).await {
             Ok(t) => t,
             Err(StockError::UnknownProduct(_)) => {
                 outbox::enqueue(
@@ -159,7 +176,7 @@ impl StockService {
                 order_id: ev.order_id.clone(),
                 sku: ev.sku.clone(),
                 quantity: q,
-                deduction_policy: proto_policy(terms.policy),
+                deduction_policy: terms.policy.as_proto(),
             };
             outbox::enqueue(
                 &txn,
@@ -169,7 +186,7 @@ impl StockService {
             // Gate changes that follow the database happen before the commit (see
             // `release_persisted`); a failed commit is retried and finds the hold marked.
             self.gate_mark_persisted(&sku, order_id).await?;
-            self.failpoint("stock.order_created.before_commit").await?;
+            failpoint(&self.failpoints, "stock.order_created.before_commit").await?;
             txn.commit().await?;
         } else {
             db::set_reservation_state(
@@ -177,7 +194,7 @@ impl StockService {
                 order_id,
                 row.state,
                 ReservationState::Released,
-                "INSUFFICIENT_STOCK",
+                Refusal::InsufficientStock.reason(),
             )
             .await?;
             let detail = "the database has fewer units than the gate admitted";
@@ -210,7 +227,8 @@ impl StockService {
         };
         let Some(r) = db::reservation(&txn, order_id, true).await? else {
             let policy = self
-                .terms(&sku)
+                .terms
+                .get(&sku)
                 .await
                 .map(|t| t.policy)
                 .unwrap_or(DeductionPolicy::ReserveThenCommit);
@@ -287,9 +305,8 @@ impl StockService {
         self.gate
             .release(r.sku.as_str(), r.order_id, &r.user_id, r.quantity)
             .await
-            .map_err(super::gate_err)?;
-        self.failpoint("stock.order_cancelled.before_commit")
-            .await?;
+            .map_err(gate_err)?;
+        failpoint(&self.failpoints, "stock.order_cancelled.before_commit").await?;
         txn.commit().await?;
         Ok(())
     }
@@ -378,7 +395,7 @@ impl StockService {
         self.gate
             .adjust(sku.as_str(), &ev.request_id, ev.delta)
             .await
-            .map_err(super::gate_err)?;
+            .map_err(gate_err)?;
         txn.commit().await?;
         Ok(())
     }
@@ -388,7 +405,7 @@ impl StockService {
             .mark_persisted(sku.as_str(), order_id)
             .await
             .map(drop)
-            .map_err(super::gate_err)
+            .map_err(gate_err)
     }
 
     async fn gate_drop_hold(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
@@ -396,7 +413,7 @@ impl StockService {
             .drop_hold(sku.as_str(), order_id)
             .await
             .map(drop)
-            .map_err(super::gate_err)
+            .map_err(gate_err)
     }
 
     async fn gate_release_unpersisted(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
@@ -404,6 +421,6 @@ impl StockService {
             .release_unpersisted(sku.as_str(), order_id)
             .await
             .map(drop)
-            .map_err(super::gate_err)
+            .map_err(gate_err)
     }
 }

@@ -8,7 +8,7 @@
 //! Only the common case is batched: new messages for new orders of known products that the
 //! database has units for. Anything else in a batch (a redelivery, a tombstone, an unknown
 //! product, too few units, any error) rolls the batch back and every message of it runs
-//! through [`StockService::on_order_created`] on its own, which handles all the cases.
+//! through [`StockSaga::on_order_created`] on its own, which handles all the cases.
 
 use std::collections::BTreeMap;
 
@@ -18,10 +18,10 @@ use flashsale_proto::events::v1::{Envelope, OrderCreated, StockReserved, envelop
 use sea_orm::TransactionTrait as _;
 use uuid::Uuid;
 
-use super::{PRODUCER, StockService, saga::parse_event_fields};
+use super::{PRODUCER, StockSaga, failpoint, gate_err, saga::parse_event_fields};
 use crate::{
-    adapters::db,
     domain::{DeductionPolicy, Reservation, ReservationState, Sku, StockError},
+    infra::db,
 };
 
 /// One `order.created` delivery waiting for its batch.
@@ -42,37 +42,37 @@ pub const GATHER: std::time::Duration = std::time::Duration::from_millis(20);
 /// Most deliveries persisted in one transaction.
 pub const MAX_BATCH: usize = 128;
 
-/// The batching worker of `order.created`; cheap to clone. It holds a clone of the service
-/// until its last handle is dropped (when the consumer stops).
+/// The batching worker of `order.created`; cheap to clone. It holds a clone of the saga's
+/// handle until its last handle is dropped (when the consumer stops).
 pub type CreatedBatcher = Batcher<Created, Result<(), StockError>>;
 
 /// Batches applied at once by one replica. One: the next batch forms while it commits, and
 /// as large batches as the consumer's prefetch allows cost PostgreSQL the least per event.
-/// In session 10's A/B (big sale, three alternating pairs, the same build), one instead of two
+/// Measured on a big sale on two cores, alternating runs of the same build, one instead of two
 /// left the saga's pace against the raw insert where it was (1.14–1.45 × against
 /// 1.10–1.32 ×) but, with fewer of the saga's transactions competing for the two cores, cut
 /// the p99 of the buyers refused after the sell-out from 46–62 ms to 28–40 ms. Several
-/// replicas each apply their own.
+/// replicas each apply their own (docs/architecture.md#batchers).
 const SAGA_BATCHES_IN_FLIGHT: usize = 1;
 
 /// Starts the worker: one batch at a time (`SAGA_BATCHES_IN_FLIGHT`), each of at most
 /// `max_batch` deliveries (at most [`MAX_BATCH`]). Size batches to what the consumer can hold: with a
 /// prefetch of P, `P / 2`, so the next batch can fill while one is applied — a batch that
 /// cannot fill up would wait the whole [`GATHER`] every time.
-pub fn created_batcher(service: StockService, max_batch: usize) -> CreatedBatcher {
+pub fn created_batcher(saga: StockSaga, max_batch: usize) -> CreatedBatcher {
     Batcher::spawn(
         "stock_order_created",
         max_batch.clamp(1, MAX_BATCH),
         GATHER,
         SAGA_BATCHES_IN_FLIGHT,
         move |items: Vec<Created>| {
-            let service = service.clone();
-            async move { Ok::<_, std::convert::Infallible>(service.persist_created(items).await) }
+            let saga = saga.clone();
+            async move { Ok::<_, std::convert::Infallible>(saga.persist_created(items).await) }
         },
     )
 }
 
-impl StockService {
+impl StockSaga {
     /// Persists a batch of `order.created`; one answer per delivery, in order.
     pub async fn persist_created(&self, items: Vec<Created>) -> Vec<Result<(), StockError>> {
         together_or_each(
@@ -109,7 +109,7 @@ impl StockService {
             else {
                 return Ok(false);
             };
-            let policy = match self.terms(&sku).await {
+            let policy = match self.terms.get(&sku).await {
                 Ok(t) => t.policy,
                 Err(StockError::UnknownProduct(_)) => return Ok(false),
                 Err(e) => return Err(e),
@@ -172,7 +172,7 @@ impl StockService {
                         order_id: c.ev.order_id.clone(),
                         sku: c.ev.sku.clone(),
                         quantity: r.quantity,
-                        deduction_policy: super::saga::proto_policy(r.policy),
+                        deduction_policy: r.policy.as_proto(),
                     }),
                     PRODUCER,
                 );
@@ -193,11 +193,11 @@ impl StockService {
             .gate
             .mark_persisted_many(&marks)
             .await
-            .map_err(super::gate_err)?
+            .map_err(gate_err)?
         {
-            mark.map_err(super::gate_err)?;
+            mark.map_err(gate_err)?;
         }
-        self.failpoint("stock.order_created.before_commit").await?;
+        failpoint(&self.failpoints, "stock.order_created.before_commit").await?;
         txn.commit().await?;
         Ok(true)
     }

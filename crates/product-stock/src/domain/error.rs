@@ -1,23 +1,7 @@
-//! The product-stock error enum (mapped to the API in `adapters::grpc`, from the database in
-//! `adapters::db`).
+//! The product-stock error enum (mapped to the API in `api::grpc`, from the database in
+//! `infra::db`).
 
-/// Why the gate refused a reservation (an `ErrorInfo` reason).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
-    SoldOut,
-    InsufficientStock,
-    UserLimitExceeded,
-}
-
-impl Refusal {
-    pub fn reason(self) -> &'static str {
-        match self {
-            Self::SoldOut => "SOLD_OUT",
-            Self::InsufficientStock => "INSUFFICIENT_STOCK",
-            Self::UserLimitExceeded => "USER_LIMIT_EXCEEDED",
-        }
-    }
-}
+use flashsale_contract::{Refusal, SkuError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StockError {
@@ -50,6 +34,13 @@ fn refusal_message(r: &Refusal, available: i64) -> String {
         Refusal::UserLimitExceeded => {
             "the per-user limit of this product would be exceeded".to_owned()
         }
+    }
+}
+
+/// A string that is not a sku is an invalid `sku` field.
+impl From<SkuError> for StockError {
+    fn from(e: SkuError) -> Self {
+        Self::invalid("sku", e.to_string())
     }
 }
 

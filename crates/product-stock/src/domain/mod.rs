@@ -2,87 +2,26 @@
 //! are valid (a [`Sku`] is always well-formed, a [`ProductDraft`] always acceptable), so the
 //! layers below never re-check them.
 
-use std::fmt;
-
+mod buyers;
 mod error;
 
-pub use error::{Refusal, StockError};
+pub use buyers::{GateBuyers, REFILLS_MAX_LEN, check_known_refills};
+pub use error::StockError;
+/// When on_hand is deducted; its database, event and API names are the contract's.
+pub use flashsale_contract::Policy as DeductionPolicy;
+/// Why the gate refused a reservation; its reasons are the contract's.
+pub use flashsale_contract::Refusal;
+/// A product identifier: 1..=64 ASCII letters, digits, `-`, `_` or `.` (the contract's sku). No
+/// braces, spaces or colons, so it can sit inside a Redis hash tag and a key without escaping.
+pub use flashsale_contract::Sku;
 
-/// Longest sku.
-pub const SKU_MAX_LEN: usize = 64;
-/// Longest product name.
-pub const NAME_MAX_LEN: usize = 200;
-/// Longest idempotency key or reason of an adjustment.
-pub const REQUEST_ID_MAX_LEN: usize = 64;
-pub const REASON_MAX_LEN: usize = 200;
-/// Largest stock figure accepted anywhere (well inside Lua's exact-integer range).
-pub const MAX_UNITS: i64 = 1_000_000_000;
-/// Longest user id.
-pub const USER_ID_MAX_LEN: usize = 128;
+use flashsale_contract::{
+    MAX_PRICE_CENTS, MAX_UNITS, NAME_MAX_LEN, REASON_MAX_LEN, REQUEST_ID_MAX_LEN, USER_ID_MAX_LEN,
+};
 
-/// A product identifier: 1..=64 ASCII letters, digits, `-`, `_` or `.`. No braces, spaces or
-/// colons, so it can sit inside a Redis hash tag and a key without escaping.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Sku(String);
-
-impl Sku {
-    pub fn parse(raw: &str) -> Result<Self, StockError> {
-        if raw.is_empty() {
-            return Err(StockError::invalid("sku", "must not be empty"));
-        }
-        if raw.len() > SKU_MAX_LEN {
-            return Err(StockError::invalid(
-                "sku",
-                format!("must be at most {SKU_MAX_LEN} characters"),
-            ));
-        }
-        if !raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        {
-            return Err(StockError::invalid(
-                "sku",
-                "may contain only ASCII letters, digits, '-', '_' and '.'",
-            ));
-        }
-        Ok(Self(raw.to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for Sku {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// When on_hand is deducted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeductionPolicy {
-    /// Retail: reserve at order, deduct at shipment.
-    ReserveThenCommit,
-    /// Ticketing: deduct when the order is persisted.
-    CommitAtOrder,
-}
-
-impl DeductionPolicy {
-    pub fn as_db(self) -> &'static str {
-        match self {
-            Self::ReserveThenCommit => "RESERVE_THEN_COMMIT",
-            Self::CommitAtOrder => "COMMIT_AT_ORDER",
-        }
-    }
-
-    pub fn from_db(s: &str) -> Option<Self> {
-        match s {
-            "RESERVE_THEN_COMMIT" => Some(Self::ReserveThenCommit),
-            "COMMIT_AT_ORDER" => Some(Self::CommitAtOrder),
-            _ => None,
-        }
-    }
+/// The field violation of a string that is not a sku.
+fn sku_violation(e: flashsale_contract::SkuError) -> (String, String) {
+    ("sku".to_owned(), e.to_string())
 }
 
 /// A product to create.
@@ -107,7 +46,7 @@ impl ProductDraft {
         policy: Option<DeductionPolicy>,
     ) -> Result<Self, StockError> {
         let mut bad = Vec::new();
-        let sku = Sku::parse(sku).map_err(|e| bad.extend(e.violations())).ok();
+        let sku = Sku::parse(sku).map_err(|e| bad.push(sku_violation(e))).ok();
         let name = name.trim();
         if name.is_empty() || name.chars().count() > NAME_MAX_LEN {
             bad.push((
@@ -115,7 +54,7 @@ impl ProductDraft {
                 format!("must be 1..={NAME_MAX_LEN} characters"),
             ));
         }
-        if !(0..=MAX_UNITS * 100).contains(&price_cents) {
+        if !(0..=MAX_PRICE_CENTS).contains(&price_cents) {
             bad.push(("price_cents".into(), "must be >= 0 (and sane)".into()));
         }
         if !(0..=MAX_UNITS).contains(&initial_stock) {
@@ -164,7 +103,8 @@ impl Product {
         self.on_hand - self.reserved
     }
 
-    /// What the gate's counter plus its unpersisted holds must equal (ARCHITECTURE §4).
+    /// What the gate's counter plus its unpersisted holds must equal
+    /// (docs/architecture.md#the-stock-model, docs/invariants.md invariant 3).
     pub fn gate_target(&self) -> i64 {
         match self.policy {
             DeductionPolicy::ReserveThenCommit => self.on_hand - self.reserved,
@@ -201,7 +141,7 @@ impl Adjustment {
                 format!("must be 1..={REQUEST_ID_MAX_LEN} characters"),
             ));
         }
-        let sku = Sku::parse(sku).map_err(|e| bad.extend(e.violations())).ok();
+        let sku = Sku::parse(sku).map_err(|e| bad.push(sku_violation(e))).ok();
         if delta == 0 || delta.abs() > MAX_UNITS {
             bad.push((
                 "delta".into(),
@@ -254,7 +194,7 @@ impl ReserveRequest {
                 format!("must be 1..={USER_ID_MAX_LEN} bytes"),
             ));
         }
-        let sku = Sku::parse(sku).map_err(|e| bad.extend(e.violations())).ok();
+        let sku = Sku::parse(sku).map_err(|e| bad.push(sku_violation(e))).ok();
         if quantity < 1 || quantity > max_quantity {
             bad.push(("quantity".into(), format!("must be 1..={max_quantity}")));
         }
@@ -270,17 +210,16 @@ impl ReserveRequest {
     }
 }
 
-/// A canonical hyphenated UUID.
+/// A canonical hyphenated UUID (the contract's one spelling of an order id).
 pub fn parse_order_id(raw: &str) -> Result<uuid::Uuid, StockError> {
-    let id = uuid::Uuid::try_parse(raw)
-        .map_err(|_| StockError::invalid("order_id", "must be a UUID"))?;
-    if id.hyphenated().to_string() != raw.to_ascii_lowercase() {
-        return Err(StockError::invalid(
-            "order_id",
-            "must be a UUID in canonical hyphenated form",
-        ));
-    }
-    Ok(id)
+    flashsale_contract::parse_canonical_uuid(raw).ok_or_else(|| {
+        let description = if uuid::Uuid::try_parse(raw).is_ok() {
+            "must be a UUID in canonical hyphenated form"
+        } else {
+            "must be a UUID"
+        };
+        StockError::invalid("order_id", description)
+    })
 }
 
 /// Where one order's reservation is in the database.

@@ -79,6 +79,8 @@ CREATE TABLE stock_adjustments (
 );
 "#;
 
+// `SchemaManager<'_>` would satisfy the lint, but after `async_trait`'s expansion its lifetime no
+// longer matches the trait's (E0195), so the elided form stays.
 #[allow(elided_lifetimes_in_paths)]
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use flashsale_messaging::{Broker, Publisher, envelope};
 use flashsale_platform::{auth::Role, failpoint::Failpoints, shutdown::Shutdown};
-use flashsale_product_stock::{adapters::redis::gate::RedisGate, config::Settings};
+use flashsale_product_stock::{config::Settings, infra::gate::RedisGate};
 use flashsale_proto::{
     events::v1::{Envelope, envelope::Payload},
     product::v1::{

@@ -275,7 +275,7 @@ async fn events_for_unknown_products_are_refused_and_malformed_ones_parked() {
         std::time::Duration::from_secs(15),
         "two parked",
         || async {
-            (app.parked(flashsale_product_stock::adapters::amqp::ORDER_EVENTS_QUEUE)
+            (app.parked(flashsale_product_stock::api::amqp::ORDER_EVENTS_QUEUE)
                 .await
                 == 2)
                 .then_some(())

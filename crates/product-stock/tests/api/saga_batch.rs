@@ -2,7 +2,7 @@
 //! anything unusual in it handled one by one with the same results as single deliveries.
 
 use flashsale_messaging::envelope;
-use flashsale_product_stock::app::{Created, StockService};
+use flashsale_product_stock::app::{Created, StockSaga, Terms};
 use flashsale_proto::{
     events::v1::{Envelope, ReservationFailureReason, envelope::Payload},
     product::v1::DeductionPolicy,
@@ -19,11 +19,11 @@ const RTC: DeductionPolicy = DeductionPolicy::ReserveThenCommit;
 const CAO: DeductionPolicy = DeductionPolicy::CommitAtOrder;
 const CONSUMER: &str = "product-stock.order-events";
 
-fn stock_service(app: &TestApp) -> StockService {
-    StockService::new(
+fn stock_saga(app: &TestApp) -> StockSaga {
+    StockSaga::new(
         app.conn.clone(),
         app.gate.clone(),
-        app.settings.stock.clone(),
+        Terms::new(app.conn.clone()),
         app.failpoints.clone(),
     )
 }
@@ -63,7 +63,7 @@ async fn a_batch_of_new_orders_is_persisted_in_one_transaction() {
     for i in 0..10 {
         batch.push(held(&app, &format!("v{i}"), "B2", 1).await);
     }
-    let svc = stock_service(&app);
+    let svc = stock_saga(&app);
     let answers = svc.persist_created(batch.iter().map(item).collect()).await;
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     assert_eq!(
@@ -126,7 +126,7 @@ async fn a_batch_of_new_orders_is_persisted_in_one_transaction() {
 async fn a_batch_with_unusual_deliveries_gives_each_its_own_answer() {
     let app = spawn_app().await;
     app.create("M1", 10, 0, RTC).await;
-    let svc = stock_service(&app);
+    let svc = stock_saga(&app);
     let good: Vec<Envelope> = [
         held(&app, "a", "M1", 1).await,
         held(&app, "b", "M1", 1).await,
@@ -224,7 +224,7 @@ async fn a_batch_the_database_cannot_cover_never_oversells() {
     // The database has fewer units than the gate handed out (a write-off the gate missed).
     app.exec("UPDATE stock SET on_hand = 2 WHERE sku = 'SHORT'")
         .await;
-    let answers = stock_service(&app)
+    let answers = stock_saga(&app)
         .persist_created(batch.iter().map(item).collect())
         .await;
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");

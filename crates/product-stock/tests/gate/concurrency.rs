@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use flashsale_product_stock::adapters::redis::gate::{ReleaseOutcome, ReserveOutcome};
+use flashsale_product_stock::infra::gate::{ReleaseOutcome, ReserveOutcome};
 use uuid::Uuid;
 
 use crate::helpers::{NOW, SKU, TestGate};

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis;
 use flashsale_platform::{redis::Pool, settings::RedisSettings};
-use flashsale_product_stock::adapters::redis::gate::{GateSnapshot, ProductKeys, RedisGate};
+use flashsale_product_stock::infra::gate::{GateSnapshot, ProductKeys, RedisGate};
 use uuid::Uuid;
 
 pub const SKU: &str = "SKU-1";
@@ -61,7 +61,7 @@ impl TestGate {
         assert!(
             matches!(
                 outcome,
-                flashsale_product_stock::adapters::redis::gate::ReserveOutcome::Reserved { .. }
+                flashsale_product_stock::infra::gate::ReserveOutcome::Reserved { .. }
             ),
             "{outcome:?}"
         );

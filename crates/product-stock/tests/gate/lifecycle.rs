@@ -1,9 +1,7 @@
 //! After the reservation: persisted, released (hold, persisted, unrecorded), dropped, adjusted —
 //! each once, each keeping `avail + held == on_hand − reserved`.
 
-use flashsale_product_stock::adapters::redis::gate::{
-    AdjustOutcome, ReleaseOutcome, ReserveOutcome,
-};
+use flashsale_product_stock::infra::gate::{AdjustOutcome, ReleaseOutcome, ReserveOutcome};
 use uuid::Uuid;
 
 use crate::helpers::{NOW, SKU, TestGate};

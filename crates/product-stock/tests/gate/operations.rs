@@ -1,7 +1,7 @@
 //! Operations around the hot path: the script cache, the expiry sweep, repair, load, forget.
 
 use deadpool_redis::redis;
-use flashsale_product_stock::adapters::redis::gate::{
+use flashsale_product_stock::infra::gate::{
     AdjustOutcome, GateBuyers, GateError, PendingHold, ReleaseOutcome, RepairOutcome,
     ReserveOutcome,
 };

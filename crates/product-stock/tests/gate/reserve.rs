@@ -1,7 +1,7 @@
 //! Reservations: decrement and record, replays, limits, refusals, a missing counter.
 
 use deadpool_redis::redis;
-use flashsale_product_stock::adapters::redis::gate::{GateError, ReserveOutcome};
+use flashsale_product_stock::infra::gate::{GateError, ReserveOutcome};
 use uuid::Uuid;
 
 use crate::helpers::{NOW, SKU, TestGate};

@@ -2,6 +2,8 @@
 
 use uuid::Uuid;
 
+pub use crate::domain::GateBuyers;
+
 /// Why a gate call failed. Refusals (sold out, limits) are not errors: they are outcomes.
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {
@@ -15,33 +17,6 @@ pub enum GateError {
     /// An argument the gate refuses before calling Redis.
     #[error("invalid gate input: {0}")]
     InvalidInput(&'static str),
-}
-
-/// The buyers the gate counts for one product, with its available counter and its refills
-/// count (see [`ProductKeys::refills`](super::keys::ProductKeys::refills)), read atomically.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GateBuyers {
-    /// Every user holding or having bought units through the gate.
-    Listed {
-        available: i64,
-        users: Vec<String>,
-        refills: String,
-    },
-    /// The refills count is still the one the caller knew: no list sent (the caller's list is
-    /// still every buyer if `available` is at zero).
-    Unchanged {
-        available: i64,
-        count: i64,
-        refills: String,
-    },
-    /// More buyers than asked for: only how many.
-    TooMany {
-        available: i64,
-        count: i64,
-        refills: String,
-    },
-    /// The product's keys are missing (never loaded, or the cache was lost).
-    NotLoaded,
 }
 
 /// The answer to a reservation. A replay (same order id) returns the order's first answer.

@@ -9,7 +9,7 @@ use flashsale_messaging::{
 use flashsale_proto::events::v1::envelope::Payload;
 
 use crate::{
-    app::{Created, CreatedBatcher, StockService},
+    app::{Created, CreatedBatcher, StockSaga},
     domain::StockError,
 };
 
@@ -40,7 +40,7 @@ fn classify(e: StockError) -> HandlerError {
 /// Handles one delivery of either queue; `order.created` goes through `created`, which
 /// persists the deliveries waiting at the same moment together.
 pub async fn handle(
-    service: StockService,
+    saga: StockSaga,
     created: CreatedBatcher,
     msg: Incoming,
 ) -> Result<(), HandlerError> {
@@ -59,12 +59,10 @@ pub async fn handle(
             }
         }
         Some(Payload::OrderCancelled(ev)) => {
-            service
-                .on_order_cancelled(consumer, &msg.envelope, ev)
-                .await
+            saga.on_order_cancelled(consumer, &msg.envelope, ev).await
         }
         Some(Payload::StockAdjusted(ev)) => {
-            service.on_stock_adjusted(consumer, &msg.envelope, ev).await
+            saga.on_stock_adjusted(consumer, &msg.envelope, ev).await
         }
         other => {
             let kind = other

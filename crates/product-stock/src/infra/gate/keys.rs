@@ -5,40 +5,26 @@ use uuid::Uuid;
 
 use super::GateError;
 
-/// Longest sku the gate accepts.
-pub const SKU_MAX_LEN: usize = 64;
-/// Longest user id the gate accepts (bytes).
-pub const USER_ID_MAX_LEN: usize = 128;
-/// Longest adjustment request id the gate accepts (bytes).
+pub use crate::domain::REFILLS_MAX_LEN;
+pub use flashsale_contract::{MAX_QUANTITY, MAX_SAFE_INTEGER, SKU_MAX_LEN, USER_ID_MAX_LEN};
+
+/// Longest adjustment request id the gate accepts (bytes). Wider than the contract's
+/// `REQUEST_ID_MAX_LEN` (64) on purpose: the gate only bounds the size of the key it builds.
+/// The contract's limit is checked where a request enters (`domain::Adjustment`), and a
+/// `stock.adjusted` already queued with a longer id must still apply rather than be parked.
 pub const REQUEST_ID_MAX_LEN: usize = 128;
-/// Longest refills count a caller may pass back (the count is a decimal number: a rebuild's
-/// microsecond clock plus the bumps since).
-pub const REFILLS_MAX_LEN: usize = 32;
-/// Largest quantity of one order.
-pub const MAX_QTY: i64 = 1_000_000;
-/// Largest integer a Lua number (a double) holds exactly: 2^53 - 1.
-pub const MAX_SAFE_INTEGER: i64 = 9_007_199_254_740_991;
 
 /// The hash tag shared by every key of `sku`, braces included: `{p:SKU}`.
 pub fn product_tag(sku: &str) -> String {
     format!("{{p:{sku}}}")
 }
 
-/// Checks that `sku` is 1..=64 characters of `[A-Za-z0-9._-]`: never a brace (which would move
-/// the hash tag), a colon (which would blur key boundaries) or a glob character.
+/// Checks that `sku` is a sku of the contract (1..=64 characters of `[A-Za-z0-9._-]`): never a
+/// brace (which would move the hash tag), a colon (which would blur key boundaries) or a glob
+/// character.
 pub fn validate_sku(sku: &str) -> Result<(), GateError> {
-    let ok = !sku.is_empty()
-        && sku.len() <= SKU_MAX_LEN
-        && sku
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(GateError::InvalidInput(
-            "sku must be 1..=64 characters of [A-Za-z0-9._-]",
-        ))
-    }
+    flashsale_contract::check_sku(sku)
+        .map_err(|_| GateError::InvalidInput("sku must be 1..=64 characters of [A-Za-z0-9._-]"))
 }
 
 pub(super) fn validate_user(user_id: &str) -> Result<(), GateError> {
@@ -49,7 +35,7 @@ pub(super) fn validate_user(user_id: &str) -> Result<(), GateError> {
 }
 
 pub(super) fn validate_qty(qty: i64) -> Result<(), GateError> {
-    if !(1..=MAX_QTY).contains(&qty) {
+    if !(1..=MAX_QUANTITY).contains(&qty) {
         return Err(GateError::InvalidInput("qty must be 1..=1000000"));
     }
     Ok(())

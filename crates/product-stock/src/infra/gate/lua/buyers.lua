@@ -1,8 +1,9 @@
 -- The available counter and the users the gate counts as buyers of one product, read in one
--- atomic step (the order service's sold-out short-circuit, ARCHITECTURE §6), with the product's
--- refills count: bumped whenever units may come back to the counter (a release, an adjustment,
--- a repair; a rebuild starts it afresh from the clock). A new buyer needs units, so while the
--- counter stays at zero and the refills count does not move, the buyers cannot gain anyone.
+-- atomic step (the order service's sold-out memory, docs/architecture.md#operations), with the
+-- product's refills count: bumped whenever units may come back to the counter (a release, an
+-- adjustment, a repair; a rebuild starts it afresh from the clock). A new buyer needs units, so
+-- while the counter stays at zero and the refills count does not move, the buyers cannot gain
+-- anyone.
 -- KEYS: 1 avail, 2 users, 3 refills
 -- ARGV: 1 most buyers to list, 2 the refills count of a list read before ('' = none)
 -- Reply: {'N'} not loaded

@@ -1,15 +1,20 @@
 //! The hot path: one order takes units through the Redis gate. Nothing touches the database
 //! unless the gate has lost the product's keys (then it is rebuilt from the database first).
 
-use crate::{
-    adapters::{
-        db,
-        redis::gate::{GateBuyers, ReserveArgs, ReserveOutcome},
-    },
-    domain::{DeductionPolicy, Refusal, ReserveRequest, Sku, StockError},
-};
+use sea_orm::DatabaseConnection;
 
-use super::{StockService, gate_err};
+use super::{Terms, gate_err};
+use crate::{
+    config::StockSettings,
+    domain::{
+        DeductionPolicy, GateBuyers, ProductTerms, Refusal, ReserveRequest, Sku, StockError,
+        check_known_refills,
+    },
+    infra::{
+        db,
+        gate::{RedisGate, ReserveArgs, ReserveOutcome},
+    },
+};
 
 /// A successful reservation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,10 +25,38 @@ pub struct Reserved {
     pub replayed: bool,
 }
 
-impl StockService {
+/// The gate's use cases: reservations and the gate's buyers. Cheap to clone.
+#[derive(Clone)]
+pub struct Gate {
+    db: DatabaseConnection,
+    gate: RedisGate,
+    terms: Terms,
+    max_quantity: i64,
+}
+
+impl Gate {
+    pub fn new(
+        db: DatabaseConnection,
+        gate: RedisGate,
+        terms: Terms,
+        settings: &StockSettings,
+    ) -> Self {
+        Self {
+            db,
+            gate,
+            terms,
+            max_quantity: settings.max_quantity,
+        }
+    }
+
+    /// Most units one reservation may take.
+    pub fn max_quantity(&self) -> i64 {
+        self.max_quantity
+    }
+
     /// Reserves through the gate; refusals are [`StockError::Refused`].
     pub async fn reserve(&self, req: ReserveRequest) -> Result<Reserved, StockError> {
-        let terms = self.terms(&req.sku).await?;
+        let terms = self.terms.get(&req.sku).await?;
         for _ in 0..2 {
             let outcome = self
                 .gate
@@ -59,8 +92,9 @@ impl StockService {
         max: u32,
         known_refills: &str,
     ) -> Result<GateBuyers, StockError> {
+        check_known_refills(known_refills)?;
         // Unknown products are NOT_FOUND, not an empty list.
-        self.terms(sku).await?;
+        self.terms.get(sku).await?;
         for _ in 0..2 {
             match self
                 .gate
@@ -87,7 +121,7 @@ impl StockService {
     ) -> Result<Vec<Result<Reserved, StockError>>, StockError> {
         let mut terms = Vec::with_capacity(reqs.len());
         for r in reqs {
-            terms.push(self.terms(&r.sku).await);
+            terms.push(self.terms.get(&r.sku).await);
         }
         let now_ms = chrono::Utc::now().timestamp_millis();
         let args: Vec<ReserveArgs<'_>> = reqs
@@ -136,40 +170,48 @@ impl StockService {
         Ok(answers)
     }
 
-    /// Loads a product's gate keys from the database (ARCHITECTURE §6, cold start). Safe to run
-    /// on several replicas at once: the gate loads only if the keys are still missing.
+    /// Loads a product's gate keys from the database (docs/architecture.md#operations, cold
+    /// start). Safe to run on several replicas at once: the gate loads only if the keys are
+    /// still missing.
     pub async fn rebuild_gate(&self, sku: &Sku) -> Result<bool, StockError> {
-        let product = db::product(&self.db, sku, false)
-            .await?
-            .ok_or_else(|| StockError::UnknownProduct(sku.to_string()))?;
-        let users = db::units_by_user(&self.db, sku).await?;
-        let loaded = self
-            .gate
-            .load(sku.as_str(), product.gate_target(), &users)
-            .await
-            .map_err(gate_err)?;
-        if loaded {
-            metrics::counter!("flashsale_gate_rebuilds_total").increment(1);
-            tracing::warn!(%sku, available = product.gate_target(), "rebuilt the stock gate from the database");
-            if product.gate_target() > 0 {
-                // A replica that remembered the product as sold out before Redis lost it
-                // should ask the gate again. Best effort: the gate is already loaded, and the
-                // sold-out memory's short life bounds a missed event.
-                let event =
-                    super::reconcile::gate_refilled(sku, 0, product.gate_target(), "REBUILD");
-                if let Err(e) = flashsale_messaging::outbox::enqueue(&self.db, &event).await {
-                    tracing::warn!(%sku, error = %e, "stock.gate_refilled not recorded");
-                }
+        rebuild(&self.db, &self.gate, sku).await
+    }
+}
+
+/// [`Gate::rebuild_gate`], for the reconciler too.
+pub(super) async fn rebuild(
+    db: &DatabaseConnection,
+    gate: &RedisGate,
+    sku: &Sku,
+) -> Result<bool, StockError> {
+    let product = db::product(db, sku, false)
+        .await?
+        .ok_or_else(|| StockError::UnknownProduct(sku.to_string()))?;
+    let users = db::units_by_user(db, sku).await?;
+    let loaded = gate
+        .load(sku.as_str(), product.gate_target(), &users)
+        .await
+        .map_err(gate_err)?;
+    if loaded {
+        metrics::counter!("flashsale_gate_rebuilds_total").increment(1);
+        tracing::warn!(%sku, available = product.gate_target(), "rebuilt the stock gate from the database");
+        if product.gate_target() > 0 {
+            // A replica that remembered the product as sold out before Redis lost it should ask
+            // the gate again. Best effort: the gate is already loaded, and the sold-out memory's
+            // short life bounds a missed event (docs/adr/0005-sold-out-memory.md).
+            let event = super::reconcile::gate_refilled(sku, 0, product.gate_target(), "REBUILD");
+            if let Err(e) = flashsale_messaging::outbox::enqueue(db, &event).await {
+                tracing::warn!(%sku, error = %e, "stock.gate_refilled not recorded");
             }
         }
-        Ok(loaded)
     }
+    Ok(loaded)
 }
 
 /// What the gate's outcome means for the caller; `None` when the gate lost the product.
 fn answer(
     outcome: ReserveOutcome,
-    terms: &crate::domain::ProductTerms,
+    terms: &ProductTerms,
     req: &ReserveRequest,
 ) -> Option<Result<Reserved, StockError>> {
     let refused = |r: Refusal, available: i64| {

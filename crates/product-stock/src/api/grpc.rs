@@ -2,6 +2,7 @@
 //! request into domain values (junk becomes `INVALID_ARGUMENT` with field violations), call the
 //! use case, turn the answer back.
 
+use flashsale_contract::to_timestamp;
 use flashsale_platform::{
     ApiError,
     auth::{Caller, Role},
@@ -17,23 +18,30 @@ use flashsale_proto::product::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
-    adapters::redis::gate::REFILLS_MAX_LEN,
-    app::{DriftReport, StockService},
+    app::{Catalog, DriftReport, Gate, Reconciler, StockSaga},
     domain::{
-        Adjustment, DeductionPolicy, Product, ProductDraft, ReservationState, ReserveRequest, Sku,
-        StockError, parse_order_id,
+        Adjustment, DeductionPolicy, GateBuyers, Product, ProductDraft, Refusal, ReservationState,
+        ReserveRequest, Sku, StockError, parse_order_id,
     },
 };
 
 /// The gRPC face of the product-stock service.
 #[derive(Clone)]
 pub struct ProductStockApi {
-    service: StockService,
+    catalog: Catalog,
+    gate: Gate,
+    saga: StockSaga,
+    reconciler: Reconciler,
 }
 
 impl ProductStockApi {
-    pub fn new(service: StockService) -> Self {
-        Self { service }
+    pub fn new(catalog: Catalog, gate: Gate, saga: StockSaga, reconciler: Reconciler) -> Self {
+        Self {
+            catalog,
+            gate,
+            saga,
+            reconciler,
+        }
     }
 }
 
@@ -54,28 +62,6 @@ fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
     Ok(caller)
 }
 
-fn timestamp(t: chrono::DateTime<chrono::Utc>) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: t.timestamp(),
-        nanos: i32::try_from(t.timestamp_subsec_nanos()).unwrap_or(0),
-    }
-}
-
-fn policy_to_proto(p: DeductionPolicy) -> i32 {
-    match p {
-        DeductionPolicy::ReserveThenCommit => pb::DeductionPolicy::ReserveThenCommit as i32,
-        DeductionPolicy::CommitAtOrder => pb::DeductionPolicy::CommitAtOrder as i32,
-    }
-}
-
-fn policy_from_proto(raw: i32) -> Option<DeductionPolicy> {
-    match pb::DeductionPolicy::try_from(raw).ok()? {
-        pb::DeductionPolicy::ReserveThenCommit => Some(DeductionPolicy::ReserveThenCommit),
-        pb::DeductionPolicy::CommitAtOrder => Some(DeductionPolicy::CommitAtOrder),
-        pb::DeductionPolicy::Unspecified => None,
-    }
-}
-
 /// A product as the API shows it; `gate` is `None` while the gate has not loaded it (-1).
 fn product_to_proto((p, gate): (Product, Option<i64>)) -> pb::Product {
     pb::Product {
@@ -84,12 +70,12 @@ fn product_to_proto((p, gate): (Product, Option<i64>)) -> pb::Product {
         name: p.name,
         price_cents: p.price_cents,
         per_user_limit: p.per_user_limit,
-        deduction_policy: policy_to_proto(p.policy),
+        deduction_policy: p.policy.as_proto(),
         on_hand: p.on_hand,
         reserved: p.reserved,
         gate_available: gate.unwrap_or(-1),
-        create_time: Some(timestamp(p.created_at)),
-        update_time: Some(timestamp(p.updated_at)),
+        create_time: Some(to_timestamp(p.created_at)),
+        update_time: Some(to_timestamp(p.updated_at)),
     }
 }
 
@@ -104,8 +90,8 @@ fn drift_to_proto(d: DriftReport) -> pb::StockDrift {
     }
 }
 
-fn status(e: StockError) -> Status {
-    ApiError::from(e).into()
+fn status(e: impl Into<StockError>) -> Status {
+    ApiError::from(e.into()).into()
 }
 
 /// The one mapping from product-stock errors to the API (AIP-193 reasons).
@@ -123,7 +109,7 @@ impl From<StockError> for ApiError {
             },
             StockError::Refused(r, _) => ApiError::failed_precondition(r.reason(), message),
             StockError::WriteOffBelowReserved => {
-                ApiError::failed_precondition("INSUFFICIENT_STOCK", message)
+                ApiError::failed_precondition(Refusal::InsufficientStock.reason(), message)
             }
             StockError::IdempotencyKeyReused(_) => {
                 ApiError::failed_precondition("IDEMPOTENCY_KEY_REUSED", message)
@@ -154,10 +140,10 @@ impl ProductStockService for ProductStockApi {
             r.price_cents,
             r.initial_stock,
             r.per_user_limit,
-            policy_from_proto(r.deduction_policy),
+            DeductionPolicy::from_proto(r.deduction_policy),
         )
         .map_err(status)?;
-        let view = self.service.create_product(draft).await.map_err(status)?;
+        let view = self.catalog.create_product(draft).await.map_err(status)?;
         Ok(Response::new(CreateProductResponse {
             product: Some(product_to_proto(view)),
         }))
@@ -169,7 +155,7 @@ impl ProductStockService for ProductStockApi {
     ) -> Result<Response<GetProductResponse>, Status> {
         authorize(&req, ANYONE)?;
         let sku = Sku::parse(&req.get_ref().sku).map_err(status)?;
-        let view = self.service.get_product(&sku).await.map_err(status)?;
+        let view = self.catalog.get_product(&sku).await.map_err(status)?;
         Ok(Response::new(GetProductResponse {
             product: Some(product_to_proto(view)),
         }))
@@ -182,7 +168,7 @@ impl ProductStockService for ProductStockApi {
         authorize(&req, ANYONE)?;
         let r = req.into_inner();
         let (views, next) = self
-            .service
+            .catalog
             .list_products(r.page_size, &r.page_token)
             .await
             .map_err(status)?;
@@ -199,7 +185,7 @@ impl ProductStockService for ProductStockApi {
         authorize(&req, ADMIN)?;
         let r = req.into_inner();
         let adj = Adjustment::new(&r.request_id, &r.sku, r.delta, &r.reason).map_err(status)?;
-        let (view, replayed) = self.service.adjust_stock(adj).await.map_err(status)?;
+        let (view, replayed) = self.catalog.adjust_stock(adj).await.map_err(status)?;
         Ok(Response::new(AdjustStockResponse {
             product: Some(product_to_proto(view)),
             replayed,
@@ -212,14 +198,14 @@ impl ProductStockService for ProductStockApi {
     ) -> Result<Response<ReserveStockResponse>, Status> {
         authorize(&req, SERVICE)?;
         let r = req.into_inner();
-        let max = self.service.settings().max_quantity;
+        let max = self.gate.max_quantity();
         let reserve = ReserveRequest::new(&r.order_id, &r.user_id, &r.sku, r.quantity, max)
             .map_err(status)?;
-        let ok = self.service.reserve(reserve).await.map_err(status)?;
+        let ok = self.gate.reserve(reserve).await.map_err(status)?;
         Ok(Response::new(ReserveStockResponse {
             status: pb::ReservationStatus::Reserved as i32,
             unit_price_cents: ok.unit_price_cents,
-            deduction_policy: policy_to_proto(ok.policy),
+            deduction_policy: ok.policy.as_proto(),
             gate_available: ok.gate_available,
             replayed: ok.replayed,
         }))
@@ -237,7 +223,7 @@ impl ProductStockService for ProductStockApi {
                 format!("must hold 1..={MAX_RESERVE_BATCH} reservations"),
             )));
         }
-        let max = self.service.settings().max_quantity;
+        let max = self.gate.max_quantity();
         // Items that fail validation are answered as ReserveStock would; the rest go to the
         // gate together.
         let parsed: Vec<Result<ReserveRequest, StockError>> = items
@@ -249,7 +235,7 @@ impl ProductStockService for ProductStockApi {
             .filter_map(|p| p.as_ref().ok().cloned())
             .collect();
         let mut reserved = self
-            .service
+            .gate
             .reserve_many(&valid)
             .await
             .map_err(status)?
@@ -268,7 +254,7 @@ impl ProductStockService for ProductStockApi {
                         reserved: Some(ReserveStockResponse {
                             status: pb::ReservationStatus::Reserved as i32,
                             unit_price_cents: ok.unit_price_cents,
-                            deduction_policy: policy_to_proto(ok.policy),
+                            deduction_policy: ok.policy.as_proto(),
                             gate_available: ok.gate_available,
                             replayed: ok.replayed,
                         }),
@@ -294,7 +280,6 @@ impl ProductStockService for ProductStockApi {
         &self,
         req: Request<GetGateBuyersRequest>,
     ) -> Result<Response<GetGateBuyersResponse>, Status> {
-        use crate::adapters::redis::gate::GateBuyers;
         authorize(&req, SERVICE)?;
         let r = req.into_inner();
         let sku = Sku::parse(&r.sku).map_err(status)?;
@@ -304,16 +289,8 @@ impl ProductStockService for ProductStockApi {
                 format!("must be 1..={MAX_GATE_BUYERS}"),
             )));
         }
-        if r.known_refills.len() > REFILLS_MAX_LEN
-            || !r.known_refills.bytes().all(|b| b.is_ascii_digit())
-        {
-            return Err(status(StockError::invalid(
-                "known_refills",
-                format!("must be empty or at most {REFILLS_MAX_LEN} ASCII digits"),
-            )));
-        }
         let found = self
-            .service
+            .gate
             .gate_buyers(&sku, r.max_buyers, &r.known_refills)
             .await
             .map_err(status)?;
@@ -372,7 +349,7 @@ impl ProductStockService for ProductStockApi {
         authorize(&req, SERVICE)?;
         let order_id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
         let (r, replayed) = self
-            .service
+            .saga
             .commit_reservation(order_id)
             .await
             .map_err(status)?;
@@ -401,7 +378,7 @@ impl ProductStockService for ProductStockApi {
             skus.push(Sku::parse(raw).map_err(status)?);
         }
         let reports = self
-            .service
+            .reconciler
             .reconcile(skus, r.repair)
             .await
             .map_err(status)?;

@@ -1,4 +1,4 @@
--- Takes qty units of one product for one order, once (ARCHITECTURE §4).
+-- Takes qty units of one product for one order, once (docs/architecture.md#the-stock-model).
 -- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 the order's record
 -- ARGV: 1 order id, 2 user id, 3 qty, 4 per-user limit (0 = none), 5 now ms, 6 record ttl ms
 -- Reply: {'H', remaining} reserved | {'S'} sold out | {'L', bought} user limit

@@ -1,3 +1,0 @@
-//! The Redis stock gate (ARCHITECTURE §4).
-
-pub mod gate;
