@@ -1,5 +1,7 @@
 //! Compiles `proto/**/*.proto` with protox (pure Rust, no `protoc` binary) and feeds the
-//! descriptor set to tonic's code generator; the same bytes are written out for reflection.
+//! descriptor set to tonic's code generator; the same bytes (every file with its imports,
+//! including the vendored `google.rpc` error details) are written out for reflection and for
+//! gateways.
 
 use std::{
     env, fs,
@@ -35,7 +37,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out.join("flashsale_descriptor.bin"), fds.encode_to_vec())?;
 
+    // `proto/google/rpc/` is there for its descriptors only: the Rust types of those messages
+    // are tonic-types' (what the services encode refusal details with), so no code is
+    // generated for them and a contract message that ever uses one gets tonic-types' type.
     tonic_prost_build::configure()
+        .extern_path(".google.rpc", "::tonic_types::pb")
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;

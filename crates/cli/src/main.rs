@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use flashsale_bench::{bench, sale};
 
+mod contract;
 mod health;
 mod order;
 mod output;
@@ -42,6 +43,8 @@ enum Command {
     Sale(sale::Args),
     /// Benchmark the platform against the naive design and the raw ceilings, back to back.
     Bench(bench::Args),
+    /// The gRPC contract as files for other tools (API gateways, grpcurl -protoset).
+    Contract(contract::Args),
 }
 
 #[tokio::main]
@@ -54,6 +57,7 @@ async fn main() -> ExitCode {
         Command::Shipment(args) => shipment::run(args).await,
         Command::Sale(args) => sale::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Contract(args) => contract::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,5 +1,5 @@
 //! Checks every flashsale service must pass, whatever its business: health, reflection of the
-//! whole contract, `/metrics`, the dead-letter admin API's auth, and a clean stop.
+//! services it serves, `/metrics`, the dead-letter admin API's auth, and a clean stop.
 
 use std::time::Duration;
 
@@ -42,15 +42,26 @@ pub async fn check_endpoints(
     );
 
     let (v1, v1alpha) = reflection_services(grpc_port).await?;
+    let served = [
+        service_name,
+        "flashsale.admin.v1.DeadLetterService",
+        "grpc.health.v1.Health",
+    ];
     for names in [&v1, &v1alpha] {
-        for expected in flashsale_proto::SERVICE_NAMES
-            .iter()
-            .copied()
-            .chain(["grpc.health.v1.Health"])
-        {
+        for expected in served {
             ensure!(
                 names.iter().any(|n| n == expected),
                 "reflection lacks {expected}: {names:?}"
+            );
+        }
+        for other in flashsale_proto::SERVICE_NAMES
+            .iter()
+            .copied()
+            .filter(|n| !served.contains(n))
+        {
+            ensure!(
+                !names.iter().any(|n| n == other),
+                "reflection lists {other}, which this port does not serve: {names:?}"
             );
         }
     }
