@@ -18,7 +18,7 @@ use crate::{
     domain::{CancelReason, Order, OrderError, PlaceOrder, Policy, Refusal, Status},
     infra::{
         db::{self, Inserted},
-        stock::{Granted, StockPort},
+        stock::{Granted, RESERVATION_RELEASED, StockPort},
     },
 };
 
@@ -138,7 +138,7 @@ impl Intake {
                 if let Some(existing) = db::order(&self.db, order_id, false).await? {
                     return Ok((existing, true));
                 }
-                metrics::counter!("flashsale_orders_refused_total", "reason" => RELEASED_LABEL)
+                metrics::counter!("flashsale_orders_refused_total", "reason" => RESERVATION_RELEASED)
                     .increment(1);
                 return Err(OrderError::ReservationReleased(message));
             }
@@ -291,10 +291,6 @@ impl Intake {
         Ok(Some((Arc::new(all), gate.refills)))
     }
 }
-
-/// The refusal metric's label for a hold that was released already (the API answers it as
-/// `ORDER_CANCELLED`).
-const RELEASED_LABEL: &str = "RESERVATION_RELEASED";
 
 /// Writes a PENDING order and its `order.created` in one transaction (what CreateOrder does once
 /// the gate granted the units; public for the benchmark's raw-insert ceiling).
