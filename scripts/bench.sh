@@ -115,7 +115,6 @@ main() {
     # poll) rather than through GetOrder per order, which would load the service being timed.
     export FLASHSALE_BENCH_ORDERS_DB_URL="${FLASHSALE_BENCH_ORDERS_DB_URL:-$FLASHSALE_ORDER__DATABASE__URL}"
     export FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX="${FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX:-fs_bench:}"
-    export FLASHSALE_ORDER__REDIS__KEY_PREFIX="${FLASHSALE_ORDER__REDIS__KEY_PREFIX:-fs_bench:}"
     local redis="${FLASHSALE_BENCH_REDIS_URL:-redis://127.0.0.1:6379}"
     local run_tag svc
     run_tag="fs_bench_$(date +%s)_$$"

@@ -1,12 +1,14 @@
-//! The order service's settings: the common sections plus Redis (sold-out cache), AMQP and the
-//! product-stock endpoint. Keys: `order.<section>.<key>`, env `FLASHSALE_ORDER__<SECTION>__<KEY>`.
+//! The order service's settings: the common sections plus AMQP, the product-stock endpoint and
+//! the saga's timings. Keys: `order.<section>.<key>`, env `FLASHSALE_ORDER__<SECTION>__<KEY>`.
+//! Unknown keys are ignored, so a configuration written for an older version (one with an
+//! `order.redis` section, say) still loads.
 
 use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
     config::{ConfigError, Validate, check_range},
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
-        RedisSettings, TelemetrySettings, UpstreamSettings, validate_common,
+        TelemetrySettings, UpstreamSettings, validate_common,
     },
 };
 use serde::{Deserialize, Serialize};
@@ -21,7 +23,6 @@ pub struct Settings {
     pub database: DatabaseSettings,
     pub auth: AuthSettings,
     pub telemetry: TelemetrySettings,
-    pub redis: RedisSettings,
     pub amqp: AmqpConfig,
     pub upstream: UpstreamSettings,
     pub saga: SagaSettings,
@@ -119,7 +120,6 @@ impl Default for Settings {
             database: c.database,
             auth: c.auth,
             telemetry: c.telemetry,
-            redis: RedisSettings::default(),
             amqp: AmqpConfig::default(),
             upstream: UpstreamSettings::default(),
             saga: SagaSettings::default(),
@@ -137,7 +137,6 @@ impl Validate for Settings {
             &self.auth,
             &self.telemetry,
         )?;
-        self.redis.validate(&format!("{p}.redis"))?;
         self.amqp
             .validate()
             .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;
@@ -192,5 +191,33 @@ mod tests {
                 .unwrap_or_else(|e| e.to_string());
             assert!(e.contains(key), "`{e}` does not name {key}");
         }
+    }
+
+    #[test]
+    fn a_config_with_the_old_redis_section_still_loads() {
+        let dir = std::env::temp_dir().join(format!("fs-order-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("default.toml"),
+            "[order.redis]\nurl = \"redis://127.0.0.1:6379\"\npool_size = 32\n\n\
+             [order.saga]\nmax_quantity = 7\n",
+        )
+        .unwrap();
+        let env = config::Environment::with_prefix("FLASHSALE")
+            .prefix_separator("_")
+            .separator("__")
+            .source(Some(std::collections::HashMap::from([(
+                "FLASHSALE_ORDER__REDIS__URL".to_owned(),
+                "redis://elsewhere:6379".to_owned(),
+            )])));
+        let loaded = flashsale_platform::config::load_from(
+            SERVICE_KEY,
+            &Settings::default(),
+            &dir,
+            None,
+            env,
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(loaded.unwrap().saga.max_quantity, 7);
     }
 }

@@ -16,9 +16,10 @@ use flashsale_proto::{
 use tonic::service::interceptor::InterceptedService;
 
 use crate::{
-    adapters::{amqp, grpc::OrderApi, stock::GrpcStock},
-    app::{Orders, WatchHub},
+    api::{amqp, grpc::OrderApi},
+    app::{Checkout, Intake, Queries, Saga},
     config::Settings,
+    infra::{changes::OrderChanges, stock::GrpcStock},
     migration::Migrator,
 };
 
@@ -50,22 +51,23 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         &settings.amqp,
         Duration::from_millis(settings.saga.payment_timeout_ms),
     );
-    let watch = WatchHub::new();
-    let orders = Orders::new(
+    let changes = OrderChanges::new();
+    let intake = Intake::new(
         f.db.clone(),
         Arc::new(stock),
-        settings.saga.clone(),
-        timeout_queue.clone(),
-        watch.clone(),
+        &settings.saga,
         failpoints.clone(),
     );
-    let o = orders.clone();
+    let checkout = Checkout::new(f.db.clone());
+    let saga = Saga::new(f.db.clone(), timeout_queue.clone(), &settings.saga);
+    let queries = Queries::new(f.db.clone(), changes.clone());
+    let s = saga.clone();
     let reserved =
-        crate::app::reserved_batcher(orders.clone(), usize::from(settings.amqp.prefetch) / 2);
-    let handler = move |msg| amqp::handle(o.clone(), reserved.clone(), msg);
+        crate::app::reserved_batcher(saga.clone(), usize::from(settings.amqp.prefetch) / 2);
+    let handler = move |msg| amqp::handle(s.clone(), reserved.clone(), msg);
     let topologies = [amqp::topology(&settings.amqp)];
     let relay = flashsale_messaging::RelayOptions {
-        yield_to: orders.relay_yield(),
+        yield_to: intake.relay_yield(),
         ..Default::default()
     };
     let messaging = flashsale_messaging::wiring::start_with(
@@ -81,9 +83,9 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     .await?;
     let dead_letters = messaging.dead_letters;
     let shutdown = f.runner.shutdown();
-    f.runner.spawn(orders.clone().run_sweeper(shutdown.clone()));
+    f.runner.spawn(saga.run_sweeper(shutdown.clone()));
     // Every replica hears when units of a product come back, and stops refusing it from memory.
-    let (forget, reset) = (orders.sold_out().clone(), orders.sold_out().clone());
+    let (forget, reset) = (intake.sold_out().clone(), intake.sold_out().clone());
     let s = shutdown.clone();
     f.runner.spawn(flashsale_messaging::broadcast::run(
         messaging.broker,
@@ -99,12 +101,12 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         move || reset.clear(),
         async move { s.wait().await },
     ));
-    f.runner.spawn(watch.run(f.db.clone(), shutdown));
+    f.runner.spawn(changes.run(f.db.clone(), shutdown));
 
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
-            OrderServiceServer::new(OrderApi::new(orders))
+            OrderServiceServer::new(OrderApi::new(intake, checkout, queries))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             f.auth.clone(),

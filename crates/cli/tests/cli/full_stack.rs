@@ -3,7 +3,7 @@
 //! late and missing payments play out within a test.
 
 use flashsale_platform::shutdown::Shutdown;
-use flashsale_test_support::{TestDatabase, redis_url, unique_name};
+use flashsale_test_support::{TestDatabase, unique_name};
 
 use crate::helpers::{Run, amqp, command, output, spawn_stock};
 
@@ -44,8 +44,6 @@ impl FullStack {
         o.metrics.addr = "127.0.0.1:0".into();
         o.database.url = order_db.url.clone();
         o.database.max_connections = 8;
-        o.redis.url = redis_url();
-        o.redis.key_prefix = format!("{}:", unique_name("fs_cli"));
         o.amqp = amqp(&exchange);
         o.upstream.product_stock_url = stock_url.clone();
         o.saga.payment_timeout_ms = PAYMENT_TIMEOUT_MS;

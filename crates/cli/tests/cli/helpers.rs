@@ -122,8 +122,6 @@ impl Stack {
         s.grpc.addr = "127.0.0.1:0".into();
         s.metrics.addr = "127.0.0.1:0".into();
         s.database.url = db.url.clone();
-        s.redis.url = redis_url();
-        s.redis.key_prefix = format!("{}:", unique_name("fs_cli"));
         s.amqp = amqp(&exchange);
         s.upstream.product_stock_url = format!("http://127.0.0.1:{stock_port}");
         s.saga.sweep_interval_ms = 200;

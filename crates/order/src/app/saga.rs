@@ -1,27 +1,61 @@
-//! The order service's consumers (ARCHITECTURE §3) and the deadline sweeper. Each handler runs
-//! in one transaction with its inbox row; every transition is a compare-and-set, so duplicates
-//! and races (payment vs timeout, sweeper vs delayed message) have one winner.
+//! The order service's consumers (docs/architecture.md#the-order-saga) and the deadline
+//! sweeper. Each handler runs in one transaction with its inbox row; every transition is a
+//! compare-and-set, so duplicates and races (payment vs timeout, sweeper vs delayed message)
+//! have one winner.
+
+use std::time::Duration;
 
 use chrono::Utc;
-use flashsale_messaging::{envelope, inbox, outbox};
+use flashsale_contract::to_timestamp;
+use flashsale_messaging::{DelayQueue, envelope, inbox, outbox};
 use flashsale_proto::events::v1::{
     Envelope, OutboundFailed, PaymentTimeout, ReservationFailureReason, StockReservationFailed,
     envelope::Payload,
 };
-use sea_orm::{DatabaseTransaction, TransactionTrait as _};
+use sea_orm::{DatabaseConnection, DatabaseTransaction, TransactionTrait as _};
 use uuid::Uuid;
 
-use super::{Orders, PRODUCER};
+use super::{
+    PRODUCER,
+    checkout::{cancel_in, refund},
+};
 use crate::{
-    adapters::db::{self, Change},
+    config::SagaSettings,
     domain::{CancelReason, Order, OrderError, Status, parse_order_id},
+    infra::db::{self, Change},
 };
 
 const SWEEP_BATCH: u64 = 200;
 /// Most orders one payment-timeout message may name (a confirmation batch holds at most 128).
 pub const MAX_TIMER_ORDERS: usize = 1_000;
 
-impl Orders {
+/// The use cases of the saga's consumers and the deadline sweeper. Cheap to clone.
+#[derive(Clone)]
+pub struct Saga {
+    pub(super) db: DatabaseConnection,
+    /// Where payment timers wait out the buyer's time to pay.
+    pub(super) payment_timeout: DelayQueue,
+    /// How long a buyer has to pay once the stock is persisted.
+    pub(super) time_to_pay: chrono::Duration,
+    sweep_interval: Duration,
+}
+
+impl Saga {
+    pub fn new(
+        db: DatabaseConnection,
+        payment_timeout: DelayQueue,
+        settings: &SagaSettings,
+    ) -> Self {
+        Self {
+            db,
+            payment_timeout,
+            time_to_pay: chrono::Duration::milliseconds(
+                i64::try_from(settings.payment_timeout_ms).unwrap_or(i64::MAX),
+            ),
+            sweep_interval: Duration::from_millis(settings.sweep_interval_ms),
+        }
+    }
+
     async fn claim(
         &self,
         consumer: &str,
@@ -53,10 +87,7 @@ impl Orders {
         };
         let order = Self::subject(&txn, order_id).await?;
         if order.status == Status::Pending {
-            let timeout = chrono::Duration::milliseconds(
-                i64::try_from(self.settings.payment_timeout_ms).unwrap_or(i64::MAX),
-            );
-            let deadline = Utc::now() + timeout;
+            let deadline = Utc::now() + self.time_to_pay;
             let change = Change {
                 payment_deadline: Some(deadline),
                 note: "stock.reserved",
@@ -72,10 +103,7 @@ impl Orders {
             .await?;
             let timer = PaymentTimeout {
                 order_id: order.order_id.to_string(),
-                deadline: Some(prost_types::Timestamp {
-                    seconds: deadline.timestamp(),
-                    nanos: i32::try_from(deadline.timestamp_subsec_nanos()).unwrap_or(0),
-                }),
+                deadline: Some(to_timestamp(deadline)),
                 more_order_ids: Vec::new(),
             };
             let timer = envelope::caused_by(env, Payload::PaymentTimeout(timer), PRODUCER);
@@ -111,7 +139,7 @@ impl Orders {
             };
             // Nothing is reserved in product-stock for it, so no order.cancelled is needed; it
             // is published anyway, which product-stock takes as a no-op, to keep one path.
-            self.cancel_in(&txn, &order, reason, Some(env)).await?;
+            cancel_in(&txn, &order, reason, Some(env)).await?;
         }
         txn.commit().await?;
         Ok(())
@@ -145,15 +173,13 @@ impl Orders {
                 correlation_id: (*id).to_owned(),
                 ..env.clone()
             });
-            self.expire_if_due(&txn, &order, Some(cause.as_ref().unwrap_or(env)))
-                .await?;
+            Self::expire_if_due(&txn, &order, Some(cause.as_ref().unwrap_or(env))).await?;
         }
         txn.commit().await?;
         Ok(())
     }
 
     async fn expire_if_due(
-        &self,
         txn: &DatabaseTransaction,
         order: &Order,
         cause: Option<&Envelope>,
@@ -162,8 +188,7 @@ impl Orders {
         if order.status != Status::AwaitingPayment || !due {
             return Ok(false);
         }
-        self.cancel_in(txn, order, CancelReason::PaymentTimeout, cause)
-            .await
+        cancel_in(txn, order, CancelReason::PaymentTimeout, cause).await
     }
 
     /// `outbound.completed`: PAID → SHIPPED.
@@ -201,10 +226,9 @@ impl Orders {
         };
         let order = Self::subject(&txn, &ev.order_id).await?;
         if order.status == Status::Paid {
-            self.cancel_in(&txn, &order, CancelReason::OutboundFailed, Some(env))
-                .await?;
+            cancel_in(&txn, &order, CancelReason::OutboundFailed, Some(env)).await?;
             let payment_id = order.payment_id.clone().unwrap_or_default();
-            self.refund(
+            refund(
                 &txn,
                 &order,
                 &payment_id,
@@ -227,7 +251,7 @@ impl Orders {
             let n = ids.len() as u64;
             for id in ids {
                 if let Some(order) = db::order(&txn, id, true).await?
-                    && self.expire_if_due(&txn, &order, None).await?
+                    && Self::expire_if_due(&txn, &order, None).await?
                 {
                     total += 1;
                 }
@@ -249,7 +273,7 @@ impl Orders {
         self,
         shutdown: flashsale_platform::shutdown::Shutdown,
     ) -> anyhow::Result<()> {
-        let period = std::time::Duration::from_millis(self.settings.sweep_interval_ms);
+        let period = self.sweep_interval;
         flashsale_platform::shutdown::every(period, shutdown, "deadline sweep", || {
             self.sweep_overdue()
         })

@@ -2,19 +2,20 @@
 //! PENDING → AWAITING_PAYMENT in one transaction — one inbox insert, one update, one history
 //! insert, one outbox insert of their payment timers, one commit — instead of one transaction
 //! each. Anything unusual in a batch (a redelivery, an order that is not PENDING or unknown,
-//! any error) rolls it back, and each delivery runs through [`Orders::on_stock_reserved`] on
-//! its own, which handles every case.
+//! any error) rolls it back, and each delivery runs through [`Saga::on_stock_reserved`] on
+//! its own, which handles every case (docs/architecture.md#batchers).
 
 use chrono::Utc;
+use flashsale_contract::to_timestamp;
 use flashsale_messaging::{envelope, inbox, outbox};
 use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
 use flashsale_proto::events::v1::{Envelope, PaymentTimeout, envelope::Payload};
 use sea_orm::TransactionTrait as _;
 
-use super::{Orders, PRODUCER};
+use super::{PRODUCER, Saga};
 use crate::{
-    adapters::db,
     domain::{OrderError, parse_order_id},
+    infra::db,
 };
 
 /// One `stock.reserved` delivery waiting for its batch.
@@ -35,14 +36,14 @@ pub const GATHER: std::time::Duration = std::time::Duration::from_millis(20);
 /// Most deliveries confirmed in one transaction.
 pub const MAX_BATCH: usize = 128;
 
-/// The batching worker of `stock.reserved`; cheap to clone. It holds a clone of the use cases
-/// until its last handle is dropped (when the consumer stops).
+/// The batching worker of `stock.reserved`; cheap to clone. It holds a clone of the saga's
+/// handle until its last handle is dropped (when the consumer stops).
 pub type ReservedBatcher = Batcher<Reserved, Result<(), OrderError>>;
 
 /// Batches applied at once by one replica. One: the next batch forms while it commits, and
 /// as large batches as the consumer's prefetch allows cost PostgreSQL the least per event.
-/// In session 10's A/B (big sale, three alternating pairs, the same build), one instead of two
-/// left the saga's pace against the raw insert where it was (1.14–1.45 × against
+/// Measured on a big sale (three alternating pairs of runs of the same build), one instead of
+/// two left the saga's pace against the raw insert where it was (1.14–1.45 × against
 /// 1.10–1.32 ×) but, with fewer of the saga's transactions competing for the two cores, cut
 /// the p99 of the buyers refused after the sell-out from 46–62 ms to 28–40 ms. Several
 /// replicas each apply their own.
@@ -52,20 +53,20 @@ const SAGA_BATCHES_IN_FLIGHT: usize = 1;
 /// `max_batch` deliveries (at most [`MAX_BATCH`]). Size batches to what the consumer can hold: with a
 /// prefetch of P, `P / 2`, so the next batch can fill while one is applied — a batch that
 /// cannot fill up would wait the whole [`GATHER`] every time.
-pub fn reserved_batcher(orders: Orders, max_batch: usize) -> ReservedBatcher {
+pub fn reserved_batcher(saga: Saga, max_batch: usize) -> ReservedBatcher {
     Batcher::spawn(
         "order_stock_reserved",
         max_batch.clamp(1, MAX_BATCH),
         GATHER,
         SAGA_BATCHES_IN_FLIGHT,
         move |items: Vec<Reserved>| {
-            let orders = orders.clone();
-            async move { Ok::<_, std::convert::Infallible>(orders.confirm_reserved(items).await) }
+            let saga = saga.clone();
+            async move { Ok::<_, std::convert::Infallible>(saga.confirm_reserved(items).await) }
         },
     )
 }
 
-impl Orders {
+impl Saga {
     /// Applies a batch of `stock.reserved`; one answer per delivery, in order.
     pub async fn confirm_reserved(&self, items: Vec<Reserved>) -> Vec<Result<(), OrderError>> {
         together_or_each(
@@ -99,10 +100,7 @@ impl Orders {
             order_ids.push(o);
         }
         let n = items.len();
-        let timeout = chrono::Duration::milliseconds(
-            i64::try_from(self.settings.payment_timeout_ms).unwrap_or(i64::MAX),
-        );
-        let deadline = Utc::now() + timeout;
+        let deadline = Utc::now() + self.time_to_pay;
         let txn = self.db.begin().await?;
         if inbox::claim_many(&txn, consumer, &message_ids).await? != n {
             return Ok(false);
@@ -121,10 +119,7 @@ impl Orders {
         };
         let timer = PaymentTimeout {
             order_id: first.order_id.clone(),
-            deadline: Some(prost_types::Timestamp {
-                seconds: deadline.timestamp(),
-                nanos: i32::try_from(deadline.timestamp_subsec_nanos()).unwrap_or(0),
-            }),
+            deadline: Some(to_timestamp(deadline)),
             more_order_ids: items[1..].iter().map(|r| r.order_id.clone()).collect(),
         };
         let timers = [(

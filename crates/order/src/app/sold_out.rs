@@ -1,4 +1,5 @@
-//! The sold-out short-circuit (ARCHITECTURE §6): once the gate answers SOLD_OUT for a product,
+//! The sold-out short-circuit (docs/adr/0005-sold-out-memory.md,
+//! docs/architecture.md#operations): once the gate answers SOLD_OUT for a product,
 //! this replica refuses further requests for it from memory — no Redis, no database, no network
 //! — for `saga.sold_out_cache_ms`.
 //!

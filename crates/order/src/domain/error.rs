@@ -1,8 +1,8 @@
-//! The order error enum (mapped to the API in `adapters::grpc`).
+//! The order error enum (mapped to the API in `api::grpc`).
 
 use uuid::Uuid;
 
-use super::Status;
+use super::{Refusal, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OrderError {
@@ -12,9 +12,13 @@ pub enum OrderError {
     NotFound(Uuid),
     #[error("no product with sku `{0}`")]
     UnknownProduct(String),
-    /// The stock gate refused (its `ErrorInfo` reason and message are passed on).
+    /// The stock gate refused (the refusal and the gate's message are passed on).
     #[error("{1}")]
-    Refused(String, String),
+    Refused(Refusal, String),
+    /// The gate released this order's hold already (the order was cancelled, or its hold
+    /// expired before the order was written).
+    #[error("{0}")]
+    ReservationReleased(String),
     #[error("{0} was used before with a different payload")]
     IdempotencyKeyReused(&'static str),
     #[error("order is {0}, it cannot be paid")]

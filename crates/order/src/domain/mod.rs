@@ -4,18 +4,17 @@
 use std::fmt;
 
 use chrono::{DateTime, Utc};
+use flashsale_contract::{REQUEST_ID_MAX_LEN, check_sku, parse_canonical_uuid};
 use uuid::Uuid;
 
 mod error;
 
 pub use error::OrderError;
+/// When product-stock deducts on_hand (carried on the order's events) and why the gate refuses
+/// a reservation: the contract's own types.
+pub use flashsale_contract::{Policy, Refusal};
 
-/// Longest idempotency key (`request_id`, `payment_id`).
-pub const KEY_MAX_LEN: usize = 64;
-/// Longest sku (the product-stock format).
-pub const SKU_MAX_LEN: usize = 64;
-
-/// Where an order is in the saga (ARCHITECTURE §3).
+/// Where an order is in the saga (docs/architecture.md#the-order-saga).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Status {
     Pending,
@@ -102,30 +101,6 @@ impl CancelReason {
     }
 }
 
-/// When product-stock deducts on_hand (carried on the order's events).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    ReserveThenCommit,
-    CommitAtOrder,
-}
-
-impl Policy {
-    pub fn as_db(self) -> &'static str {
-        match self {
-            Self::ReserveThenCommit => "RESERVE_THEN_COMMIT",
-            Self::CommitAtOrder => "COMMIT_AT_ORDER",
-        }
-    }
-
-    pub fn from_db(s: &str) -> Option<Self> {
-        match s {
-            "RESERVE_THEN_COMMIT" => Some(Self::ReserveThenCommit),
-            "COMMIT_AT_ORDER" => Some(Self::CommitAtOrder),
-            _ => None,
-        }
-    }
-}
-
 /// A refund recorded for an order (at most one).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refund {
@@ -175,14 +150,14 @@ impl PlaceOrder {
         max_quantity: i64,
     ) -> Result<Self, OrderError> {
         let mut bad = Vec::new();
-        if request_id.is_empty() || request_id.chars().count() > KEY_MAX_LEN {
+        if request_id.is_empty() || request_id.chars().count() > REQUEST_ID_MAX_LEN {
             bad.push((
                 "request_id".to_owned(),
-                format!("must be 1..={KEY_MAX_LEN} characters"),
+                format!("must be 1..={REQUEST_ID_MAX_LEN} characters"),
             ));
         }
         if let Err(e) = check_sku(sku) {
-            bad.push(("sku".to_owned(), e.to_owned()));
+            bad.push(("sku".to_owned(), e.to_string()));
         }
         if quantity < 1 || quantity > max_quantity {
             bad.push(("quantity".to_owned(), format!("must be 1..={max_quantity}")));
@@ -211,30 +186,16 @@ impl PlaceOrder {
     }
 }
 
-/// The product-stock sku format: 1..=64 ASCII letters, digits, '-', '_', '.'.
-pub fn check_sku(sku: &str) -> Result<(), &'static str> {
-    if sku.is_empty() || sku.len() > SKU_MAX_LEN {
-        return Err("must be 1..=64 characters");
-    }
-    if !sku
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    {
-        return Err("may contain only ASCII letters, digits, '-', '_' and '.'");
-    }
-    Ok(())
-}
-
 /// A canonical hyphenated UUID.
 pub fn parse_order_id(raw: &str) -> Result<Uuid, OrderError> {
-    let id = Uuid::try_parse(raw).map_err(|_| OrderError::invalid("order_id", "must be a UUID"))?;
-    if id.hyphenated().to_string() != raw.to_ascii_lowercase() {
-        return Err(OrderError::invalid(
-            "order_id",
-            "must be a UUID in canonical hyphenated form",
-        ));
-    }
-    Ok(id)
+    parse_canonical_uuid(raw).ok_or_else(|| {
+        let why = if Uuid::try_parse(raw).is_ok() {
+            "must be a UUID in canonical hyphenated form"
+        } else {
+            "must be a UUID"
+        };
+        OrderError::invalid("order_id", why)
+    })
 }
 
 /// A validated PayOrder.
@@ -251,10 +212,10 @@ impl Payment {
         let id = parse_order_id(order_id)
             .map_err(|e| bad.extend(e.violations()))
             .ok();
-        if payment_id.is_empty() || payment_id.chars().count() > KEY_MAX_LEN {
+        if payment_id.is_empty() || payment_id.chars().count() > REQUEST_ID_MAX_LEN {
             bad.push((
                 "payment_id".to_owned(),
-                format!("must be 1..={KEY_MAX_LEN} characters"),
+                format!("must be 1..={REQUEST_ID_MAX_LEN} characters"),
             ));
         }
         if amount_cents < 0 {

@@ -139,9 +139,9 @@ async fn published_events_match_their_fixtures() {
 
 #[test]
 fn every_units_back_fixture_names_its_product() {
-    for kind in flashsale_order::adapters::amqp::UNITS_BACK_KEYS {
+    for kind in flashsale_order::api::amqp::UNITS_BACK_KEYS {
         let env = fixtures::envelope(kind).unwrap();
-        let sku = flashsale_order::adapters::amqp::sku_with_units_back(&env);
+        let sku = flashsale_order::api::amqp::sku_with_units_back(&env);
         assert!(
             sku.is_some_and(|s| !s.is_empty()),
             "{kind}: the sold-out memory cannot tell which product is back"

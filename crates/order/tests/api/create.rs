@@ -223,7 +223,7 @@ fn pending_write(user: &str, key: &str, q: i64) -> flashsale_order::app::Pending
 
 #[tokio::test]
 async fn one_batch_write_tells_new_repeated_and_reused_keys_apart() {
-    use flashsale_order::{adapters::db::Inserted, app::write_pending_batch};
+    use flashsale_order::{app::write_pending_batch, infra::db::Inserted};
     use sea_orm::FromQueryResult as _;
     let (_db, conn) = super::helpers::migrated_orders_db().await;
     let w = pending_write;
@@ -308,8 +308,8 @@ async fn a_replay_whose_write_cannot_be_read_back_is_unavailable_and_releases_no
 #[tokio::test]
 async fn a_batch_whose_read_back_fails_still_answers_its_new_orders() {
     use flashsale_order::{
-        adapters::db::Inserted,
         app::{FP_AFTER_BATCH_WRITE, write_pending_batch, write_pending_batch_with},
+        infra::db::Inserted,
     };
     let (_db, conn) = super::helpers::migrated_orders_db().await;
     let w = pending_write;

@@ -296,7 +296,7 @@ impl TestApp {
 
     /// Messages parked from the order service's consumer queue (in `dead_letters`).
     pub async fn parked(&self) -> u32 {
-        let t = flashsale_order::adapters::amqp::topology(&self.settings.amqp);
+        let t = flashsale_order::api::amqp::topology(&self.settings.amqp);
         let n = flashsale_messaging::dead_letter::count_parked(&self.conn, t.queue())
             .await
             .unwrap();

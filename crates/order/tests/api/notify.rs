@@ -6,7 +6,7 @@ use std::{collections::HashMap, time::Duration};
 use flashsale_order::{
     app::{PendingWrite, write_pending_batch},
     domain::{PlaceOrder, Policy},
-    migration::m0001_orders::ORDER_CHANGES_CHANNEL,
+    infra::changes::ORDER_CHANGES_CHANNEL,
 };
 use flashsale_test_support::TestDatabase;
 use sea_orm_migration::MigratorTrait as _;

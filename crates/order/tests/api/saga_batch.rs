@@ -1,12 +1,11 @@
 //! `stock.reserved` applied in batches: one transaction for the common case, and a batch with
 //! anything unusual in it handled one by one with the same results as single deliveries.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use flashsale_messaging::envelope;
 use flashsale_order::{
-    adapters::stock::{GateBuyers, Granted, StockPort},
-    app::{Orders, Reserved, WatchHub, write_pending},
+    app::{Reserved, Saga, write_pending},
     config::SagaSettings,
     domain::{OrderError, PlaceOrder, Policy},
 };
@@ -18,35 +17,19 @@ use uuid::Uuid;
 
 const CONSUMER: &str = "order.saga-events";
 
-/// The saga consumers never call the gate.
-struct NoGate;
-
-#[tonic::async_trait]
-impl StockPort for NoGate {
-    async fn reserve(&self, _: Uuid, _: &str, _: &str, _: i64) -> Result<Granted, OrderError> {
-        Err(OrderError::Unavailable("no gate in this test".into()))
-    }
-    async fn buyers(&self, _: &str, _: &str) -> Result<GateBuyers, OrderError> {
-        Err(OrderError::Unavailable("no gate in this test".into()))
-    }
-}
-
-async fn setup() -> (TestDatabase, DatabaseConnection, Orders) {
+async fn setup() -> (TestDatabase, DatabaseConnection, Saga) {
     let db = TestDatabase::create().await.unwrap();
     let conn = db.connect().await.unwrap();
     flashsale_order::migration::Migrator::up(&conn, None)
         .await
         .unwrap();
     let amqp = flashsale_messaging::AmqpConfig::default();
-    let orders = Orders::new(
+    let saga = Saga::new(
         conn.clone(),
-        Arc::new(NoGate),
-        SagaSettings::default(),
-        flashsale_order::adapters::amqp::payment_timeout_queue(&amqp, Duration::from_secs(900)),
-        WatchHub::new(),
-        flashsale_platform::failpoint::Failpoints::default(),
+        flashsale_order::api::amqp::payment_timeout_queue(&amqp, Duration::from_secs(900)),
+        &SagaSettings::default(),
     );
-    (db, conn, orders)
+    (db, conn, saga)
 }
 
 async fn pending(conn: &DatabaseConnection, user: &str) -> Uuid {
@@ -97,14 +80,12 @@ async fn count(conn: &DatabaseConnection, sql: &str) -> i64 {
 
 #[tokio::test]
 async fn a_batch_of_reserved_orders_awaits_payment_in_one_transaction() {
-    let (_db, conn, orders) = setup().await;
+    let (_db, conn, saga) = setup().await;
     let mut envs = Vec::new();
     for i in 0..30 {
         envs.push(reserved(pending(&conn, &format!("u{i}")).await));
     }
-    let answers = orders
-        .confirm_reserved(envs.iter().map(item).collect())
-        .await;
+    let answers = saga.confirm_reserved(envs.iter().map(item).collect()).await;
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     assert_eq!(
         count(&conn, "SELECT COUNT(DISTINCT xmin::text) AS n FROM orders WHERE status = 'AWAITING_PAYMENT' AND payment_deadline IS NOT NULL").await,
@@ -142,9 +123,7 @@ async fn a_batch_of_reserved_orders_awaits_payment_in_one_transaction() {
     want.sort();
     assert_eq!(named, want, "the timer names every order of the batch once");
     // The same batch delivered again: no second effect.
-    let again = orders
-        .confirm_reserved(envs.iter().map(item).collect())
-        .await;
+    let again = saga.confirm_reserved(envs.iter().map(item).collect()).await;
     assert!(again.iter().all(Result::is_ok));
     assert_eq!(
         count(
@@ -158,16 +137,16 @@ async fn a_batch_of_reserved_orders_awaits_payment_in_one_transaction() {
 
 #[tokio::test]
 async fn a_batch_with_unusual_deliveries_gives_each_its_own_answer() {
-    let (_db, conn, orders) = setup().await;
+    let (_db, conn, saga) = setup().await;
     let a = reserved(pending(&conn, "a").await);
     let b = reserved(pending(&conn, "b").await);
     // Confirmed before under another message id (product-stock published it twice).
     let twice = pending(&conn, "c").await;
-    assert!(orders.confirm_reserved(vec![item(&reserved(twice))]).await[0].is_ok());
+    assert!(saga.confirm_reserved(vec![item(&reserved(twice))]).await[0].is_ok());
     let again = reserved(twice);
     // An order this service never wrote: an invalid event.
     let unknown = reserved(Uuid::new_v4());
-    let answers = orders
+    let answers = saga
         .confirm_reserved(vec![item(&a), item(&again), item(&unknown), item(&b)])
         .await;
     assert!(

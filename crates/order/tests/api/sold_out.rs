@@ -11,10 +11,10 @@ use std::{
 };
 
 use flashsale_order::{
-    adapters::stock::{GateBuyers, Granted, StockPort},
-    app::{Orders, SOLD_OUT_REMEMBERED, Verdict, WatchHub, write_pending},
+    app::{Intake, SOLD_OUT_REMEMBERED, Verdict, write_pending},
     config::SagaSettings,
-    domain::{OrderError, PlaceOrder, Policy},
+    domain::{OrderError, PlaceOrder, Policy, Refusal},
+    infra::stock::{GateBuyers, Granted, StockPort},
 };
 use flashsale_proto::{
     order::v1::{CancelOrderRequest, CreateOrderResponse, OrderStatus},
@@ -64,7 +64,7 @@ impl StockPort for SoldOutGate {
         _quantity: i64,
     ) -> Result<Granted, OrderError> {
         self.reserves.fetch_add(1, Ordering::SeqCst);
-        Err(OrderError::Refused("SOLD_OUT".into(), "sold out".into()))
+        Err(OrderError::Refused(Refusal::SoldOut, "sold out".into()))
     }
 
     async fn buyers(&self, _sku: &str, known_refills: &str) -> Result<GateBuyers, OrderError> {
@@ -84,30 +84,27 @@ impl StockPort for SoldOutGate {
     }
 }
 
-/// The order use cases over `conn` and `gate`, with a sold-out memory of `sold_out_cache_ms`.
+/// CreateOrder over `conn` and `gate`, with a sold-out memory of `sold_out_cache_ms`.
 fn orders_over(
     conn: &sea_orm::DatabaseConnection,
     gate: Arc<SoldOutGate>,
     sold_out_cache_ms: u64,
-) -> Orders {
+) -> Intake {
     let settings = SagaSettings {
         sold_out_cache_ms,
         ..SagaSettings::default()
     };
-    let amqp = flashsale_messaging::AmqpConfig::default();
-    Orders::new(
+    Intake::new(
         conn.clone(),
         gate,
-        settings,
-        flashsale_order::adapters::amqp::payment_timeout_queue(&amqp, Duration::from_secs(60)),
-        WatchHub::new(),
+        &settings,
         flashsale_platform::failpoint::Failpoints::default(),
     )
 }
 
-fn refused_reason(r: Result<(flashsale_order::domain::Order, bool), OrderError>) -> String {
+fn refusal(r: Result<(flashsale_order::domain::Order, bool), OrderError>) -> Refusal {
     match r {
-        Err(OrderError::Refused(reason, _)) => reason,
+        Err(OrderError::Refused(refusal, _)) => refusal,
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
@@ -132,8 +129,8 @@ async fn after_a_sell_out_only_possible_replayers_reach_the_gate() {
 
     // The first SOLD_OUT comes from the gate; the list of possible replayers is read meanwhile.
     assert_eq!(
-        refused_reason(orders.place(place("bob", "b1")).await),
-        "SOLD_OUT"
+        refusal(orders.place(place("bob", "b1")).await),
+        Refusal::SoldOut
     );
     assert_eq!(calls(), 1);
     flashsale_test_support::eventually(Duration::from_secs(10), "refused from memory", || {
@@ -142,7 +139,7 @@ async fn after_a_sell_out_only_possible_replayers_reach_the_gate() {
         async move {
             let before = gate.reserves.load(Ordering::SeqCst);
             let r = orders.place(place).await;
-            (refused_reason(r) == "SOLD_OUT" && gate.reserves.load(Ordering::SeqCst) == before)
+            (refusal(r) == Refusal::SoldOut && gate.reserves.load(Ordering::SeqCst) == before)
                 .then_some(())
         }
     })
@@ -151,7 +148,7 @@ async fn after_a_sell_out_only_possible_replayers_reach_the_gate() {
     let before = calls();
     for i in 0..50 {
         let r = orders.place(place(&format!("u{i}"), "k")).await;
-        assert_eq!(refused_reason(r), "SOLD_OUT");
+        assert_eq!(refusal(r), Refusal::SoldOut);
     }
     assert_eq!(calls(), before, "no gate call for users who bought nothing");
     // A buyer in the gate and a user with an order here still ask the gate.
@@ -179,8 +176,8 @@ async fn an_expired_list_is_kept_without_a_read_until_the_gate_says_units_came_b
     while tokio::time::Instant::now() < until {
         i += 1;
         assert_eq!(
-            refused_reason(orders.place(place(&format!("u{i}"))).await),
-            "SOLD_OUT"
+            refusal(orders.place(place(&format!("u{i}"))).await),
+            Refusal::SoldOut
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

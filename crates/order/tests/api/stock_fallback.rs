@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use flashsale_order::adapters::stock::{GrpcStock, StockPort as _};
+use flashsale_order::infra::stock::{GrpcStock, StockPort as _};
 use flashsale_platform::auth::{JwtKeys, ServiceToken};
 use flashsale_proto::product::v1::{
     self as pb,

@@ -4,6 +4,7 @@
 
 use std::pin::Pin;
 
+use flashsale_contract::to_timestamp;
 use flashsale_platform::{
     ApiError,
     auth::{Caller, Role},
@@ -16,19 +17,25 @@ use flashsale_proto::order::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
-    app::{Orders, reason_to_proto, status_to_proto},
+    app::{Checkout, Intake, Queries, reason_to_proto, status_to_proto},
     domain::{Order, OrderError, Payment, PlaceOrder, Status as OrderStatus, parse_order_id},
 };
 
 /// The gRPC face of the order service.
 #[derive(Clone)]
 pub struct OrderApi {
-    orders: Orders,
+    intake: Intake,
+    checkout: Checkout,
+    queries: Queries,
 }
 
 impl OrderApi {
-    pub fn new(orders: Orders) -> Self {
-        Self { orders }
+    pub fn new(intake: Intake, checkout: Checkout, queries: Queries) -> Self {
+        Self {
+            intake,
+            checkout,
+            queries,
+        }
     }
 }
 
@@ -39,13 +46,6 @@ fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
     let caller = Caller::of(req)?;
     caller.require(roles)?;
     Ok(caller)
-}
-
-fn ts(t: chrono::DateTime<chrono::Utc>) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: t.timestamp(),
-        nanos: i32::try_from(t.timestamp_subsec_nanos()).unwrap_or(0),
-    }
 }
 
 pub fn order_to_proto(o: Order) -> pb::Order {
@@ -64,12 +64,12 @@ pub fn order_to_proto(o: Order) -> pb::Order {
         total_cents: o.total_cents,
         status: status_to_proto(o.status) as i32,
         cancel_reason: o.cancel_reason.map_or(0, |r| reason_to_proto(r) as i32),
-        payment_deadline: o.payment_deadline.map(ts),
+        payment_deadline: o.payment_deadline.map(to_timestamp),
         payment_id: o.payment_id.unwrap_or_default(),
         refund_status: refund_status as i32,
         refund_cents,
-        create_time: Some(ts(o.created_at)),
-        update_time: Some(ts(o.updated_at)),
+        create_time: Some(to_timestamp(o.created_at)),
+        update_time: Some(to_timestamp(o.updated_at)),
     }
 }
 
@@ -96,15 +96,11 @@ impl From<OrderError> for ApiError {
             OrderError::Invalid(v) => ApiError::InvalidArgument(v),
             OrderError::WrongAmount(_) => ApiError::invalid("amount_cents", message),
             OrderError::NotFound(_) | OrderError::UnknownProduct(_) => ApiError::NotFound(message),
-            OrderError::Refused(reason, _) => {
-                let reason: &'static str = match reason.as_str() {
-                    "SOLD_OUT" => "SOLD_OUT",
-                    "INSUFFICIENT_STOCK" => "INSUFFICIENT_STOCK",
-                    "USER_LIMIT_EXCEEDED" => "USER_LIMIT_EXCEEDED",
-                    "RESERVATION_RELEASED" => "ORDER_CANCELLED",
-                    _ => "STOCK_REFUSED",
-                };
-                ApiError::failed_precondition(reason, message)
+            OrderError::Refused(refusal, _) => {
+                ApiError::failed_precondition(refusal.reason(), message)
+            }
+            OrderError::ReservationReleased(_) => {
+                ApiError::failed_precondition("ORDER_CANCELLED", message)
             }
             OrderError::IdempotencyKeyReused(_) => {
                 ApiError::failed_precondition("IDEMPOTENCY_KEY_REUSED", message)
@@ -140,10 +136,10 @@ impl OrderService for OrderApi {
     ) -> Result<Response<CreateOrderResponse>, Status> {
         let caller = authorize(&req, BUYER)?;
         let r = req.into_inner();
-        let max = self.orders.settings().max_quantity;
+        let max = self.intake.max_quantity();
         let place = PlaceOrder::new(&caller.subject, &r.request_id, &r.sku, r.quantity, max)
             .map_err(status)?;
-        let (order, replayed) = self.orders.place(place).await.map_err(status)?;
+        let (order, replayed) = self.intake.place(place).await.map_err(status)?;
         Ok(Response::new(CreateOrderResponse {
             order: Some(order_to_proto(order)),
             replayed,
@@ -156,7 +152,7 @@ impl OrderService for OrderApi {
     ) -> Result<Response<GetOrderResponse>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
         let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
-        let order = self.orders.get(&caller, id).await.map_err(status)?;
+        let order = self.queries.get(&caller, id).await.map_err(status)?;
         Ok(Response::new(GetOrderResponse {
             order: Some(order_to_proto(order)),
         }))
@@ -170,7 +166,7 @@ impl OrderService for OrderApi {
         let r = req.into_inner();
         let filter = status_filter(r.status).map_err(status)?;
         let (orders, next) = self
-            .orders
+            .queries
             .list(&caller, &r.user_id, filter, r.page_size, &r.page_token)
             .await
             .map_err(status)?;
@@ -188,7 +184,7 @@ impl OrderService for OrderApi {
     ) -> Result<Response<Self::WatchOrderStream>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
         let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
-        let rx = self.orders.watch(&caller, id).await.map_err(status)?;
+        let rx = self.queries.watch(&caller, id).await.map_err(status)?;
         let stream =
             futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |item| {
                 item.map(|o| WatchOrderResponse {
@@ -206,7 +202,7 @@ impl OrderService for OrderApi {
         let caller = authorize(&req, BUYER)?;
         let r = req.into_inner();
         let payment = Payment::new(&r.order_id, &r.payment_id, r.amount_cents).map_err(status)?;
-        let (order, replayed) = self.orders.pay(&caller, payment).await.map_err(status)?;
+        let (order, replayed) = self.checkout.pay(&caller, payment).await.map_err(status)?;
         Ok(Response::new(PayOrderResponse {
             order: Some(order_to_proto(order)),
             replayed,
@@ -219,7 +215,7 @@ impl OrderService for OrderApi {
     ) -> Result<Response<CancelOrderResponse>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
         let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
-        let order = self.orders.cancel(&caller, id).await.map_err(status)?;
+        let order = self.checkout.cancel(&caller, id).await.map_err(status)?;
         Ok(Response::new(CancelOrderResponse {
             order: Some(order_to_proto(order)),
         }))

@@ -6,13 +6,17 @@ use std::{sync::Arc, time::Duration};
 use flashsale_platform::auth::ServiceToken;
 use flashsale_platform::batch::Batcher;
 use flashsale_proto::product::v1::{
-    DeductionPolicy, GetGateBuyersRequest, ReserveStockBatchRequest, ReserveStockRequest,
+    GetGateBuyersRequest, ReserveStockBatchRequest, ReserveStockRequest,
     product_stock_service_client::ProductStockServiceClient,
 };
 use tonic::{Code, transport::Channel};
 use uuid::Uuid;
 
-use crate::domain::{OrderError, Policy};
+use crate::domain::{OrderError, Policy, Refusal};
+
+/// The `ErrorInfo` reason product-stock refuses a reservation with when it released that
+/// order's hold already.
+pub const RESERVATION_RELEASED: &str = "RESERVATION_RELEASED";
 
 /// What the gate granted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +47,7 @@ pub const MAX_LISTED_BUYERS: u32 = 100_000;
 /// Takes units through the stock gate.
 #[tonic::async_trait]
 pub trait StockPort: Send + Sync + 'static {
-    /// `Refused(reason, message)` for SOLD_OUT, INSUFFICIENT_STOCK, USER_LIMIT_EXCEEDED, …;
+    /// `Refused` for SOLD_OUT, INSUFFICIENT_STOCK, USER_LIMIT_EXCEEDED; `ReservationReleased`;
     /// `UnknownProduct`; `Unavailable` when the gate cannot answer now.
     async fn reserve(
         &self,
@@ -91,10 +95,10 @@ impl ReserveItem {
 /// Most reservations in one `ReserveStockBatch`.
 const MAX_BATCH: usize = 128;
 /// Batches in flight at once (calls arriving meanwhile form the next). Two, not more: larger
-/// batches cost product-stock and Redis less per reservation. In session 8's A/B (big sale,
-/// platform mode, six alternating pairs) two gave ~7% more accepted orders per second than
-/// four (more in five of the six pairs) and 0.018–0.022 ms of product-stock CPU per accepted
-/// order against 0.021–0.028; one was no better than two.
+/// batches cost product-stock and Redis less per reservation. Measured on a big sale (six
+/// alternating pairs of runs), two gave ~7% more accepted orders per second than four (more in
+/// five of the six pairs) and 0.018–0.022 ms of product-stock CPU per accepted order against
+/// 0.021–0.028; one was no better than two.
 const PARALLEL_BATCHES: usize = 2;
 
 impl GrpcStock {
@@ -195,13 +199,9 @@ async fn reserve_one(
 }
 
 fn granted(r: &flashsale_proto::product::v1::ReserveStockResponse) -> Granted {
-    let policy = match DeductionPolicy::try_from(r.deduction_policy) {
-        Ok(DeductionPolicy::CommitAtOrder) => Policy::CommitAtOrder,
-        _ => Policy::ReserveThenCommit,
-    };
     Granted {
         unit_price_cents: r.unit_price_cents,
-        policy,
+        policy: Policy::from_proto(r.deduction_policy).unwrap_or(Policy::ReserveThenCommit),
         replayed: r.replayed,
     }
 }
@@ -268,10 +268,7 @@ fn map_error(
     sku: &str,
 ) -> OrderError {
     match code {
-        Code::FailedPrecondition => OrderError::Refused(
-            reason.unwrap_or_else(|| "FAILED_PRECONDITION".into()),
-            message.to_owned(),
-        ),
+        Code::FailedPrecondition => refusal(reason.as_deref(), message),
         Code::NotFound => OrderError::UnknownProduct(sku.to_owned()),
         Code::InvalidArgument => OrderError::Invalid(
             fields
@@ -287,5 +284,63 @@ fn map_error(
         other => OrderError::Internal(anyhow::anyhow!(
             "product-stock answered {other:?}: {message}"
         )),
+    }
+}
+
+/// The one translation of product-stock's refusals. A reason this version does not know (a
+/// newer product-stock, or none at all) is a break of the contract between the two services,
+/// not something the buyer can act on: it is logged and answered as an internal error.
+fn refusal(reason: Option<&str>, message: &str) -> OrderError {
+    match reason {
+        Some(RESERVATION_RELEASED) => OrderError::ReservationReleased(message.to_owned()),
+        Some(r) => match Refusal::from_reason(r) {
+            Some(refusal) => OrderError::Refused(refusal, message.to_owned()),
+            None => unknown_refusal(r, message),
+        },
+        None => unknown_refusal("", message),
+    }
+}
+
+fn unknown_refusal(reason: &str, message: &str) -> OrderError {
+    tracing::error!(%reason, %message, "product-stock refused a reservation for a reason this version does not know");
+    OrderError::Internal(anyhow::anyhow!(
+        "product-stock refused for an unknown reason `{reason}`: {message}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_translated_once_into_typed_values() {
+        for r in Refusal::ALL {
+            let e = map_error(
+                Code::FailedPrecondition,
+                "no",
+                Some(r.reason().into()),
+                vec![],
+                "S",
+            );
+            assert!(
+                matches!(e, OrderError::Refused(got, ref m) if got == r && m == "no"),
+                "{e:?}"
+            );
+        }
+        let released = map_error(
+            Code::FailedPrecondition,
+            "gone",
+            Some(RESERVATION_RELEASED.into()),
+            vec![],
+            "S",
+        );
+        assert!(
+            matches!(released, OrderError::ReservationReleased(_)),
+            "{released:?}"
+        );
+        for unknown in [Some("SOMETHING_NEW".to_owned()), None] {
+            let e = map_error(Code::FailedPrecondition, "?", unknown, vec![], "S");
+            assert!(matches!(e, OrderError::Internal(_)), "{e:?}");
+        }
     }
 }

@@ -1,17 +1,24 @@
 //! PayOrder and CancelOrder: compare-and-set transitions that race the payment timeout with
-//! exactly one winner; a payment that loses is refused and refunded.
+//! exactly one winner; a payment that loses is refused and refunded. The cancellation and the
+//! refund are shared with the saga's consumers.
 
 use flashsale_messaging::{envelope, outbox};
 use flashsale_platform::auth::{Caller, Role};
-use flashsale_proto::events::v1::{OrderPaid, OrderRefunded, envelope::Payload};
-use sea_orm::{DatabaseTransaction, TransactionTrait as _};
+use flashsale_proto::events::v1::{Envelope, OrderPaid, OrderRefunded, envelope::Payload};
+use sea_orm::{DatabaseConnection, DatabaseTransaction, TransactionTrait as _};
 use uuid::Uuid;
 
-use super::{Orders, PRODUCER, cancelled_event, policy_to_proto, reason_to_proto};
+use super::{PRODUCER, cancelled_event, reason_to_proto};
 use crate::{
-    adapters::db::{self, Change},
     domain::{CancelReason, Order, OrderError, Payment, Status},
+    infra::db::{self, Change},
 };
+
+/// PayOrder and CancelOrder. Cheap to clone.
+#[derive(Clone)]
+pub struct Checkout {
+    db: DatabaseConnection,
+}
 
 /// The order, locked, if `caller` may act on it (a user only on their own: others' orders are
 /// NOT_FOUND, so ids cannot be probed).
@@ -26,7 +33,11 @@ pub(super) async fn owned(
     }
 }
 
-impl Orders {
+impl Checkout {
+    pub fn new(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
+
     /// Pays an order awaiting payment; `(order, replayed)`.
     #[tracing::instrument(skip_all, fields(order_id = %p.order_id))]
     pub async fn pay(&self, caller: &Caller, p: Payment) -> Result<(Order, bool), OrderError> {
@@ -57,10 +68,9 @@ impl Orders {
             .is_some_and(|d| d <= chrono::Utc::now());
         if order.status == Status::AwaitingPayment && overdue {
             // The deadline is strict: the timeout wins even if its message is late.
-            self.cancel_in(&txn, &order, CancelReason::PaymentTimeout, None)
-                .await?;
+            cancel_in(&txn, &order, CancelReason::PaymentTimeout, None).await?;
             db::record_payment(&txn, &p.payment_id, order.order_id, p.amount_cents, false).await?;
-            self.refund(
+            refund(
                 &txn,
                 &order,
                 &p.payment_id,
@@ -101,7 +111,7 @@ impl Orders {
                     quantity: order.quantity,
                     payment_id: p.payment_id.clone(),
                     amount_cents: p.amount_cents,
-                    deduction_policy: policy_to_proto(order.policy),
+                    deduction_policy: order.policy.as_proto(),
                 };
                 let env = envelope::new(
                     Payload::OrderPaid(ev),
@@ -112,49 +122,19 @@ impl Orders {
                 outbox::enqueue(&txn, &env).await?;
                 txn.commit().await?;
                 metrics::counter!("flashsale_orders_paid_total").increment(1);
-                Ok((self.load(order.order_id).await?, false))
+                Ok((super::load(&self.db, order.order_id).await?, false))
             }
             Status::Cancelled => {
                 // The payment lost the race (timeout, cancel): the money goes back, once per order.
                 db::record_payment(&txn, &p.payment_id, order.order_id, p.amount_cents, false)
                     .await?;
                 let reason = order.cancel_reason.unwrap_or(CancelReason::PaymentTimeout);
-                self.refund(&txn, &order, &p.payment_id, p.amount_cents, reason, None)
-                    .await?;
+                refund(&txn, &order, &p.payment_id, p.amount_cents, reason, None).await?;
                 txn.commit().await?;
                 Err(OrderError::NotPayable(Status::Cancelled))
             }
             other => Err(OrderError::NotPayable(other)),
         }
-    }
-
-    /// Records the order's refund (once) with `order.refunded`.
-    pub(super) async fn refund(
-        &self,
-        txn: &DatabaseTransaction,
-        order: &Order,
-        payment_id: &str,
-        amount: i64,
-        reason: CancelReason,
-        cause: Option<&flashsale_proto::events::v1::Envelope>,
-    ) -> Result<(), OrderError> {
-        if !db::record_refund(txn, order.order_id, payment_id, amount, reason.as_db()).await? {
-            return Ok(());
-        }
-        let payload = Payload::OrderRefunded(OrderRefunded {
-            order_id: order.order_id.to_string(),
-            user_id: order.user_id.clone(),
-            payment_id: payment_id.to_owned(),
-            amount_cents: amount,
-            reason: reason_to_proto(reason) as i32,
-        });
-        let env = match cause {
-            Some(c) => envelope::caused_by(c, payload, PRODUCER),
-            None => envelope::new(payload, order.order_id.to_string(), "", PRODUCER),
-        };
-        outbox::enqueue(txn, &env).await?;
-        metrics::counter!("flashsale_refunds_total", "reason" => reason.as_db()).increment(1);
-        Ok(())
     }
 
     /// Cancels an order that is not paid yet; an already cancelled order is returned as it is.
@@ -168,34 +148,59 @@ impl Orders {
                 Ok(order)
             }
             Status::Pending | Status::AwaitingPayment => {
-                self.cancel_in(&txn, &order, CancelReason::UserCancelled, None)
-                    .await?;
+                cancel_in(&txn, &order, CancelReason::UserCancelled, None).await?;
                 txn.commit().await?;
-                self.load(id).await
+                super::load(&self.db, id).await
             }
             other => Err(OrderError::NotCancellable(other)),
         }
     }
+}
 
-    /// Moves `order` (locked in `txn`) to CANCELLED with `reason` and publishes
-    /// `order.cancelled`, which returns its stock. Returns whether it was still cancellable.
-    pub(super) async fn cancel_in(
-        &self,
-        txn: &DatabaseTransaction,
-        order: &Order,
-        reason: CancelReason,
-        cause: Option<&flashsale_proto::events::v1::Envelope>,
-    ) -> Result<bool, OrderError> {
-        let change = Change {
-            cancel_reason: Some(reason),
-            ..Change::default()
-        };
-        if !db::transition(txn, order.order_id, order.status, Status::Cancelled, change).await? {
-            return Ok(false);
-        }
-        outbox::enqueue(txn, &cancelled_event(order, order.status, reason, cause)).await?;
-        metrics::counter!("flashsale_orders_cancelled_total", "reason" => reason.as_db())
-            .increment(1);
-        Ok(true)
+/// Records the order's refund (once) with `order.refunded`.
+pub(super) async fn refund(
+    txn: &DatabaseTransaction,
+    order: &Order,
+    payment_id: &str,
+    amount: i64,
+    reason: CancelReason,
+    cause: Option<&Envelope>,
+) -> Result<(), OrderError> {
+    if !db::record_refund(txn, order.order_id, payment_id, amount, reason.as_db()).await? {
+        return Ok(());
     }
+    let payload = Payload::OrderRefunded(OrderRefunded {
+        order_id: order.order_id.to_string(),
+        user_id: order.user_id.clone(),
+        payment_id: payment_id.to_owned(),
+        amount_cents: amount,
+        reason: reason_to_proto(reason) as i32,
+    });
+    let env = match cause {
+        Some(c) => envelope::caused_by(c, payload, PRODUCER),
+        None => envelope::new(payload, order.order_id.to_string(), "", PRODUCER),
+    };
+    outbox::enqueue(txn, &env).await?;
+    metrics::counter!("flashsale_refunds_total", "reason" => reason.as_db()).increment(1);
+    Ok(())
+}
+
+/// Moves `order` (locked in `txn`) to CANCELLED with `reason` and publishes
+/// `order.cancelled`, which returns its stock. Returns whether it was still cancellable.
+pub(super) async fn cancel_in(
+    txn: &DatabaseTransaction,
+    order: &Order,
+    reason: CancelReason,
+    cause: Option<&Envelope>,
+) -> Result<bool, OrderError> {
+    let change = Change {
+        cancel_reason: Some(reason),
+        ..Change::default()
+    };
+    if !db::transition(txn, order.order_id, order.status, Status::Cancelled, change).await? {
+        return Ok(false);
+    }
+    outbox::enqueue(txn, &cancelled_event(order, order.status, reason, cause)).await?;
+    metrics::counter!("flashsale_orders_cancelled_total", "reason" => reason.as_db()).increment(1);
+    Ok(true)
 }

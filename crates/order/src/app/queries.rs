@@ -1,5 +1,5 @@
-//! GetOrder, ListOrders and WatchOrder. Watching follows every replica's changes through
-//! PostgreSQL `LISTEN` (a trigger NOTIFYs each changed order id), with a slow poll as a backstop.
+//! GetOrder, ListOrders and WatchOrder. Watching follows every replica's changes through the
+//! feed of changed orders, with a slow poll as a backstop.
 
 use std::time::Duration;
 
@@ -9,76 +9,27 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
-use super::Orders;
 use crate::{
-    adapters::db,
     domain::{Order, OrderError, Status},
-    migration::m0001_orders::ORDER_CHANGES_CHANNEL,
+    infra::{changes::OrderChanges, db},
 };
 
 pub const DEFAULT_PAGE_SIZE: u64 = 50;
 pub const MAX_PAGE_SIZE: u64 = 500;
 const POLL_BACKSTOP: Duration = Duration::from_secs(2);
 
-/// Fans out the ids of changed orders to the watchers of this replica.
-#[derive(Clone, Debug)]
-pub struct WatchHub {
-    tx: broadcast::Sender<Uuid>,
+/// GetOrder, ListOrders and WatchOrder. Cheap to clone.
+#[derive(Clone)]
+pub struct Queries {
+    db: DatabaseConnection,
+    changes: OrderChanges,
 }
 
-impl Default for WatchHub {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl WatchHub {
-    pub fn new() -> Self {
-        Self {
-            tx: broadcast::channel(4096).0,
-        }
+impl Queries {
+    pub fn new(db: DatabaseConnection, changes: OrderChanges) -> Self {
+        Self { db, changes }
     }
 
-    /// Listens for order changes until `shutdown`; reconnects after errors.
-    pub async fn run(
-        self,
-        db: DatabaseConnection,
-        shutdown: flashsale_platform::shutdown::Shutdown,
-    ) -> anyhow::Result<()> {
-        loop {
-            let listen = async {
-                let mut listener =
-                    sqlx::postgres::PgListener::connect_with(db.get_postgres_connection_pool())
-                        .await?;
-                listener.listen(ORDER_CHANGES_CHANNEL).await?;
-                loop {
-                    let n = listener.recv().await?;
-                    // One id, or the ids a statement changed joined by commas.
-                    for id in n
-                        .payload()
-                        .split(',')
-                        .filter_map(|s| s.parse::<Uuid>().ok())
-                    {
-                        let _ = self.tx.send(id);
-                    }
-                }
-                #[allow(unreachable_code)]
-                Ok::<(), sqlx::Error>(())
-            };
-            tokio::select! {
-                () = shutdown.wait() => return Ok(()),
-                r = listen => {
-                    if let Err(e) = r {
-                        tracing::warn!(error = %e, "order change listener lost; reconnecting");
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            }
-        }
-    }
-}
-
-impl Orders {
     /// One order the caller may see.
     pub async fn get(&self, caller: &Caller, id: Uuid) -> Result<Order, OrderError> {
         match db::order(&self.db, id, false).await? {
@@ -138,10 +89,10 @@ impl Orders {
         caller: &Caller,
         id: Uuid,
     ) -> Result<mpsc::Receiver<Result<Order, OrderError>>, OrderError> {
-        let mut changes = self.watch.tx.subscribe();
+        let mut changes = self.changes.subscribe();
         let first = self.get(caller, id).await?;
         let (tx, rx) = mpsc::channel(16);
-        let this = self.clone();
+        let db = self.db.clone();
         tokio::spawn(async move {
             let mut last = first;
             if tx.send(Ok(last.clone())).await.is_err() || last.status.is_terminal() {
@@ -160,7 +111,7 @@ impl Orders {
                 if !reload {
                     continue;
                 }
-                let now = match db::order(&this.db, id, false).await {
+                let now = match db::order(&db, id, false).await {
                     Ok(Some(o)) => o,
                     Ok(None) => return,
                     Err(e) => {

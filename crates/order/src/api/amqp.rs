@@ -5,7 +5,7 @@ use flashsale_messaging::{AmqpConfig, DelayQueue, HandlerError, Incoming, QueueT
 use flashsale_proto::events::v1::envelope::Payload;
 
 use crate::{
-    app::{Orders, Reserved, ReservedBatcher},
+    app::{Reserved, ReservedBatcher, Saga},
     domain::OrderError,
 };
 
@@ -65,7 +65,7 @@ fn classify(e: OrderError) -> HandlerError {
 /// Handles one delivery; `stock.reserved` goes through `reserved`, which confirms the
 /// deliveries waiting at the same moment together.
 pub async fn handle(
-    orders: Orders,
+    saga: Saga,
     reserved: ReservedBatcher,
     msg: Incoming,
 ) -> Result<(), HandlerError> {
@@ -84,17 +84,17 @@ pub async fn handle(
                 Err(e) => Err(OrderError::Internal(anyhow::Error::new(e))),
             }
         }
-        Some(Payload::StockReservationFailed(ev)) => orders.on_reservation_failed(q, env, ev).await,
+        Some(Payload::StockReservationFailed(ev)) => saga.on_reservation_failed(q, env, ev).await,
         Some(Payload::PaymentTimeout(ev)) => {
             let ids: Vec<&str> = std::iter::once(ev.order_id.as_str())
                 .chain(ev.more_order_ids.iter().map(String::as_str))
                 .collect();
-            orders.on_payment_timeout(q, env, &ids).await
+            saga.on_payment_timeout(q, env, &ids).await
         }
         Some(Payload::OutboundCompleted(ev)) => {
-            orders.on_outbound_completed(q, env, &ev.order_id).await
+            saga.on_outbound_completed(q, env, &ev.order_id).await
         }
-        Some(Payload::OutboundFailed(ev)) => orders.on_outbound_failed(q, env, ev).await,
+        Some(Payload::OutboundFailed(ev)) => saga.on_outbound_failed(q, env, ev).await,
         other => {
             let kind = other
                 .as_ref()

@@ -1,0 +1,4 @@
+//! What calls the order use cases: the gRPC API and the event consumers.
+
+pub mod amqp;
+pub mod grpc;
