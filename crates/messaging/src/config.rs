@@ -161,7 +161,6 @@ pub(crate) fn redact_url(raw: &str) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

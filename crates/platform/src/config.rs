@@ -169,7 +169,6 @@ pub fn prefixed(prefix: &str, message: &str) -> ConfigError {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use std::collections::HashMap;
 
     use super::*;

@@ -14,13 +14,13 @@ use sea_orm::{DatabaseConnection, DatabaseTransaction, TransactionTrait as _};
 use uuid::Uuid;
 
 use crate::{
-    adapters::{
+    config::ShippingSettings,
+    domain::{OutboundError, Policy, Shipment, ShipmentStatus, parse_uuid},
+    infra::{
         db::{self, NewShipment},
         stock::{CommitError, StockCommitter},
         warehouse::{Warehouse, WarehouseError},
     },
-    config::ShippingSettings,
-    domain::{OutboundError, Policy, Shipment, ShipmentStatus, parse_uuid},
 };
 
 mod query;
