@@ -14,7 +14,9 @@ pub fn to_timestamp(t: DateTime<Utc>) -> Timestamp {
 /// The instant a timestamp names, or `None` when it is out of range or its nanos are not in
 /// `0..1_000_000_000`.
 pub fn from_timestamp(ts: &Timestamp) -> Option<DateTime<Utc>> {
-    let nanos = u32::try_from(ts.nanos).ok().filter(|n| *n < 1_000_000_000)?;
+    let nanos = u32::try_from(ts.nanos)
+        .ok()
+        .filter(|n| *n < 1_000_000_000)?;
     DateTime::from_timestamp(ts.seconds, nanos)
 }
 
