@@ -106,7 +106,6 @@ pub fn plan(msgs: &[OutgoingMessage], max: usize) -> Vec<Vec<usize>> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -49,10 +49,10 @@ pub struct AmqpConfig {
     /// service declares is deleted by the broker after this long unused (`x-expires`) and the
     /// exchange once no queue is bound to it: tests set it so nothing they declare outlives them.
     pub queue_expires_ms: u64,
-    /// Most events the outbox relay sends in one AMQP message (a bundle, ARCHITECTURE §5):
-    /// rows of one routing key found in the same relay batch travel together, and the consumer
-    /// settles each on its own. 1 sends every event alone (what consumers built before bundles
-    /// need: roll consumers out first). 1..=1000.
+    /// Most events the outbox relay sends in one AMQP message (a bundle,
+    /// docs/architecture.md#messaging): rows of one routing key found in the same relay batch
+    /// travel together, and the consumer settles each on its own. 1 sends every event alone (what
+    /// consumers built before bundles need: roll consumers out first). 1..=1000.
     pub bundle_max_events: u16,
 }
 
@@ -161,7 +161,6 @@ pub(crate) fn redact_url(raw: &str) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

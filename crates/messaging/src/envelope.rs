@@ -7,7 +7,6 @@ use uuid::Uuid;
 
 /// Routing keys of every event (`Envelope.type`).
 pub mod keys {
-    #![allow(missing_docs)]
     pub const ORDER_CREATED: &str = "order.created";
     pub const ORDER_PAID: &str = "order.paid";
     pub const ORDER_CANCELLED: &str = "order.cancelled";
@@ -111,10 +110,7 @@ pub fn new(
     Envelope {
         message_id: Uuid::now_v7().to_string(),
         r#type: routing_key(&payload).to_owned(),
-        occurred_at: Some(prost_types::Timestamp {
-            seconds: now.timestamp(),
-            nanos: i32::try_from(now.timestamp_subsec_nanos()).unwrap_or(0),
-        }),
+        occurred_at: Some(flashsale_contract::to_timestamp(now)),
         correlation_id: correlation_id.into(),
         causation_id: causation_id.into(),
         producer: producer.to_owned(),
@@ -170,7 +166,6 @@ pub fn message_id(env: &Envelope) -> Result<Uuid, DecodeError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use std::collections::HashSet;
 

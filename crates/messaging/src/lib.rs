@@ -1,7 +1,7 @@
-//! RabbitMQ plumbing shared by the flashsale services (ARCHITECTURE §5): one [`Broker`]
-//! connection that heals itself, the event exchange and per-consumer queues with a retry ladder
-//! and a parking lot ([`topology`]), the protobuf [`envelope`], a confirming [`Publisher`], the
-//! transactional [`outbox`] with its relay, the [`inbox`] for idempotent handlers, and the
+//! RabbitMQ plumbing shared by the flashsale services (docs/architecture.md#messaging): one
+//! [`Broker`] connection that heals itself, the event exchange and per-consumer queues with a retry
+//! ladder and a parking lot ([`topology`]), the protobuf [`envelope`], a confirming [`Publisher`],
+//! the transactional [`outbox`] with its relay, the [`inbox`] for idempotent handlers, and the
 //! retry/DLQ [`Consumer`] loop. Trace context rides along in a `traceparent` header.
 //!
 //! A service wires it all with [`wiring::start`] (or `start_with` for relay options): the

@@ -105,7 +105,6 @@ impl Extractor for FieldTableExtractor<'_> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

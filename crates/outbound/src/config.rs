@@ -110,7 +110,7 @@ impl Validate for WarehouseSettings {
         if self
             .skus()
             .iter()
-            .any(|s| flashsale_platform::config::check_sku_like(s).is_err())
+            .any(|s| flashsale_contract::check_sku(s).is_err())
         {
             return Err(ConfigError::invalid(
                 format!("{p}.fail_skus"),

@@ -1,11 +1,19 @@
-//! `flashsale-outbound`: load settings, start telemetry, serve until SIGTERM/SIGINT.
+//! `flashsale-outbound`: `serve` (the default) until SIGTERM/SIGINT, or `migrate` and exit.
+
+use flashsale_outbound::{config, migration::Migrator, startup};
+use flashsale_platform::cli::{ServiceArgs, ServiceCommand, migrate};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let settings = flashsale_outbound::config::load()?;
+    let args = ServiceArgs::parse_for(
+        env!("CARGO_BIN_NAME"),
+        env!("CARGO_PKG_DESCRIPTION"),
+        env!("CARGO_PKG_VERSION"),
+    );
+    let settings = config::load()?;
     let _telemetry = flashsale_platform::telemetry::init(&settings.telemetry, "outbound")?;
-    flashsale_outbound::startup::build(settings)
-        .await?
-        .run_until_signalled()
-        .await
+    match args.command() {
+        ServiceCommand::Serve => startup::build(settings).await?.run_until_signalled().await,
+        ServiceCommand::Migrate => migrate::<Migrator>("outbound", &settings.database).await,
+    }
 }

@@ -17,14 +17,13 @@ use flashsale_proto::{
 use tonic::service::interceptor::InterceptedService;
 
 use crate::{
-    adapters::{
-        amqp,
-        grpc::OutboundApi,
+    api::{amqp, grpc::OutboundApi},
+    app::Shipping,
+    config::Settings,
+    infra::{
         stock::GrpcCommitter,
         warehouse::{AlwaysShips, FlakyWarehouse, Warehouse},
     },
-    app::Shipping,
-    config::Settings,
     migration::Migrator,
 };
 

@@ -143,19 +143,6 @@ where
     Ok(())
 }
 
-/// Checks the SKU format every service shares: 1..=64 ASCII letters, digits, '-', '_', '.'.
-pub fn check_sku_like(s: &str) -> Result<(), &'static str> {
-    if s.is_empty()
-        || s.len() > 64
-        || !s
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    {
-        return Err("must be 1..=64 ASCII letters, digits, '-', '_' or '.'");
-    }
-    Ok(())
-}
-
 /// Turns a section's own `key: reason` message (e.g. `amqp.url: not a URL`) into an
 /// [`ConfigError::Invalid`] whose key carries the service prefix (`order.amqp.url`).
 pub fn prefixed(prefix: &str, message: &str) -> ConfigError {
@@ -169,7 +156,6 @@ pub fn prefixed(prefix: &str, message: &str) -> ConfigError {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use std::collections::HashMap;
 
     use super::*;

@@ -1,10 +1,12 @@
-//! What every flashsale service stands on: layered configuration, telemetry, the gRPC server
-//! builder (health, reflection, auth, limits), the one mapping from service errors to
-//! `tonic::Status`, graceful shutdown, Prometheus metrics and named failpoints.
+//! What every flashsale service stands on: the command line of its binary, layered
+//! configuration, telemetry, the gRPC server builder (health, reflection, auth, limits), the one
+//! mapping from service errors to `tonic::Status`, graceful shutdown, Prometheus metrics and
+//! named failpoints.
 
 pub mod app;
 pub mod auth;
 pub mod batch;
+pub mod cli;
 pub mod config;
 pub mod db;
 pub mod error;

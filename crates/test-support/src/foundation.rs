@@ -1,5 +1,7 @@
-//! Checks every flashsale service must pass, whatever its business: health, reflection of the
-//! services it serves, `/metrics`, the dead-letter admin API's auth, and a clean stop.
+//! Checks every flashsale service must pass, whatever its business: it migrates its database,
+//! serves health, reflection of the services it serves and `/metrics`, guards its RPCs (the
+//! dead-letter admin API's and its own), refuses a bad database URL and stops cleanly.
+//! [`foundation_tests!`](crate::foundation_tests) turns them into a service's tests.
 
 use std::time::Duration;
 
@@ -9,6 +11,7 @@ use flashsale_proto::admin::v1::{
     ListDeadLettersRequest, dead_letter_service_client::DeadLetterServiceClient,
 };
 use tonic::Code;
+use tonic::transport::Channel;
 
 use crate::grpc::{channel, health, http_get, reflection_services, token, with_token};
 
@@ -159,4 +162,117 @@ pub async fn check_refuses_bad_database_url(
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(stderr.contains(key), "stderr does not name {key}: {stderr}");
     Ok(())
+}
+
+/// Checks a business RPC checks the token before anything else: `call` (given a channel and the
+/// token to send, if any) is refused UNAUTHENTICATED without a token and PERMISSION_DENIED with
+/// the `refused` caller's; with the `allowed` caller's it gets past the guard and ends with
+/// `allowed_outcome` (`None`: it succeeds; `Some(code)`: the business refuses with `code`).
+pub async fn check_guarded_rpc<F, Fut>(
+    grpc_port: u16,
+    call: F,
+    refused: (&str, Role),
+    allowed: (&str, Role),
+    allowed_outcome: Option<Code>,
+) -> anyhow::Result<()>
+where
+    F: Fn(Channel, Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>>,
+{
+    let ch = channel(grpc_port).await?;
+    let anonymous = call(ch.clone(), None).await.err().map(|s| s.code());
+    ensure!(
+        anonymous == Some(Code::Unauthenticated),
+        "anonymous call: {anonymous:?}"
+    );
+    let weak = call(ch.clone(), Some(token(refused.0, refused.1)))
+        .await
+        .err()
+        .map(|s| s.code());
+    ensure!(
+        weak == Some(Code::PermissionDenied),
+        "call as {refused:?}: {weak:?}"
+    );
+    let outcome = call(ch, Some(token(allowed.0, allowed.1))).await;
+    ensure!(
+        outcome.as_ref().err().map(tonic::Status::code) == allowed_outcome,
+        "call as {allowed:?}: {outcome:?}, expected {allowed_outcome:?}"
+    );
+    Ok(())
+}
+
+/// `message` with the bearer `token` when there is one.
+pub fn request<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    match token {
+        Some(t) => with_token(message, t),
+        None => tonic::Request::new(message),
+    }
+}
+
+/// The foundation tests of one service, as `#[tokio::test]` functions in the calling module:
+/// `service_serves_health_reflection_metrics_and_stops_cleanly`, `start_up_runs_the_migrations`,
+/// `business_rpcs_check_the_token_before_anything_else` and
+/// `binary_refuses_an_unparsable_database_url_naming_the_key`.
+///
+/// `spawn` is an async function returning the service's test app, a value with the fields
+/// `grpc_port`, `metrics_port`, `shutdown` ([`Shutdown`]), `task` (the serving task, in an
+/// `Option`) and `db` (its [`TestDatabase`](crate::TestDatabase)). `rpc` is a closure for
+/// [`check_guarded_rpc`]; `refused`, `allowed` and `allowed_outcome` are its other arguments.
+#[macro_export]
+macro_rules! foundation_tests {
+    (
+        spawn: $spawn:path,
+        service: $service:expr,
+        bin: $bin:expr,
+        database_url_env: $env:expr,
+        database_url_key: $key:expr,
+        tables: [$($table:expr),+ $(,)?],
+        rpc: $rpc:expr,
+        refused: $refused:expr,
+        allowed: $allowed:expr,
+        allowed_outcome: $outcome:expr $(,)?
+    ) => {
+        #[tokio::test]
+        async fn service_serves_health_reflection_metrics_and_stops_cleanly() {
+            let mut app = $spawn().await;
+            $crate::foundation::check_endpoints(app.grpc_port, app.metrics_port, $service)
+                .await
+                .unwrap();
+            let task = app.task.take().expect("the app is serving");
+            $crate::foundation::check_clean_stop(app.grpc_port, app.shutdown.clone(), task)
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test]
+        async fn start_up_runs_the_migrations() {
+            let app = $spawn().await;
+            $crate::foundation::check_tables(&app.db.url, &[$($table),+])
+                .await
+                .unwrap();
+            app.shutdown.trigger();
+        }
+
+        #[tokio::test]
+        async fn business_rpcs_check_the_token_before_anything_else() {
+            let app = $spawn().await;
+            $crate::foundation::check_guarded_rpc(
+                app.grpc_port,
+                $rpc,
+                $refused,
+                $allowed,
+                $outcome,
+            )
+            .await
+            .unwrap();
+            app.shutdown.trigger();
+        }
+
+        #[tokio::test]
+        async fn binary_refuses_an_unparsable_database_url_naming_the_key() {
+            $crate::foundation::check_refuses_bad_database_url($bin, $env, $key)
+                .await
+                .unwrap();
+        }
+    };
 }

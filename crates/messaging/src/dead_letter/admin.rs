@@ -161,10 +161,7 @@ fn to_proto(r: Listed) -> DeadLetter {
         r#type: r.message_type,
         error: r.error,
         attempts: r.attempts,
-        parked_time: Some(prost_types::Timestamp {
-            seconds: r.parked_at.timestamp(),
-            nanos: i32::try_from(r.parked_at.timestamp_subsec_nanos()).unwrap_or(0),
-        }),
+        parked_time: Some(flashsale_contract::to_timestamp(r.parked_at)),
         payload: r.payload,
     }
 }

@@ -1,5 +1,5 @@
-//! The dead-letter admin (ARCHITECTURE §6): parked messages moved from the parking lots into the
-//! service's database, where an admin lists, replays or discards them over gRPC.
+//! The dead-letter admin (docs/architecture.md#messaging): parked messages moved from the parking
+//! lots into the service's database, where an admin lists, replays or discards them over gRPC.
 //!
 //! ```text
 //!  <q>.dlq ──DeadLetterDrainer (insert, then ack)──▶ dead_letters (PARKED)

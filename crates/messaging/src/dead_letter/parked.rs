@@ -244,7 +244,6 @@ pub(crate) fn replay_message(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use lapin::types::FieldArray;
 

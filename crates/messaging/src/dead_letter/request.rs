@@ -187,7 +187,6 @@ fn known_queue(queue: &str, known: &[String]) -> Result<String, DeadLetterError>
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -1,5 +1,5 @@
-//! Bundles (ARCHITECTURE §5): the relay sends rows of one routing key together, each event
-//! keeps its own envelope and trace headers, and a consumer settles each on its own.
+//! Bundles (docs/architecture.md#messaging): the relay sends rows of one routing key together, each
+//! event keeps its own envelope and trace headers, and a consumer settles each on its own.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

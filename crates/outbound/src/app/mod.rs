@@ -1,5 +1,5 @@
-//! Shipping paid orders (ARCHITECTURE §3): a shipment per `order.paid`, the warehouse step,
-//! the commit of the reservation on product-stock, and `outbound.completed` or
+//! Shipping paid orders (docs/architecture.md#the-order-saga): a shipment per `order.paid`, the
+//! warehouse step, the commit of the reservation on product-stock, and `outbound.completed` or
 //! `outbound.failed`. A shipment that keeps failing is failed for good after
 //! `shipping.max_attempts`, so a paid order always ends shipped or refunded.
 
@@ -14,13 +14,13 @@ use sea_orm::{DatabaseConnection, DatabaseTransaction, TransactionTrait as _};
 use uuid::Uuid;
 
 use crate::{
-    adapters::{
+    config::ShippingSettings,
+    domain::{OutboundError, Policy, Shipment, ShipmentStatus, parse_uuid},
+    infra::{
         db::{self, NewShipment},
         stock::{CommitError, StockCommitter},
         warehouse::{Warehouse, WarehouseError},
     },
-    config::ShippingSettings,
-    domain::{OutboundError, Policy, Shipment, ShipmentStatus, parse_uuid},
 };
 
 mod query;
@@ -73,7 +73,7 @@ impl Shipping {
     ) -> Result<Processed, OutboundError> {
         let order_id = parse_uuid("order_id", &ev.order_id)?;
         if ev.quantity < 1
-            || flashsale_platform::config::check_sku_like(&ev.sku).is_err()
+            || flashsale_contract::check_sku(&ev.sku).is_err()
             || ev.user_id.is_empty()
         {
             return Err(OutboundError::invalid(

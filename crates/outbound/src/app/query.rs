@@ -6,8 +6,8 @@ use uuid::Uuid;
 
 use super::Shipping;
 use crate::{
-    adapters::db,
     domain::{OutboundError, Shipment, ShipmentStatus},
+    infra::db,
 };
 
 pub const DEFAULT_PAGE_SIZE: i64 = 50;

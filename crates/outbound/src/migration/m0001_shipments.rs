@@ -43,6 +43,7 @@ CREATE TABLE shipment_attempts (
 CREATE INDEX shipment_attempts_by_shipment ON shipment_attempts (shipment_id, id);
 "#;
 
+// async_trait cannot take `SchemaManager<'_>` here (early/late-bound lifetime mismatch).
 #[allow(elided_lifetimes_in_paths)]
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {

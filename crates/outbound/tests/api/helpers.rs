@@ -8,7 +8,7 @@ pub struct TestApp {
     pub grpc_port: u16,
     pub metrics_port: u16,
     pub shutdown: Shutdown,
-    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     pub db: TestDatabase,
 }
 
@@ -39,7 +39,13 @@ pub async fn spawn_app() -> TestApp {
         grpc_port,
         metrics_port,
         shutdown,
-        task,
+        task: Some(task),
         db,
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
     }
 }

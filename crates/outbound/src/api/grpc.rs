@@ -1,5 +1,6 @@
 //! `flashsale.outbound.v1.OutboundService` over tonic.
 
+use flashsale_contract::to_timestamp;
 use flashsale_platform::{
     ApiError,
     auth::{Caller, Role},
@@ -33,13 +34,6 @@ fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
     Ok(caller)
 }
 
-fn ts(t: chrono::DateTime<chrono::Utc>) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: t.timestamp(),
-        nanos: i32::try_from(t.timestamp_subsec_nanos()).unwrap_or(0),
-    }
-}
-
 fn to_proto(s: Shipment) -> pb::Shipment {
     let status = match s.status {
         ShipmentStatus::Picking => pb::ShipmentStatus::Picking,
@@ -55,8 +49,8 @@ fn to_proto(s: Shipment) -> pb::Shipment {
         status: status as i32,
         failure_reason: s.failure_reason.unwrap_or_default(),
         attempts: s.attempts,
-        create_time: Some(ts(s.created_at)),
-        update_time: Some(ts(s.updated_at)),
+        create_time: Some(to_timestamp(s.created_at)),
+        update_time: Some(to_timestamp(s.updated_at)),
     }
 }
 

@@ -1,0 +1,170 @@
+//! The three service binaries behave like command-line tools: `--help` and `--version` answer
+//! and exit 0, bad input exits non-zero with clap's message, and `migrate` applies the service's
+//! migrations to its database and exits, as often as it is run.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{path::PathBuf, process::Output};
+
+use flashsale_e2e::bin_dir;
+use flashsale_test_support::{TestDatabase, foundation::check_tables};
+
+/// Each binary, the prefix of its environment variables and tables its migrations create.
+const SERVICES: [(&str, &str, &[&str]); 3] = [
+    (
+        "product-stock",
+        "PRODUCT_STOCK",
+        &[
+            "outbox",
+            "inbox",
+            "products",
+            "stock",
+            "reservations",
+            "stock_ledger",
+            "stock_adjustments",
+        ],
+    ),
+    (
+        "order",
+        "ORDER",
+        &[
+            "outbox",
+            "inbox",
+            "orders",
+            "order_status_history",
+            "payments",
+            "refunds",
+        ],
+    ),
+    (
+        "outbound",
+        "OUTBOUND",
+        &[
+            "outbox",
+            "inbox",
+            "dead_letters",
+            "shipments",
+            "shipment_attempts",
+        ],
+    ),
+];
+
+fn exe(name: &str) -> PathBuf {
+    let exe = bin_dir().unwrap().join(format!("flashsale-{name}"));
+    assert!(
+        exe.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first",
+        exe.display()
+    );
+    exe
+}
+
+async fn run(name: &str, args: &[&str], env: &[(String, String)]) -> Output {
+    let config_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config");
+    tokio::process::Command::new(exe(name))
+        .args(args)
+        .env("FLASHSALE_CONFIG_DIR", config_dir)
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn help_lists_serve_and_migrate() {
+    for (name, _, _) in SERVICES {
+        let out = run(name, &["--help"], &[]).await;
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{name} --help: {out:?}");
+        assert!(stdout.contains(&format!("flashsale-{name}")), "{stdout}");
+        assert!(
+            stdout.contains("serve") && stdout.contains("migrate"),
+            "{name} --help: {stdout}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn version_prints_the_version() {
+    for (name, _, _) in SERVICES {
+        let out = run(name, &["--version"], &[]).await;
+        assert!(out.status.success(), "{name} --version: {out:?}");
+        assert_eq!(
+            text(&out.stdout).trim(),
+            format!("flashsale-{name} {}", env!("CARGO_PKG_VERSION"))
+        );
+    }
+}
+
+#[tokio::test]
+async fn unknown_flags_and_subcommands_exit_non_zero_with_a_message() {
+    for (name, _, _) in SERVICES {
+        for args in [&["--no-such-flag"][..], &["launch"], &["migrate", "--now"]] {
+            let out = run(name, args, &[]).await;
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {out:?}");
+            assert!(
+                stderr.contains("error:") && stderr.contains("Usage:"),
+                "{name} {args:?}: {stderr}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn migrate_creates_the_tables_and_can_run_again() {
+    for (name, key, tables) in SERVICES {
+        let db = TestDatabase::create().await.unwrap();
+        let env = [(format!("FLASHSALE_{key}__DATABASE__URL"), db.url.clone())];
+        let mut reports = Vec::new();
+        for round in ["first", "second"] {
+            let out = run(name, &["migrate"], &env).await;
+            assert!(
+                out.status.success(),
+                "{name} migrate ({round} run): {}\n{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+            reports.push(text(&out.stdout));
+        }
+        assert!(
+            !reports[0].contains("(0 migrations applied)"),
+            "{name}: {}",
+            reports[0]
+        );
+        assert!(
+            reports[1].contains("(0 migrations applied)"),
+            "{name}: {}",
+            reports[1]
+        );
+        check_tables(&db.url, tables).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn migrate_fails_when_the_database_is_unreachable() {
+    // Concurrently: each binary waits out its connect timeout before it gives up.
+    let mut runs = tokio::task::JoinSet::new();
+    for (name, key, _) in SERVICES {
+        let env = [(
+            format!("FLASHSALE_{key}__DATABASE__URL"),
+            "postgres://postgres@127.0.0.1:1/flashsale_nowhere".to_owned(),
+        )];
+        runs.spawn(async move { (name, run(name, &["migrate"], &env).await) });
+    }
+    while let Some(joined) = runs.join_next().await {
+        let (name, out) = joined.unwrap();
+        assert!(!out.status.success(), "{name} migrate: {out:?}");
+        assert!(
+            text(&out.stderr).contains("connect"),
+            "{name} migrate: {}",
+            text(&out.stderr)
+        );
+    }
+}

@@ -1,0 +1,5 @@
+//! What the outbound use cases call: the database, product-stock and the warehouse.
+
+pub mod db;
+pub mod stock;
+pub mod warehouse;
