@@ -254,7 +254,6 @@ impl Interceptor for AuthInterceptor {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use std::time::Duration;
 
     use super::*;

@@ -183,8 +183,6 @@ pub fn service_request<T>(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::expect_used)]
-
     use std::collections::BTreeSet;
 
     use flashsale_proto::outbound::v1::{
