@@ -2,6 +2,8 @@
 //! self-contained, name every service, and describe the refusal details exactly as the
 //! services encode them (tonic-types).
 
+#![allow(clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use prost::Message as _;
