@@ -1,7 +1,8 @@
 //! The limits of the contract's fields. Every service checks its input against these, so a
 //! value one service accepts is never refused by the next one on the saga's path.
 
-/// Longest idempotency key a client sends (`request_id`, `payment_id`), in bytes.
+/// Longest idempotency key a client sends (`request_id`, `payment_id`): the order service counts
+/// characters, product-stock's `AdjustStock` counts bytes (its key ends up in a Redis key).
 pub const REQUEST_ID_MAX_LEN: usize = 64;
 /// Longest user id (a token's subject), in bytes.
 pub const USER_ID_MAX_LEN: usize = 128;
