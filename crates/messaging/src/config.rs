@@ -54,6 +54,18 @@ pub struct AmqpConfig {
     /// travel together, and the consumer settles each on its own. 1 sends every event alone (what
     /// consumers built before bundles need: roll consumers out first). 1..=1000.
     pub bundle_max_events: u16,
+    /// How long the inbox remembers a processed message, in hours; older rows are purged (see
+    /// [`crate::inbox::run_purger`]). A duplicate arriving after that is applied again, so this
+    /// must comfortably exceed the longest time between two deliveries of one message: the
+    /// retry ladder (checked: at least twice its length), a replay whose mark was lost, and a
+    /// relay that republishes rows it published but could not mark once its service is back
+    /// (as long as that service stays down). 1..=8760; default one week.
+    pub inbox_retention_hours: u32,
+    /// Most inbox rows one purge statement deletes: small batches keep each lock and WAL burst
+    /// short next to the consumers' claims. 1..=100000.
+    pub inbox_purge_batch: u32,
+    /// How often the inbox purger looks for old rows, in milliseconds. 1000..=86400000.
+    pub inbox_purge_interval_ms: u64,
 }
 
 impl Default for AmqpConfig {
@@ -68,6 +80,9 @@ impl Default for AmqpConfig {
             queue_type: QueueType::Quorum,
             queue_expires_ms: 0,
             bundle_max_events: 64,
+            inbox_retention_hours: 7 * 24,
+            inbox_purge_batch: 1_000,
+            inbox_purge_interval_ms: 60_000,
         }
     }
 }
@@ -84,6 +99,9 @@ impl fmt::Debug for AmqpConfig {
             .field("queue_type", &self.queue_type)
             .field("queue_expires_ms", &self.queue_expires_ms)
             .field("bundle_max_events", &self.bundle_max_events)
+            .field("inbox_retention_hours", &self.inbox_retention_hours)
+            .field("inbox_purge_batch", &self.inbox_purge_batch)
+            .field("inbox_purge_interval_ms", &self.inbox_purge_interval_ms)
             .finish()
     }
 }
@@ -127,7 +145,44 @@ impl AmqpConfig {
                 crate::bundle::MAX_EVENTS
             ));
         }
+        if self.inbox_retention_hours == 0 || self.inbox_retention_hours > 8_760 {
+            return Err("amqp.inbox_retention_hours: must be 1..=8760".to_owned());
+        }
+        let ladder = self.redelivery_window();
+        if self.inbox_retention() < ladder * 2 {
+            return Err(format!(
+                "amqp.inbox_retention_hours: must be at least twice the retry ladder ({} s with \
+                 amqp.max_attempts and amqp.retry_base_ms), or a retried message could be applied twice",
+                ladder.as_secs()
+            ));
+        }
+        if self.inbox_purge_batch == 0 || self.inbox_purge_batch > 100_000 {
+            return Err("amqp.inbox_purge_batch: must be 1..=100000".to_owned());
+        }
+        if !(1_000..=86_400_000).contains(&self.inbox_purge_interval_ms) {
+            return Err("amqp.inbox_purge_interval_ms: must be 1000..=86400000".to_owned());
+        }
         Ok(())
+    }
+
+    /// The longest a message can spend on the retry ladder: the sum of its retry delays.
+    pub fn redelivery_window(&self) -> Duration {
+        (1..self.max_attempts).map(|i| self.retry_delay(i)).sum()
+    }
+
+    /// `inbox_retention_hours` as a duration.
+    pub fn inbox_retention(&self) -> Duration {
+        Duration::from_secs(u64::from(self.inbox_retention_hours) * 3_600)
+    }
+
+    /// What the inbox purger runs with.
+    pub fn inbox_purge(&self) -> crate::inbox::PurgeOptions {
+        crate::inbox::PurgeOptions {
+            retention: self.inbox_retention(),
+            batch: self.inbox_purge_batch,
+            interval: Duration::from_millis(self.inbox_purge_interval_ms),
+            ..Default::default()
+        }
     }
 
     /// The TTL of retry queue `i` (1-based): `retry_base_ms * 2^(i-1)`, capped at one day.
@@ -192,6 +247,46 @@ mod tests {
             ..AmqpConfig::default()
         };
         assert_eq!(one.validate(), Ok(()));
+    }
+
+    #[test]
+    fn bad_inbox_purge_keys_are_named() {
+        assert!(bad(|c| c.inbox_retention_hours = 0).starts_with("amqp.inbox_retention_hours:"));
+        assert!(
+            bad(|c| c.inbox_retention_hours = 8_761).starts_with("amqp.inbox_retention_hours:")
+        );
+        // 20 attempts from an hour apart, doubling (a day at most each): about 15 days of retries.
+        let long_ladder = bad(|c| {
+            c.max_attempts = 20;
+            c.retry_base_ms = 3_600_000;
+        });
+        assert!(
+            long_ladder.starts_with("amqp.inbox_retention_hours:")
+                && long_ladder.contains("retry ladder"),
+            "{long_ladder}"
+        );
+        assert!(bad(|c| c.inbox_purge_batch = 0).starts_with("amqp.inbox_purge_batch:"));
+        assert!(bad(|c| c.inbox_purge_batch = 100_001).starts_with("amqp.inbox_purge_batch:"));
+        assert!(
+            bad(|c| c.inbox_purge_interval_ms = 999).starts_with("amqp.inbox_purge_interval_ms:")
+        );
+        assert!(
+            bad(|c| c.inbox_purge_interval_ms = 86_400_001)
+                .starts_with("amqp.inbox_purge_interval_ms:")
+        );
+        let c: AmqpConfig = serde_json::from_str(r#"{"inbox_retention_hours":48}"#).unwrap();
+        assert_eq!(c.inbox_purge().retention, Duration::from_secs(48 * 3_600));
+        assert_eq!(c.inbox_purge().batch, 1_000);
+    }
+
+    #[test]
+    fn the_redelivery_window_sums_the_ladder() {
+        let c = AmqpConfig {
+            retry_base_ms: 1_000,
+            max_attempts: 5,
+            ..AmqpConfig::default()
+        };
+        assert_eq!(c.redelivery_window(), Duration::from_secs(1 + 2 + 4 + 8));
     }
 
     #[test]

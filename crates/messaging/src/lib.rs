@@ -30,6 +30,7 @@ pub mod outbox;
 pub mod publisher;
 pub mod topology;
 pub mod trace;
+pub mod waiting;
 pub mod wiring;
 
 pub use broker::{Broker, BrokerError};

@@ -48,6 +48,12 @@ pub struct SagaSettings {
     /// ... except events that have waited this long: under a load that never pauses the relay
     /// holds no event back longer than this (whether the consumers keep up is another matter).
     pub intake_max_lag_ms: u64,
+    /// An order unchanged this long while PENDING or PAID, or this long past its payment
+    /// deadline while AWAITING_PAYMENT, is stuck: counted in `flashsale_orders_stuck` and
+    /// listed by ListStuckOrders (docs/architecture.md#operations).
+    pub stuck_after_ms: u64,
+    /// How often the stuck orders are counted (one indexed query each time).
+    pub stuck_check_interval_ms: u64,
 }
 
 impl Default for SagaSettings {
@@ -60,6 +66,8 @@ impl Default for SagaSettings {
             stock_call_timeout_ms: 3_000,
             intake_quiet_ms: 50,
             intake_max_lag_ms: 15_000,
+            stuck_after_ms: 10 * 60 * 1000,
+            stuck_check_interval_ms: 30_000,
         }
     }
 }
@@ -107,6 +115,18 @@ impl Validate for SagaSettings {
             self.intake_max_lag_ms,
             10,
             60_000,
+        )?;
+        check_range(
+            &format!("{p}.stuck_after_ms"),
+            self.stuck_after_ms,
+            1_000,
+            crate::app::MAX_STUCK_AFTER_MS,
+        )?;
+        check_range(
+            &format!("{p}.stuck_check_interval_ms"),
+            self.stuck_check_interval_ms,
+            1_000,
+            3_600_000,
         )
     }
 }
@@ -157,7 +177,7 @@ mod tests {
     #[test]
     fn bad_saga_values_name_their_key() {
         type Case = (&'static str, fn(&mut Settings));
-        let cases: [Case; 8] = [
+        let cases: [Case; 12] = [
             ("order.saga.payment_timeout_ms", |s| {
                 s.saga.payment_timeout_ms = 0
             }),
@@ -176,6 +196,16 @@ mod tests {
             }),
             ("order.saga.intake_max_lag_ms", |s| {
                 s.saga.intake_max_lag_ms = 60_001
+            }),
+            ("order.saga.stuck_after_ms", |s| s.saga.stuck_after_ms = 999),
+            ("order.saga.stuck_after_ms", |s| {
+                s.saga.stuck_after_ms = 31 * 86_400_000
+            }),
+            ("order.saga.stuck_check_interval_ms", |s| {
+                s.saga.stuck_check_interval_ms = 0
+            }),
+            ("order.saga.stuck_check_interval_ms", |s| {
+                s.saga.stuck_check_interval_ms = 3_600_001
             }),
             ("order.upstream.product_stock_url", |s| {
                 s.upstream.product_stock_url = "ftp://x".into()

@@ -1,5 +1,6 @@
 //! Builds the order service from its settings: database, the product-stock client, broker,
-//! outbox relay, saga consumer, deadline sweeper, change listener and the gRPC services.
+//! outbox relay, saga consumer, deadline sweeper, stuck-order gauge, inbox purger, change
+//! listener and the gRPC services.
 
 use std::{sync::Arc, time::Duration};
 
@@ -17,7 +18,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::{
     api::{amqp, grpc::OrderApi},
-    app::{Checkout, Intake, Queries, Saga},
+    app::{Checkout, Intake, Queries, Saga, Stuck},
     config::Settings,
     infra::{changes::OrderChanges, stock::GrpcStock},
     migration::Migrator,
@@ -61,6 +62,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let checkout = Checkout::new(f.db.clone());
     let saga = Saga::new(f.db.clone(), timeout_queue.clone(), &settings.saga);
     let queries = Queries::new(f.db.clone(), changes.clone());
+    let stuck = Stuck::new(f.db.clone(), &settings.saga);
     let s = saga.clone();
     let reserved =
         crate::app::reserved_batcher(saga.clone(), usize::from(settings.amqp.prefetch) / 2);
@@ -84,6 +86,12 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let dead_letters = messaging.dead_letters;
     let shutdown = f.runner.shutdown();
     f.runner.spawn(saga.run_sweeper(shutdown.clone()));
+    f.runner.spawn(stuck.clone().run_gauge(shutdown.clone()));
+    f.runner.spawn(flashsale_messaging::inbox::run_purger(
+        f.db.clone(),
+        settings.amqp.inbox_purge(),
+        shutdown.clone(),
+    ));
     // Every replica hears when units of a product come back, and stops refusing it from memory.
     let (forget, reset) = (intake.sold_out().clone(), intake.sold_out().clone());
     let s = shutdown.clone();
@@ -106,7 +114,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
-            OrderServiceServer::new(OrderApi::new(intake, checkout, queries))
+            OrderServiceServer::new(OrderApi::new(intake, checkout, queries, stuck))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             f.auth.clone(),

@@ -81,6 +81,11 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     )
     .await?
     .dead_letters;
+    f.runner.spawn(flashsale_messaging::inbox::run_purger(
+        f.db.clone(),
+        settings.amqp.inbox_purge(),
+        f.runner.shutdown(),
+    ));
     f.runner
         .spawn(shipping.clone().run_sweeper(f.runner.shutdown()));
 

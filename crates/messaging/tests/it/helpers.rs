@@ -50,6 +50,7 @@ pub fn config() -> AmqpConfig {
         // These tests delete what they declare on drop (and check that nothing is left).
         queue_expires_ms: 0,
         bundle_max_events: 64,
+        ..AmqpConfig::default()
     }
 }
 

@@ -8,6 +8,7 @@ mod consumer;
 mod dead_letter;
 mod delay;
 mod helpers;
+mod inbox;
 mod outbox;
 mod publisher;
 mod reconnect;

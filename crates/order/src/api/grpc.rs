@@ -5,19 +5,21 @@
 use std::pin::Pin;
 
 use flashsale_contract::to_timestamp;
+use flashsale_messaging::waiting::Place;
 use flashsale_platform::{
     ApiError,
     auth::{Caller, Role},
 };
 use flashsale_proto::order::v1::{
     self as pb, CancelOrderRequest, CancelOrderResponse, CreateOrderRequest, CreateOrderResponse,
-    GetOrderRequest, GetOrderResponse, ListOrdersRequest, ListOrdersResponse, PayOrderRequest,
-    PayOrderResponse, WatchOrderRequest, WatchOrderResponse, order_service_server::OrderService,
+    GetOrderRequest, GetOrderResponse, ListOrdersRequest, ListOrdersResponse,
+    ListStuckOrdersRequest, ListStuckOrdersResponse, PayOrderRequest, PayOrderResponse,
+    WatchOrderRequest, WatchOrderResponse, order_service_server::OrderService,
 };
 use tonic::{Request, Response, Status};
 
 use crate::{
-    app::{Checkout, Intake, Queries, reason_to_proto, status_to_proto},
+    app::{Checkout, Intake, Queries, Stuck, StuckOrder, reason_to_proto, status_to_proto},
     domain::{Order, OrderError, Payment, PlaceOrder, Status as OrderStatus, parse_order_id},
 };
 
@@ -27,20 +29,23 @@ pub struct OrderApi {
     intake: Intake,
     checkout: Checkout,
     queries: Queries,
+    stuck: Stuck,
 }
 
 impl OrderApi {
-    pub fn new(intake: Intake, checkout: Checkout, queries: Queries) -> Self {
+    pub fn new(intake: Intake, checkout: Checkout, queries: Queries, stuck: Stuck) -> Self {
         Self {
             intake,
             checkout,
             queries,
+            stuck,
         }
     }
 }
 
 const BUYER: &[Role] = &[Role::User];
 const BUYER_OR_ADMIN: &[Role] = &[Role::User, Role::Admin];
+const ADMIN: &[Role] = &[Role::Admin];
 
 fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
     let caller = Caller::of(req)?;
@@ -70,6 +75,34 @@ pub fn order_to_proto(o: Order) -> pb::Order {
         refund_cents,
         create_time: Some(to_timestamp(o.created_at)),
         update_time: Some(to_timestamp(o.updated_at)),
+    }
+}
+
+fn stuck_to_proto(s: StuckOrder) -> pb::StuckOrder {
+    let o = s.order;
+    pb::StuckOrder {
+        order_id: o.order_id.to_string(),
+        sku: o.sku,
+        user_id: o.user_id,
+        status: status_to_proto(o.status) as i32,
+        since: Some(to_timestamp(o.since)),
+        update_time: Some(to_timestamp(o.updated_at)),
+        events: s
+            .events
+            .into_iter()
+            .map(|w| pb::WaitingEvent {
+                place: match w.place {
+                    Place::Outbox => pb::WaitingPlace::Outbox,
+                    Place::DeadLetter => pb::WaitingPlace::DeadLetter,
+                } as i32,
+                message_id: w.message_id.to_string(),
+                r#type: w.message_type,
+                queue: w.queue,
+                error: w.error,
+                attempts: w.attempts,
+                time: Some(to_timestamp(w.at)),
+            })
+            .collect(),
     }
 }
 
@@ -218,6 +251,29 @@ impl OrderService for OrderApi {
         let order = self.checkout.cancel(&caller, id).await.map_err(status)?;
         Ok(Response::new(CancelOrderResponse {
             order: Some(order_to_proto(order)),
+        }))
+    }
+
+    async fn list_stuck_orders(
+        &self,
+        req: Request<ListStuckOrdersRequest>,
+    ) -> Result<Response<ListStuckOrdersResponse>, Status> {
+        let caller = authorize(&req, ADMIN)?;
+        let r = req.into_inner();
+        let page = self
+            .stuck
+            .list(r.older_than_ms, r.page_size, &r.page_token)
+            .await
+            .map_err(status)?;
+        tracing::info!(
+            who = %caller.subject,
+            listed = page.orders.len(),
+            "stuck orders listed"
+        );
+        Ok(Response::new(ListStuckOrdersResponse {
+            orders: page.orders.into_iter().map(stuck_to_proto).collect(),
+            next_page_token: page.next_page_token,
+            older_than_ms: i64::try_from(page.older_than.as_millis()).unwrap_or(i64::MAX),
         }))
     }
 }

@@ -1,6 +1,7 @@
 //! The order use cases, one small handle per group: [`Intake`] (CreateOrder), [`Checkout`]
 //! (PayOrder, CancelOrder), [`Saga`] (the consumers and the deadline sweeper) and [`Queries`]
-//! (GetOrder, ListOrders, WatchOrder). The gRPC API and the event consumers call these; nothing
+//! (GetOrder, ListOrders, WatchOrder) and [`Stuck`] (ListStuckOrders and the stuck-order
+//! gauge). The gRPC API and the event consumers call these; nothing
 //! here knows about tonic or lapin.
 
 use flashsale_messaging::envelope;
@@ -21,6 +22,7 @@ mod queries;
 mod saga;
 mod saga_batch;
 mod sold_out;
+mod stuck;
 
 pub use checkout::Checkout;
 pub use intake::{
@@ -31,6 +33,10 @@ pub use queries::Queries;
 pub use saga::Saga;
 pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
 pub use sold_out::{Load, SoldOutCache, Verdict};
+pub use stuck::{
+    DEFAULT_STUCK_PAGE_SIZE, MAX_STUCK_AFTER_MS, MAX_STUCK_PAGE_SIZE, STUCK_GAUGE, Stuck,
+    StuckOrder, StuckPage,
+};
 
 /// The name this service signs its events with.
 pub const PRODUCER: &str = "order";
