@@ -1,5 +1,6 @@
 //! `flashsale`: the command-line face of the platform — mint tokens, check health, administer
-//! products, place and follow orders, look up shipments; and, from `flashsale-bench`, run a
+//! products, place and follow orders, find stuck orders, look up shipments, handle parked
+//! messages; and, from `flashsale-bench`, run a
 //! flash sale end to end and benchmark the platform.
 
 use std::process::ExitCode;
@@ -8,11 +9,13 @@ use clap::{Parser, Subcommand};
 use flashsale_bench::{bench, sale};
 
 mod contract;
+mod dlq;
 mod health;
 mod order;
 mod output;
 mod product;
 mod shipment;
+mod stuck;
 mod token;
 
 #[derive(Parser)]
@@ -43,6 +46,8 @@ enum Command {
     Sale(sale::Args),
     /// Benchmark the platform against the naive design and the raw ceilings, back to back.
     Bench(bench::Args),
+    /// Parked messages of a service: list, replay, discard (admin).
+    Dlq(dlq::Args),
     /// The gRPC contract as files for other tools (API gateways, grpcurl -protoset).
     Contract(contract::Args),
 }
@@ -57,6 +62,7 @@ async fn main() -> ExitCode {
         Command::Shipment(args) => shipment::run(args).await,
         Command::Sale(args) => sale::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Dlq(args) => dlq::run(args).await,
         Command::Contract(args) => contract::run(args),
     };
     match result {

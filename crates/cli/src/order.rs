@@ -1,6 +1,7 @@
-//! `flashsale order create|get|list|watch|pay|cancel` against the order service. Commands act
-//! as the buyer `--user` (a user token minted from the shared secret) unless `--admin` or
-//! `--token` is given; answers print as JSON, a watch as one compact JSON line per update.
+//! `flashsale order create|get|list|watch|pay|cancel|stuck` against the order service. Commands
+//! act as the buyer `--user` (a user token minted from the shared secret) unless `--admin` or
+//! `--token` is given (`stuck` always mints an admin token); answers print as JSON, a watch as
+//! one compact JSON line per update, the stuck orders as text unless `--json`.
 
 use std::{process::ExitCode, time::Duration};
 
@@ -100,13 +101,18 @@ enum Command {
     },
     /// Cancel an order that is not yet paid.
     Cancel { order_id: String },
+    /// Orders that stopped moving (admin): each with the event that would move it, as far as
+    /// the order service sees it (its outbox, its dead letters), and parked messages of it at
+    /// outbound (PAID orders) or product-stock (PENDING orders).
+    Stuck(crate::stuck::Args),
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let admin = args.admin || matches!(args.command, Command::Stuck(_));
     let token = match args.token.clone() {
         Some(t) => t,
         None => {
-            let role = if args.admin { Role::Admin } else { Role::User };
+            let role = if admin { Role::Admin } else { Role::User };
             args.secret.mint(&args.user, role, TOKEN_TTL)?
         }
     };
@@ -187,6 +193,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .map_err(status_error)?;
             print(&resp.into_inner(), "flashsale.order.v1.PayOrderResponse")?;
         }
+        Command::Stuck(stuck) => return crate::stuck::run(stuck, &mut client, &token).await,
         Command::Cancel { order_id } => {
             let resp = client
                 .cancel_order(authorized(CancelOrderRequest { order_id }, &token)?)

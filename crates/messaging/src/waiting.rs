@@ -85,7 +85,7 @@ pub async fn for_correlations<C: ConnectionTrait>(
         found.extend(rows.into_iter().filter_map(|r| {
             // The bytes only contained the id; the envelope must say it is its saga.
             let env = Envelope::decode(r.payload.as_slice()).ok()?;
-            (env.correlation_id == r.candidate).then(|| Waiting {
+            (env.correlation_id == r.candidate).then_some(Waiting {
                 correlation_id: r.candidate,
                 place,
                 message_id: r.message_id,

@@ -72,6 +72,12 @@ pub fn amqp(exchange: &str) -> AmqpConfig {
 }
 
 pub async fn spawn_stock(exchange: &str) -> (u16, Shutdown, TestDatabase) {
+    let (port, stop, db, _) = spawn_stock_with(exchange).await;
+    (port, stop, db)
+}
+
+/// [`spawn_stock`], also handing back its AMQP settings (its queue names).
+pub async fn spawn_stock_with(exchange: &str) -> (u16, Shutdown, TestDatabase, AmqpConfig) {
     let db = TestDatabase::create().await.unwrap();
     let mut s = flashsale_product_stock::config::Settings::default();
     s.grpc.addr = "127.0.0.1:0".into();
@@ -82,10 +88,11 @@ pub async fn spawn_stock(exchange: &str) -> (u16, Shutdown, TestDatabase) {
     s.redis.url = redis_url();
     s.redis.key_prefix = format!("{}:", unique_name("fs_cli"));
     s.amqp = amqp(exchange);
+    let config = s.amqp.clone();
     let app = flashsale_product_stock::startup::build(s).await.unwrap();
     let (port, stop) = (app.grpc_port(), app.shutdown());
     tokio::spawn(app.run_until_stopped());
-    (port, stop, db)
+    (port, stop, db, config)
 }
 
 /// product-stock alone: its URL, its stop switch and its database.
@@ -98,6 +105,12 @@ pub async fn product_stock() -> (String, Shutdown, TestDatabase) {
 pub struct Stack {
     pub stock_url: String,
     pub order_url: String,
+    /// The order service's database and consumer queue.
+    pub order_db: String,
+    pub order_queue: String,
+    /// product-stock's database and the queue it consumes `order.created` from.
+    pub stock_db: String,
+    pub stock_order_queue: String,
     order_port: u16,
     stops: Vec<Shutdown>,
     _dbs: Vec<TestDatabase>,
@@ -116,7 +129,7 @@ impl Drop for Stack {
 impl Stack {
     pub async fn spawn() -> Self {
         let exchange = unique_name("fs_cli_ex");
-        let (stock_port, stock_stop, stock_db) = spawn_stock(&exchange).await;
+        let (stock_port, stock_stop, stock_db, stock_amqp) = spawn_stock_with(&exchange).await;
         let db = TestDatabase::create().await.unwrap();
         let mut s = flashsale_order::config::Settings::default();
         s.grpc.addr = "127.0.0.1:0".into();
@@ -125,12 +138,20 @@ impl Stack {
         s.amqp = amqp(&exchange);
         s.upstream.product_stock_url = format!("http://127.0.0.1:{stock_port}");
         s.saga.sweep_interval_ms = 200;
+        let order_queue = flashsale_order::api::amqp::topology(&s.amqp)
+            .queue()
+            .to_owned();
         let app = flashsale_order::startup::build(s).await.unwrap();
         let (order_port, order_stop) = (app.grpc_port(), app.shutdown());
         tokio::spawn(app.run_until_stopped());
         Self {
             stock_url: format!("http://127.0.0.1:{stock_port}"),
             order_url: format!("http://127.0.0.1:{order_port}"),
+            order_db: db.url.clone(),
+            order_queue,
+            stock_db: stock_db.url.clone(),
+            stock_order_queue: stock_amqp
+                .queue_name(flashsale_product_stock::api::amqp::ORDER_EVENTS_QUEUE),
             order_port,
             stops: vec![order_stop, stock_stop],
             _dbs: vec![db, stock_db],
@@ -164,6 +185,16 @@ impl Stack {
         let mut cmd = command(&["order", "--user", user]);
         cmd.args(args).env("FLASHSALE_ORDER_URL", &self.order_url);
         cmd
+    }
+
+    /// `flashsale args…` with every service URL of this stack in the environment (outbound's
+    /// points at a closed port).
+    pub async fn run(&self, args: &[&str]) -> Run {
+        let mut cmd = command(args);
+        cmd.env("FLASHSALE_ORDER_URL", &self.order_url)
+            .env("FLASHSALE_PRODUCT_STOCK_URL", &self.stock_url)
+            .env("FLASHSALE_OUTBOUND_URL", "http://127.0.0.1:1");
+        output(cmd).await
     }
 
     pub async fn order(&self, user: &str, args: &[&str]) -> Run {

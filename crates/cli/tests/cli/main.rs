@@ -6,6 +6,7 @@
 
 mod basics;
 mod bench;
+mod dlq;
 mod full_stack;
 mod helpers;
 mod order;
