@@ -1,7 +1,7 @@
 //! `flashsale`: the command-line face of the platform — mint tokens, check health, administer
-//! products, place and follow orders, find stuck orders, look up shipments, handle parked
-//! messages; and, from `flashsale-bench`, run a
-//! flash sale end to end and benchmark the platform.
+//! products, place and follow orders, find stuck orders, look up shipments, replay or discard
+//! parked messages; and, from `flashsale-bench`, run a flash sale end to end and benchmark the
+//! platform.
 
 use std::process::ExitCode;
 
