@@ -28,6 +28,9 @@ pub struct Settings {
     pub saga: SagaSettings,
 }
 
+/// The largest `saga.stuck_after_ms`, and `older_than_ms` of ListStuckOrders: 30 days.
+pub const MAX_STUCK_AFTER_MS: u64 = 30 * 86_400_000;
+
 /// `saga.*`: timings and limits of the order saga.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SagaSettings {
@@ -120,7 +123,7 @@ impl Validate for SagaSettings {
             &format!("{p}.stuck_after_ms"),
             self.stuck_after_ms,
             1_000,
-            crate::app::MAX_STUCK_AFTER_MS,
+            MAX_STUCK_AFTER_MS,
         )?;
         check_range(
             &format!("{p}.stuck_check_interval_ms"),

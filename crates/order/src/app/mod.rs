@@ -34,8 +34,7 @@ pub use saga::Saga;
 pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
 pub use sold_out::{Load, SoldOutCache, Verdict};
 pub use stuck::{
-    DEFAULT_STUCK_PAGE_SIZE, MAX_STUCK_AFTER_MS, MAX_STUCK_PAGE_SIZE, STUCK_GAUGE, Stuck,
-    StuckOrder, StuckPage,
+    DEFAULT_STUCK_PAGE_SIZE, MAX_STUCK_PAGE_SIZE, STUCK_GAUGE, Stuck, StuckOrder, StuckPage,
 };
 
 /// The name this service signs its events with.

@@ -11,15 +11,13 @@ use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 
 use crate::{
-    config::SagaSettings,
+    config::{MAX_STUCK_AFTER_MS, SagaSettings},
     domain::{OrderError, Status},
     infra::db::{self, StuckRow},
 };
 
 /// Gauge: stuck orders, per status (`status` label: PENDING, AWAITING_PAYMENT, PAID).
 pub const STUCK_GAUGE: &str = "flashsale_orders_stuck";
-/// The largest `older_than` (and `saga.stuck_after_ms`): 30 days.
-pub const MAX_STUCK_AFTER_MS: u64 = 30 * 86_400_000;
 pub const DEFAULT_STUCK_PAGE_SIZE: u64 = 50;
 pub const MAX_STUCK_PAGE_SIZE: u64 = 500;
 
