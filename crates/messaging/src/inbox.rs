@@ -35,7 +35,8 @@ pub async fn claim<C: ConnectionTrait>(
 }
 
 /// Deletes inbox rows older than `older_than` (keep it well above the longest redelivery or
-/// replay window); returns how many.
+/// replay window) in one statement; returns how many. The scheduled [`run_purger`] deletes in
+/// small batches instead, which keeps each statement's locks and WAL short.
 pub async fn purge<C: ConnectionTrait>(conn: &C, older_than: Duration) -> Result<u64, DbErr> {
     let stmt = Statement::from_sql_and_values(
         conn.get_database_backend(),

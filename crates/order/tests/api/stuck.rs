@@ -1,6 +1,8 @@
 //! Stuck orders: counted per status, listed oldest first with the event that would move them
 //! (an unsent outbox row, a parked dead letter), and bad input refused.
 
+use std::time::Duration;
+
 use flashsale_messaging::{envelope, waiting::Place};
 use flashsale_order::{
     app::Stuck,
@@ -15,7 +17,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tonic::Code;
 use uuid::Uuid;
 
-use crate::helpers::{as_admin, as_user, migrated_orders_db, spawn_app};
+use crate::helpers::{as_admin, as_user, migrated_orders_db, spawn_stack};
 
 /// Writes an order in `status`, last changed `minutes` ago (AWAITING_PAYMENT: its deadline
 /// `minutes` ago); returns its id.
@@ -165,7 +167,7 @@ async fn stuck_orders_are_counted_and_listed_with_the_event_that_would_move_them
 
 #[tokio::test]
 async fn list_stuck_orders_over_grpc_is_for_admins_and_refuses_bad_input() {
-    let app = spawn_app().await;
+    let app = spawn_stack(|s| s.saga.stuck_check_interval_ms = 1_000).await;
     let pending = order_in(&app.conn, "PENDING", 30).await;
     let queue = flashsale_order::api::amqp::topology(&app.settings.amqp)
         .queue()
@@ -273,4 +275,23 @@ async fn list_stuck_orders_over_grpc_is_for_admins_and_refuses_bad_input() {
         assert!(fields.iter().any(|f| f == field), "{req:?}: {fields:?}");
     }
     assert_eq!(app.parked().await, 1, "listing changes nothing");
+
+    // The gauge counts it at the next check.
+    flashsale_test_support::eventually(Duration::from_secs(10), "stuck gauge", || async {
+        let (_, body) = flashsale_test_support::grpc::http_get(app.metrics_port, "/metrics")
+            .await
+            .unwrap();
+        let at = |status: &str| {
+            let series = format!("flashsale_orders_stuck{{status=\"{status}\"}} ");
+            body.lines()
+                .find_map(|l| l.strip_prefix(series.as_str()))
+                .map(|v| v.trim().to_owned())
+        };
+        (at("PENDING").as_deref() == Some("1")
+            && at("PAID").as_deref() == Some("0")
+            && at("AWAITING_PAYMENT").as_deref() == Some("0"))
+        .then_some(())
+    })
+    .await
+    .unwrap();
 }
