@@ -6,6 +6,7 @@ pub mod m0001_orders;
 pub mod m0002_orders_by_sku;
 pub mod m0003_statement_notify;
 pub mod m0004_payment_id_partial;
+pub mod m0005_pending_by_sku;
 
 pub struct Migrator;
 
@@ -19,6 +20,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0002_orders_by_sku::Migration),
             Box::new(m0003_statement_notify::Migration),
             Box::new(m0004_payment_id_partial::Migration),
+            Box::new(m0005_pending_by_sku::Migration),
         ]
     }
 }
