@@ -81,7 +81,11 @@ impl Queries {
 
     /// The orders among `ids` that exist (LookupOrders; the caller checked the ids).
     pub async fn lookup(&self, ids: &[Uuid]) -> Result<Vec<Order>, OrderError> {
-        Ok(db::orders(&self.db, ids).await?.into_iter().flatten().collect())
+        Ok(db::orders(&self.db, ids)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect())
     }
 
     /// A page of `sku`'s PENDING orders by order id, and the next page's token ("" at the end)
@@ -92,7 +96,8 @@ impl Queries {
         page_size: i32,
         page_token: &str,
     ) -> Result<(Vec<Order>, String), OrderError> {
-        flashsale_contract::check_sku(sku).map_err(|e| OrderError::invalid("sku", e.to_string()))?;
+        flashsale_contract::check_sku(sku)
+            .map_err(|e| OrderError::invalid("sku", e.to_string()))?;
         let size = page_size_of(page_size)?;
         let filter = format!("pending|{sku}");
         let after = decode_pending_token(page_token, &filter)?;
