@@ -72,8 +72,19 @@ pub fn amqp(exchange: &str) -> AmqpConfig {
 }
 
 pub async fn spawn_stock(exchange: &str) -> (u16, Shutdown, TestDatabase) {
+    spawn_stock_asking(exchange, None).await
+}
+
+/// product-stock asking the order service at `order_port` (None: the default address).
+async fn spawn_stock_asking(
+    exchange: &str,
+    order_port: Option<u16>,
+) -> (u16, Shutdown, TestDatabase) {
     let db = TestDatabase::create().await.unwrap();
     let mut s = flashsale_product_stock::config::Settings::default();
+    if let Some(port) = order_port {
+        s.order_service.url = format!("http://127.0.0.1:{port}");
+    }
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();
@@ -116,10 +127,17 @@ impl Drop for Stack {
 impl Stack {
     pub async fn spawn() -> Self {
         let exchange = unique_name("fs_cli_ex");
-        let (stock_port, stock_stop, stock_db) = spawn_stock(&exchange).await;
+        // product-stock asks the order service about orders and starts first: the order
+        // service's port is chosen now.
+        let order_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let (stock_port, stock_stop, stock_db) =
+            spawn_stock_asking(&exchange, Some(order_port)).await;
         let db = TestDatabase::create().await.unwrap();
         let mut s = flashsale_order::config::Settings::default();
-        s.grpc.addr = "127.0.0.1:0".into();
+        s.grpc.addr = format!("127.0.0.1:{order_port}");
         s.metrics.addr = "127.0.0.1:0".into();
         s.database.url = db.url.clone();
         s.amqp = amqp(&exchange);

@@ -16,3 +16,4 @@ mod saga;
 mod saga_batch;
 mod sold_out;
 mod stock_fallback;
+mod stock_lookups;
