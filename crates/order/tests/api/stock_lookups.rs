@@ -98,7 +98,7 @@ async fn lookup_orders_refuses_bad_input_and_callers_that_are_not_services() {
         (too_many, vec!["order_ids"]),
         (vec![id.clone(), "nope".into()], vec!["order_ids[1]"]),
         (
-            vec![Uuid::new_v4().simple().to_string(), id.to_uppercase()],
+            vec![Uuid::new_v4().simple().to_string(), format!("{{{id}}}")],
             vec!["order_ids[0]", "order_ids[1]"],
         ),
     ];

@@ -196,6 +196,8 @@ async fn a_rebuilt_gate_holds_the_orders_acknowledged_but_not_yet_persisted() {
     // An order of another product and a paid one are not this product's pending orders.
     app.orders
         .put("OTHER", Uuid::new_v4(), "x", 1, FakeStatus::Pending);
+    app.orders
+        .put("HR", Uuid::new_v4(), "y", 1, FakeStatus::Paid);
 
     app.gate.forget("HR").await.unwrap();
     let mut sold = 0;
