@@ -179,6 +179,9 @@ impl Reconciler {
             }
             None => Default::default(),
         };
+        // `held` is the gate's own record of the orders acknowledged but not persisted: while
+        // Redis keeps the product's keys it is exactly what the database misses. A gate that
+        // lost them is not repaired but rebuilt (above), which asks the order service instead.
         let expected = target - snapshot.held;
         let drift = snapshot.available - expected;
         let mut refilled = None;
