@@ -83,6 +83,18 @@ impl Stack {
         std::fs::create_dir_all(&dir)?;
         let exchange = unique_name("fs_e2e_ex");
         let config_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
+        // product-stock asks the order service about orders, and starts first: the order
+        // service's port is chosen now.
+        let order_port = free_port()?;
+        let order_url = format!("http://127.0.0.1:{order_port}");
+        let stock_extra: Vec<(&str, &str)> = extra
+            .iter()
+            .copied()
+            .chain([(
+                "FLASHSALE_PRODUCT_STOCK__ORDER_SERVICE__URL",
+                order_url.as_str(),
+            )])
+            .collect();
         let product_stock = spawn(
             &bins,
             "product-stock",
@@ -91,7 +103,8 @@ impl Stack {
             &config_dir,
             &dir,
             None,
-            extra,
+            None,
+            &stock_extra,
         )
         .await?;
         let up = product_stock.url();
@@ -103,6 +116,7 @@ impl Stack {
             &config_dir,
             &dir,
             Some(&up),
+            Some(order_port),
             extra,
         )
         .await?;
@@ -114,6 +128,7 @@ impl Stack {
             &config_dir,
             &dir,
             Some(&up),
+            None,
             extra,
         )
         .await?;
@@ -143,6 +158,7 @@ async fn spawn(
     config_dir: &Path,
     dir: &Path,
     upstream: Option<&str>,
+    port: Option<u16>,
     extra: &[(&str, &str)],
 ) -> anyhow::Result<Service> {
     let exe = bins.join(format!("flashsale-{name}"));
@@ -153,7 +169,10 @@ async fn spawn(
         );
     }
     let db = TestDatabase::create().await?;
-    let port = free_port()?;
+    let port = match port {
+        Some(p) => p,
+        None => free_port()?,
+    };
     let p = |k: &str| format!("FLASHSALE_{key}__{k}");
     let log = dir.join(format!("{name}.log"));
     let mut cmd = Command::new(&exe);

@@ -1,9 +1,10 @@
-//! The product-stock service's settings: the common sections plus the Redis stock gate and AMQP.
+//! The product-stock service's settings: the common sections plus the Redis stock gate, AMQP and
+//! the order service it asks about orders (the hold sweeper, the gate rebuild).
 //! Keys: `product_stock.<section>.<key>`, env `FLASHSALE_PRODUCT_STOCK__<SECTION>__<KEY>`.
 
 use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
-    config::{ConfigError, Validate, check_range},
+    config::{ConfigError, Validate, check_range, check_url},
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
         RedisSettings, TelemetrySettings, validate_common,
@@ -24,6 +25,7 @@ pub struct Settings {
     pub redis: RedisSettings,
     pub amqp: AmqpConfig,
     pub stock: StockSettings,
+    pub order_service: OrderServiceSettings,
 }
 
 /// `stock.*`: limits and timings of the gate.
@@ -87,6 +89,33 @@ impl Validate for StockSettings {
     }
 }
 
+/// `order_service.*`: where the order service is, and how long one question to it may take.
+/// The hold sweeper asks it before giving a hold away, the gate rebuild for a product's pending
+/// orders (docs/architecture.md#operations).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OrderServiceSettings {
+    /// The order service's gRPC endpoint.
+    pub url: String,
+    /// Deadline of one call to the order service.
+    pub timeout_ms: u64,
+}
+
+impl Default for OrderServiceSettings {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:50052".into(),
+            timeout_ms: 3_000,
+        }
+    }
+}
+
+impl Validate for OrderServiceSettings {
+    fn validate(&self, p: &str) -> Result<(), ConfigError> {
+        check_url(&format!("{p}.url"), &self.url, &["http", "https"])?;
+        check_range(&format!("{p}.timeout_ms"), self.timeout_ms, 10, 60_000)
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         let c = CommonSettings::local(50051, 9101, "flashsale_product");
@@ -99,6 +128,7 @@ impl Default for Settings {
             redis: RedisSettings::default(),
             amqp: AmqpConfig::default(),
             stock: StockSettings::default(),
+            order_service: OrderServiceSettings::default(),
         }
     }
 }
@@ -117,7 +147,8 @@ impl Validate for Settings {
         self.amqp
             .validate()
             .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;
-        self.stock.validate(&format!("{p}.stock"))
+        self.stock.validate(&format!("{p}.stock"))?;
+        self.order_service.validate(&format!("{p}.order_service"))
     }
 }
 
@@ -146,7 +177,7 @@ mod tests {
     #[test]
     fn bad_stock_and_redis_values_name_their_key() {
         type Case = (&'static str, fn(&mut Settings));
-        let cases: [Case; 7] = [
+        let cases: [Case; 11] = [
             ("product_stock.stock.max_quantity", |s| {
                 s.stock.max_quantity = 0
             }),
@@ -167,6 +198,18 @@ mod tests {
                 s.redis.url = "http://x".into()
             }),
             ("product_stock.amqp.prefetch", |s| s.amqp.prefetch = 0),
+            ("product_stock.order_service.url", |s| {
+                s.order_service.url = "ftp://x".into()
+            }),
+            ("product_stock.order_service.url", |s| {
+                s.order_service.url = "not a url".into()
+            }),
+            ("product_stock.order_service.timeout_ms", |s| {
+                s.order_service.timeout_ms = 0
+            }),
+            ("product_stock.order_service.timeout_ms", |s| {
+                s.order_service.timeout_ms = 60_001
+            }),
         ];
         for (key, mutate) in cases {
             let e = error_of(mutate);

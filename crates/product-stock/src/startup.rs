@@ -1,10 +1,11 @@
-//! Builds the product-stock service from its settings: database, Redis gate, broker, the
-//! outbox relay, the saga consumers, the hold sweeper and the gRPC services.
+//! Builds the product-stock service from its settings: database, Redis gate, the order-service
+//! client, broker, the outbox relay, the saga consumers, the hold sweeper and the gRPC services.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use flashsale_platform::{
     app::{Application, Foundation},
+    auth::{JwtKeys, ServiceToken},
     failpoint::Failpoints,
     grpc::ServerRoutes,
 };
@@ -18,7 +19,10 @@ use crate::{
     api::{amqp, grpc::ProductStockApi},
     app::{Catalog, Gate, Reconciler, StockSaga, Terms},
     config::Settings,
-    infra::gate::RedisGate,
+    infra::{
+        gate::RedisGate,
+        orders::{GrpcOrders, OrderPort},
+    },
     migration::Migrator,
 };
 
@@ -29,6 +33,26 @@ pub async fn build(settings: Settings) -> anyhow::Result<Application> {
 
 /// Connects and migrates the database, connects Redis and RabbitMQ, and wires everything.
 pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::Result<Application> {
+    let keys = JwtKeys::from_settings(&settings.auth, "product-stock")?;
+    let token = Arc::new(
+        ServiceToken::new(keys, "product-stock")
+            .map_err(|e| anyhow::anyhow!("mint service token: {e}"))?,
+    );
+    let orders = GrpcOrders::new(
+        &settings.order_service.url,
+        token,
+        Duration::from_millis(settings.order_service.timeout_ms),
+    )?;
+    build_with_orders(settings, failpoints, Arc::new(orders)).await
+}
+
+/// [`build_with`] asking `orders` about orders instead of the order service at
+/// `order_service.url` (tests put a fake there).
+pub async fn build_with_orders(
+    settings: Settings,
+    failpoints: Failpoints,
+    orders: Arc<dyn OrderPort>,
+) -> anyhow::Result<Application> {
     let mut f = Foundation::build::<Migrator>(
         "product-stock",
         &settings.grpc,
@@ -49,6 +73,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let gate = Gate::new(
         f.db.clone(),
         redis_gate.clone(),
+        orders.clone(),
         terms.clone(),
         &settings.stock,
     );
@@ -58,7 +83,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         terms.clone(),
         failpoints.clone(),
     );
-    let reconciler = Reconciler::new(f.db.clone(), redis_gate, terms, &settings.stock);
+    let reconciler = Reconciler::new(f.db.clone(), redis_gate, orders, terms, &settings.stock);
 
     let topologies = [
         amqp::order_events_topology(&settings.amqp),

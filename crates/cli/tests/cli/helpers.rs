@@ -72,14 +72,21 @@ pub fn amqp(exchange: &str) -> AmqpConfig {
 }
 
 pub async fn spawn_stock(exchange: &str) -> (u16, Shutdown, TestDatabase) {
-    let (port, stop, db, _) = spawn_stock_with(exchange).await;
+    let (port, stop, db, _) = spawn_stock_with(exchange, None).await;
     (port, stop, db)
 }
 
-/// [`spawn_stock`], also handing back its AMQP settings (its queue names).
-pub async fn spawn_stock_with(exchange: &str) -> (u16, Shutdown, TestDatabase, AmqpConfig) {
+/// [`spawn_stock`] asking the order service at `order_port` (None: the default address), also
+/// handing back its AMQP settings (its queue names).
+pub async fn spawn_stock_with(
+    exchange: &str,
+    order_port: Option<u16>,
+) -> (u16, Shutdown, TestDatabase, AmqpConfig) {
     let db = TestDatabase::create().await.unwrap();
     let mut s = flashsale_product_stock::config::Settings::default();
+    if let Some(port) = order_port {
+        s.order_service.url = format!("http://127.0.0.1:{port}");
+    }
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();
@@ -129,10 +136,17 @@ impl Drop for Stack {
 impl Stack {
     pub async fn spawn() -> Self {
         let exchange = unique_name("fs_cli_ex");
-        let (stock_port, stock_stop, stock_db, stock_amqp) = spawn_stock_with(&exchange).await;
+        // product-stock asks the order service about orders and starts first: the order
+        // service's port is chosen now.
+        let order_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let (stock_port, stock_stop, stock_db, stock_amqp) =
+            spawn_stock_with(&exchange, Some(order_port)).await;
         let db = TestDatabase::create().await.unwrap();
         let mut s = flashsale_order::config::Settings::default();
-        s.grpc.addr = "127.0.0.1:0".into();
+        s.grpc.addr = format!("127.0.0.1:{order_port}");
         s.metrics.addr = "127.0.0.1:0".into();
         s.database.url = db.url.clone();
         s.amqp = amqp(&exchange);

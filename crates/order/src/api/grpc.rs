@@ -13,14 +13,18 @@ use flashsale_platform::{
 use flashsale_proto::order::v1::{
     self as pb, CancelOrderRequest, CancelOrderResponse, CreateOrderRequest, CreateOrderResponse,
     GetOrderRequest, GetOrderResponse, ListOrdersRequest, ListOrdersResponse,
-    ListStuckOrdersRequest, ListStuckOrdersResponse, PayOrderRequest, PayOrderResponse,
-    WatchOrderRequest, WatchOrderResponse, order_service_server::OrderService,
+    ListPendingOrdersRequest, ListPendingOrdersResponse, ListStuckOrdersRequest,
+    ListStuckOrdersResponse, LookupOrdersRequest, LookupOrdersResponse, PayOrderRequest,
+    PayOrderResponse, WatchOrderRequest, WatchOrderResponse, order_service_server::OrderService,
 };
 use tonic::{Request, Response, Status};
 
 use crate::{
     app::{Checkout, Intake, Queries, Stuck, StuckOrder, reason_to_proto, status_to_proto},
-    domain::{Order, OrderError, Payment, PlaceOrder, Status as OrderStatus, parse_order_id},
+    domain::{
+        Order, OrderError, Payment, PlaceOrder, Status as OrderStatus, parse_order_id,
+        parse_order_ids,
+    },
 };
 
 /// The gRPC face of the order service.
@@ -46,6 +50,8 @@ impl OrderApi {
 const BUYER: &[Role] = &[Role::User];
 const BUYER_OR_ADMIN: &[Role] = &[Role::User, Role::Admin];
 const ADMIN: &[Role] = &[Role::Admin];
+/// Product-stock's questions about orders (the hold sweeper, the gate rebuild).
+const SERVICE: &[Role] = &[Role::Service];
 
 fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
     let caller = Caller::of(req)?;
@@ -251,6 +257,35 @@ impl OrderService for OrderApi {
         let order = self.checkout.cancel(&caller, id).await.map_err(status)?;
         Ok(Response::new(CancelOrderResponse {
             order: Some(order_to_proto(order)),
+        }))
+    }
+
+    async fn lookup_orders(
+        &self,
+        req: Request<LookupOrdersRequest>,
+    ) -> Result<Response<LookupOrdersResponse>, Status> {
+        authorize(&req, SERVICE)?;
+        let ids = parse_order_ids(&req.get_ref().order_ids).map_err(status)?;
+        let orders = self.queries.lookup(&ids).await.map_err(status)?;
+        Ok(Response::new(LookupOrdersResponse {
+            orders: orders.into_iter().map(order_to_proto).collect(),
+        }))
+    }
+
+    async fn list_pending_orders(
+        &self,
+        req: Request<ListPendingOrdersRequest>,
+    ) -> Result<Response<ListPendingOrdersResponse>, Status> {
+        authorize(&req, SERVICE)?;
+        let r = req.into_inner();
+        let (orders, next) = self
+            .queries
+            .pending(&r.sku, r.page_size, &r.page_token)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(ListPendingOrdersResponse {
+            orders: orders.into_iter().map(order_to_proto).collect(),
+            next_page_token: next,
         }))
     }
 

@@ -1,4 +1,5 @@
-//! GetOrder, ListOrders and WatchOrder. Watching follows every replica's changes through the
+//! GetOrder, ListOrders and WatchOrder, and the service-only LookupOrders and ListPendingOrders
+//! product-stock asks before it gives a gate hold away or rebuilds a gate. Watching follows every replica's changes through the
 //! feed of changed orders, with a slow poll as a backstop.
 
 use std::time::Duration;
@@ -18,7 +19,7 @@ pub const DEFAULT_PAGE_SIZE: u64 = 50;
 pub const MAX_PAGE_SIZE: u64 = 500;
 const POLL_BACKSTOP: Duration = Duration::from_secs(2);
 
-/// GetOrder, ListOrders and WatchOrder. Cheap to clone.
+/// GetOrder, ListOrders, WatchOrder, LookupOrders and ListPendingOrders. Cheap to clone.
 #[derive(Clone)]
 pub struct Queries {
     db: DatabaseConnection,
@@ -58,11 +59,7 @@ impl Queries {
                 ));
             }
         };
-        let size = match page_size {
-            n if n < 0 => return Err(OrderError::invalid("page_size", "must not be negative")),
-            0 => DEFAULT_PAGE_SIZE,
-            n => u64::try_from(n).unwrap_or(MAX_PAGE_SIZE).min(MAX_PAGE_SIZE),
-        };
+        let size = page_size_of(page_size)?;
         let filter = format!(
             "{}|{}",
             user.as_deref().unwrap_or("*"),
@@ -75,6 +72,41 @@ impl Queries {
             orders
                 .last()
                 .map(|o| encode_token(o.created_at, o.order_id, &filter))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok((orders, next))
+    }
+
+    /// The orders among `ids` that exist (LookupOrders; the caller checked the ids).
+    pub async fn lookup(&self, ids: &[Uuid]) -> Result<Vec<Order>, OrderError> {
+        Ok(db::orders(&self.db, ids)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+
+    /// A page of `sku`'s PENDING orders by order id, and the next page's token ("" at the end)
+    /// (ListPendingOrders).
+    pub async fn pending(
+        &self,
+        sku: &str,
+        page_size: i32,
+        page_token: &str,
+    ) -> Result<(Vec<Order>, String), OrderError> {
+        flashsale_contract::check_sku(sku)
+            .map_err(|e| OrderError::invalid("sku", e.to_string()))?;
+        let size = page_size_of(page_size)?;
+        let filter = format!("pending|{sku}");
+        let after = decode_pending_token(page_token, &filter)?;
+        let mut orders = db::pending_by_sku(&self.db, sku, after, size + 1).await?;
+        let next = if orders.len() as u64 > size {
+            orders.truncate(size as usize);
+            orders
+                .last()
+                .map(|o| format!("p1.{}.{:x}", o.order_id.simple(), filter_hash(&filter)))
                 .unwrap_or_default()
         } else {
             String::new()
@@ -130,6 +162,32 @@ impl Queries {
         });
         Ok(rx)
     }
+}
+
+fn page_size_of(page_size: i32) -> Result<u64, OrderError> {
+    Ok(match page_size {
+        n if n < 0 => return Err(OrderError::invalid("page_size", "must not be negative")),
+        0 => DEFAULT_PAGE_SIZE,
+        n => u64::try_from(n).unwrap_or(MAX_PAGE_SIZE).min(MAX_PAGE_SIZE),
+    })
+}
+
+/// The last order id of the previous page of ListPendingOrders.
+fn decode_pending_token(token: &str, filter: &str) -> Result<Option<Uuid>, OrderError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || OrderError::invalid("page_token", "not a token this server issued for this sku");
+    let mut parts = token.split('.');
+    let (Some("p1"), Some(id), Some(hash), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    if u64::from_str_radix(hash, 16).ok() != Some(filter_hash(filter)) {
+        return Err(bad());
+    }
+    Uuid::try_parse(id).map(Some).map_err(|_| bad())
 }
 
 fn filter_hash(filter: &str) -> u64 {
@@ -193,6 +251,17 @@ mod tests {
         assert!(decode_token(&t, "bob|*").is_err());
         for junk in ["x", "o1.1.2", "o1.abc.def.0", "o2.1.2.3.4"] {
             assert!(decode_token(junk, "alice|*").is_err(), "{junk}");
+        }
+    }
+
+    #[test]
+    fn pending_tokens_are_only_for_their_sku() {
+        let id = Uuid::new_v4();
+        let t = format!("p1.{}.{:x}", id.simple(), filter_hash("pending|A"));
+        assert_eq!(decode_pending_token(&t, "pending|A").unwrap(), Some(id));
+        assert!(decode_pending_token(&t, "pending|B").is_err());
+        for junk in ["x", "p1.x.0", "o1.1.2.3", &format!("p1.{}", id.simple())] {
+            assert!(decode_pending_token(junk, "pending|A").is_err(), "{junk}");
         }
     }
 }

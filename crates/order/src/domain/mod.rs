@@ -198,6 +198,37 @@ pub fn parse_order_id(raw: &str) -> Result<Uuid, OrderError> {
     })
 }
 
+/// Most order ids one LookupOrders may ask about (one sweep batch of product-stock).
+pub const MAX_LOOKUP_IDS: usize = 500;
+
+/// The ids of a LookupOrders: 1..=[`MAX_LOOKUP_IDS`] canonical UUIDs, each bad one reported as
+/// its own field violation (`order_ids[i]`).
+pub fn parse_order_ids(raw: &[String]) -> Result<Vec<Uuid>, OrderError> {
+    if raw.is_empty() || raw.len() > MAX_LOOKUP_IDS {
+        return Err(OrderError::invalid(
+            "order_ids",
+            format!("must list 1..={MAX_LOOKUP_IDS} order ids"),
+        ));
+    }
+    let mut ids = Vec::with_capacity(raw.len());
+    let mut bad = Vec::new();
+    for (i, r) in raw.iter().enumerate() {
+        match parse_order_id(r) {
+            Ok(id) => ids.push(id),
+            Err(e) => bad.extend(
+                e.violations()
+                    .into_iter()
+                    .map(|(_, why)| (format!("order_ids[{i}]"), why)),
+            ),
+        }
+    }
+    if bad.is_empty() {
+        Ok(ids)
+    } else {
+        Err(OrderError::Invalid(bad))
+    }
+}
+
 /// A validated PayOrder.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Payment {

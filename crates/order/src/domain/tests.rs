@@ -63,3 +63,18 @@ fn db_names_round_trip() {
         assert_eq!(CancelReason::from_db(r.as_db()), Some(r));
     }
 }
+
+#[test]
+fn lookup_ids_are_one_to_five_hundred_canonical_uuids() {
+    let id = uuid::Uuid::new_v4();
+    assert_eq!(parse_order_ids(&[id.to_string()]).unwrap(), vec![id]);
+    assert!(parse_order_ids(&[]).is_err());
+    let many: Vec<String> = (0..=MAX_LOOKUP_IDS)
+        .map(|_| uuid::Uuid::new_v4().to_string())
+        .collect();
+    assert!(parse_order_ids(&many[..MAX_LOOKUP_IDS]).is_ok());
+    assert!(parse_order_ids(&many).is_err());
+    let e = parse_order_ids(&[id.to_string(), "x".into(), id.simple().to_string()]).unwrap_err();
+    let fields: Vec<String> = e.violations().into_iter().map(|(f, _)| f).collect();
+    assert_eq!(fields, ["order_ids[1]", "order_ids[2]"]);
+}

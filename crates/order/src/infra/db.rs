@@ -584,3 +584,30 @@ pub async fn waiting_events<C: ConnectionTrait>(
     let ids: Vec<String> = orders.iter().map(Uuid::to_string).collect();
     Ok(flashsale_messaging::waiting::for_correlations(c, &ids).await?)
 }
+
+/// A page of `sku`'s PENDING orders by order id, after `after` (served by the partial index
+/// `orders_pending_by_sku`).
+pub async fn pending_by_sku<C: ConnectionTrait>(
+    c: &C,
+    sku: &str,
+    after: Option<Uuid>,
+    limit: u64,
+) -> Result<Vec<Order>, OrderError> {
+    let sql = format!(
+        "{ORDER_SELECT} WHERE o.sku = $1 AND o.status = 'PENDING' \
+         AND ($2::uuid IS NULL OR o.order_id > $2) ORDER BY o.order_id LIMIT $3"
+    );
+    OrderRow::find_by_statement(stmt(
+        &sql,
+        [
+            sku.into(),
+            after.into(),
+            i64::try_from(limit).unwrap_or(i64::MAX).into(),
+        ],
+    ))
+    .all(c)
+    .await?
+    .into_iter()
+    .map(Order::try_from)
+    .collect()
+}

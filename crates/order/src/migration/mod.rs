@@ -7,6 +7,7 @@ pub mod m0002_orders_by_sku;
 pub mod m0003_statement_notify;
 pub mod m0004_payment_id_partial;
 pub mod m0005_orders_unsettled;
+pub mod m0006_pending_by_sku;
 
 pub struct Migrator;
 
@@ -21,6 +22,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0003_statement_notify::Migration),
             Box::new(m0004_payment_id_partial::Migration),
             Box::new(m0005_orders_unsettled::Migration),
+            Box::new(m0006_pending_by_sku::Migration),
         ]
     }
 }

@@ -1,5 +1,6 @@
 //! `spawn_stack`: product-stock and order in-process on free ports, each with its own database,
-//! sharing one test exchange (their own queues), as in production; `spawn_app` is order alone.
+//! sharing one test exchange (their own queues), as in production, each calling the other;
+//! `spawn_app` is order alone.
 
 use std::time::Duration;
 
@@ -37,6 +38,8 @@ pub struct TestApp {
     pub settings: Settings,
     pub failpoints: Failpoints,
     pub stock_port: u16,
+    /// product-stock's settings (`spawn_stack` only).
+    pub stock_settings: Option<flashsale_product_stock::config::Settings>,
     stock_stop: Option<Shutdown>,
     _stock_db: Option<TestDatabase>,
     publisher: Publisher,
@@ -77,8 +80,27 @@ pub fn test_settings(db: &TestDatabase, exchange: &str, stock_port: u16) -> Sett
     s
 }
 
-/// product-stock on a free port sharing `exchange`.
-async fn spawn_stock(exchange: &str) -> (u16, Shutdown, TestDatabase) {
+/// A port nothing listens on right now (the order service binds it next: product-stock must
+/// know the order service's address before either starts).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// product-stock on a free port on `exchange`, asking the order service at `order_port`.
+async fn spawn_stock(
+    exchange: &str,
+    order_port: u16,
+    tune: impl FnOnce(&mut flashsale_product_stock::config::Settings),
+) -> (
+    u16,
+    Shutdown,
+    TestDatabase,
+    flashsale_product_stock::config::Settings,
+) {
     let db = TestDatabase::create().await.unwrap();
     let mut s = flashsale_product_stock::config::Settings::default();
     s.grpc.addr = "127.0.0.1:0".into();
@@ -88,22 +110,39 @@ async fn spawn_stock(exchange: &str) -> (u16, Shutdown, TestDatabase) {
     s.redis.url = redis_url();
     s.redis.key_prefix = format!("{}:", unique_name("fs_test"));
     s.amqp = amqp_for_test(exchange);
-    let app = flashsale_product_stock::startup::build(s).await.unwrap();
+    s.order_service.url = format!("http://127.0.0.1:{order_port}");
+    tune(&mut s);
+    let app = flashsale_product_stock::startup::build(s.clone())
+        .await
+        .unwrap();
     let (port, stop) = (app.grpc_port(), app.shutdown());
     tokio::spawn(app.run_until_stopped());
-    (port, stop, db)
+    (port, stop, db, s)
 }
 
 /// Both services; `tune` adjusts the order settings.
 pub async fn spawn_stack(tune: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_stack_with(tune, |_| {}).await
+}
+
+/// Both services; `tune` adjusts the order settings, `tune_stock` product-stock's (give it
+/// another `amqp.exchange` and the order service's events never reach it).
+pub async fn spawn_stack_with(
+    tune: impl FnOnce(&mut Settings),
+    tune_stock: impl FnOnce(&mut flashsale_product_stock::config::Settings),
+) -> TestApp {
     let exchange = unique_name("fs_test_ex");
-    let (stock_port, stock_stop, stock_db) = spawn_stock(&exchange).await;
+    let order_port = free_port();
+    let (stock_port, stock_stop, stock_db, stock_settings) =
+        spawn_stock(&exchange, order_port, tune_stock).await;
     let db = TestDatabase::create().await.unwrap();
     let mut settings = test_settings(&db, &exchange, stock_port);
+    settings.grpc.addr = format!("127.0.0.1:{order_port}");
     tune(&mut settings);
     let mut app = spawn_order(settings, db).await;
     app.stock_stop = Some(stock_stop);
     app._stock_db = Some(stock_db);
+    app.stock_settings = Some(stock_settings);
     app
 }
 
@@ -139,6 +178,7 @@ async fn spawn_order(settings: Settings, db: TestDatabase) -> TestApp {
         settings,
         failpoints,
         stock_port,
+        stock_settings: None,
         stock_stop: None,
         _stock_db: None,
         publisher: Publisher::new(&broker),
@@ -268,6 +308,26 @@ impl TestApp {
         sea_orm::ConnectionTrait::execute_unprepared(&self.conn, sql)
             .await
             .unwrap();
+    }
+
+    /// product-stock's stock gate (`spawn_stack` only).
+    pub fn stock_gate(&self) -> flashsale_product_stock::infra::gate::RedisGate {
+        let s = self.stock_settings.as_ref().expect("spawn_stack");
+        let pool = flashsale_platform::redis::pool(&s.redis).unwrap();
+        flashsale_product_stock::infra::gate::RedisGate::new(
+            pool,
+            s.redis.key_prefix.clone(),
+            Duration::from_secs(3600),
+        )
+    }
+
+    /// Counts on product-stock's database: `sql`'s single `n` column (`spawn_stack` only).
+    pub async fn stock_count(&self, sql: &str) -> i64 {
+        let url = &self._stock_db.as_ref().expect("spawn_stack").url;
+        let conn = sea_orm::Database::connect(url.as_str()).await.unwrap();
+        let n = probe::count(&conn, sql).await.unwrap();
+        conn.close().await.unwrap();
+        n
     }
 
     /// Runs `sql` on product-stock's database (`spawn_stack` only).

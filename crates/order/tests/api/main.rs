@@ -16,4 +16,5 @@ mod saga;
 mod saga_batch;
 mod sold_out;
 mod stock_fallback;
+mod stock_lookups;
 mod stuck;

@@ -1,7 +1,10 @@
 //! The hot path: one order takes units through the Redis gate. Nothing touches the database
-//! unless the gate has lost the product's keys (then it is rebuilt from the database first).
+//! unless the gate has lost the product's keys (then it is rebuilt from the database and the
+//! order service's pending orders first).
 
-use sea_orm::DatabaseConnection;
+use std::sync::Arc;
+
+use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
 use super::{Terms, gate_err};
 use crate::{
@@ -12,7 +15,8 @@ use crate::{
     },
     infra::{
         db,
-        gate::{RedisGate, ReserveArgs, ReserveOutcome},
+        gate::{LoadOutcome, RebuiltHold, RedisGate, ReserveArgs, ReserveOutcome},
+        orders::OrderPort,
     },
 };
 
@@ -30,6 +34,7 @@ pub struct Reserved {
 pub struct Gate {
     db: DatabaseConnection,
     gate: RedisGate,
+    orders: Arc<dyn OrderPort>,
     terms: Terms,
     max_quantity: i64,
 }
@@ -38,12 +43,14 @@ impl Gate {
     pub fn new(
         db: DatabaseConnection,
         gate: RedisGate,
+        orders: Arc<dyn OrderPort>,
         terms: Terms,
         settings: &StockSettings,
     ) -> Self {
         Self {
             db,
             gate,
+            orders,
             terms,
             max_quantity: settings.max_quantity,
         }
@@ -170,42 +177,107 @@ impl Gate {
         Ok(answers)
     }
 
-    /// Loads a product's gate keys from the database (docs/architecture.md#operations, cold
-    /// start). Safe to run on several replicas at once: the gate loads only if the keys are
-    /// still missing.
+    /// Loads a product's gate keys from the database and the order service's pending orders
+    /// (docs/architecture.md#operations, cold start). Safe to run on several replicas at once:
+    /// the gate loads only if the keys are still missing.
     pub async fn rebuild_gate(&self, sku: &Sku) -> Result<bool, StockError> {
-        rebuild(&self.db, &self.gate, sku).await
+        rebuild(&self.db, &self.gate, self.orders.as_ref(), sku).await
     }
 }
 
 /// [`Gate::rebuild_gate`], for the reconciler too.
+///
+/// The gate's rule is `available = on_hand − reserved − Σ acknowledged-but-unpersisted`
+/// (docs/architecture.md#the-stock-model): the database knows the first two; the orders
+/// acknowledged to buyers whose `order.created` has not been persisted yet are known only to
+/// the order service, so it is asked for the product's PENDING orders, and those without a
+/// reservation row here are held again. If it cannot be asked, the gate stays closed for the
+/// product (`GateUnavailable`) rather than opening on a guess that would sell their units twice.
+///
+/// Atomicity: everything runs under the product's stock row lock. Persisting a reservation
+/// (`order.created`) and releasing one both update that row, so none commits while the rebuild
+/// reads `reserved`, asks the order service and checks the reservation rows: an order is either
+/// persisted (counted in `reserved`, not held again) or not (held again, and its
+/// `order.created`, waiting for the lock, marks the new hold persisted). The gate itself is
+/// missing meanwhile, so reservations answer `NotLoaded` and change nothing, and the load is one
+/// script that does nothing if another replica loaded first.
+///
+/// What it cannot see: an order whose gate hold was taken before the loss but whose write
+/// commits in the order database after the pending list was read. It is acknowledged, yet its
+/// units are on sale again: the gate can over-promise them. The window is the order write's
+/// own duration (milliseconds; at most its timeout, seconds) overlapping the rebuild. The
+/// database still never oversells: its CHECK refuses the excess reservation when `order.created`
+/// arrives, and that order is cancelled OUT_OF_STOCK.
 pub(super) async fn rebuild(
     db: &DatabaseConnection,
     gate: &RedisGate,
+    orders: &dyn OrderPort,
     sku: &Sku,
 ) -> Result<bool, StockError> {
-    let product = db::product(db, sku, false)
+    let txn = db.begin().await?;
+    let product = db::product(&txn, sku, true)
         .await?
         .ok_or_else(|| StockError::UnknownProduct(sku.to_string()))?;
-    let users = db::units_by_user(db, sku).await?;
-    let loaded = gate
-        .load(sku.as_str(), product.gate_target(), &users)
+    // Replicas that found the gate missing at once queue on the lock; the first loads it.
+    if gate
+        .snapshot(sku.as_str())
+        .await
+        .map_err(gate_err)?
+        .is_some()
+    {
+        return Ok(false);
+    }
+    let pending = orders.pending(sku.as_str()).await.map_err(|e| {
+        metrics::counter!("flashsale_gate_rebuilds_refused_total").increment(1);
+        tracing::warn!(%sku, error = %e, "the stock gate stays closed: the order service cannot list its pending orders");
+        StockError::GateUnavailable(format!(
+            "gate rebuilding: the order service cannot list the product's pending orders ({e})"
+        ))
+    })?;
+    let ids: Vec<uuid::Uuid> = pending.iter().map(|o| o.order_id).collect();
+    let known = db::reservations_known(&txn, &ids).await?;
+    let holds: Vec<RebuiltHold> = pending
+        .into_iter()
+        .filter(|o| !known.contains(&o.order_id))
+        .map(|o| RebuiltHold {
+            order_id: o.order_id,
+            user_id: o.user_id,
+            qty: o.quantity,
+        })
+        .collect();
+    let users = db::units_by_user(&txn, sku).await?;
+    let target = product.gate_target();
+    let outcome = gate
+        .load_with_holds(
+            sku.as_str(),
+            target,
+            &users,
+            &holds,
+            chrono::Utc::now().timestamp_millis(),
+        )
         .await
         .map_err(gate_err)?;
-    if loaded {
-        metrics::counter!("flashsale_gate_rebuilds_total").increment(1);
-        tracing::warn!(%sku, available = product.gate_target(), "rebuilt the stock gate from the database");
-        if product.gate_target() > 0 {
-            // A replica that remembered the product as sold out before Redis lost it should ask
-            // the gate again. Best effort: the gate is already loaded, and the sold-out memory's
-            // short life bounds a missed event (docs/adr/0005-sold-out-memory.md).
-            let event = super::reconcile::gate_refilled(sku, 0, product.gate_target(), "REBUILD");
-            if let Err(e) = flashsale_messaging::outbox::enqueue(db, &event).await {
-                tracing::warn!(%sku, error = %e, "stock.gate_refilled not recorded");
-            }
+    txn.commit().await?;
+    let LoadOutcome::Loaded {
+        available,
+        held,
+        clamped,
+    } = outcome
+    else {
+        return Ok(false);
+    };
+    metrics::counter!("flashsale_gate_rebuilds_total").increment(1);
+    tracing::warn!(%sku, available, held, clamped, "rebuilt the stock gate from the database and the pending orders");
+    if available > 0 {
+        // A replica that remembered the product as sold out before Redis lost it should ask
+        // the gate again. Best effort: the gate is already loaded, and the sold-out memory's
+        // short life bounds a missed event (docs/adr/0005-sold-out-memory.md).
+        let event = super::reconcile::gate_refilled(sku, 0, available, "REBUILD");
+        if let Err(e) = flashsale_messaging::outbox::enqueue(db, &event).await {
+            tracing::warn!(%sku, error = %e, "stock.gate_refilled not recorded");
         }
     }
-    Ok(loaded)
+    Ok(true)
 }
 
 /// What the gate's outcome means for the caller; `None` when the gate lost the product.

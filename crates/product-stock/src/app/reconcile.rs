@@ -1,9 +1,10 @@
 //! Keeping the gate and the database in agreement (docs/architecture.md#the-stock-model,
 //! docs/architecture.md#operations, docs/invariants.md invariant 3): settle holds the database
-//! already has, expire holds that never reached it, report the drift of `gate_available + held`
-//! from the database's figure and, on request, repair it.
+//! already has, expire holds that never reached it (after asking the order service whether
+//! their order was written), report the drift of `gate_available + held` from the database's
+//! figure and, on request, repair it.
 
-use std::time::Duration;
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use flashsale_messaging::{envelope, outbox};
 use flashsale_proto::events::v1::{
@@ -12,13 +13,19 @@ use flashsale_proto::events::v1::{
 };
 use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
-use super::{Terms, gate::rebuild, gate_err, saga::HOLD_EXPIRED};
+use super::{
+    Terms,
+    gate::rebuild,
+    gate_err,
+    saga::{CANCELLED_BEFORE_CREATED, HOLD_EXPIRED},
+};
 use crate::{
     config::StockSettings,
     domain::{Reservation, ReservationState, Sku, StockError},
     infra::{
         db,
-        gate::{RedisGate, RepairOutcome},
+        gate::{PendingHold, RedisGate, RepairOutcome},
+        orders::{OrderPort, OrderState, OrdersUnavailable},
     },
 };
 
@@ -38,6 +45,49 @@ pub struct DriftReport {
 }
 
 const SETTLE_BATCH: usize = 500;
+
+/// What the sweeper does with an expired hold the database does not have, given what the order
+/// service said about its order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HoldVerdict {
+    /// The order exists and is not cancelled: it was acknowledged, and its `order.created` is
+    /// on its way (a broker outage, a backlog). Keep the hold; it is asked about again later.
+    Keep,
+    /// The order was cancelled: give the units back (its `order.cancelled` then finds the
+    /// reservation released and changes nothing).
+    Release,
+    /// No such order: its CreateOrder failed before writing it, and nobody was acknowledged.
+    /// Release the hold, tombstone the reservation and tell the order service.
+    Expire,
+    /// The order service could not be asked: give nothing away this round.
+    Defer,
+}
+
+/// The sweeper's decision table.
+pub(crate) fn verdict(
+    answer: &Result<HashMap<uuid::Uuid, OrderState>, OrdersUnavailable>,
+    order_id: uuid::Uuid,
+) -> HoldVerdict {
+    match answer {
+        Err(_) => HoldVerdict::Defer,
+        Ok(found) => match found.get(&order_id) {
+            Some(OrderState::Live) => HoldVerdict::Keep,
+            Some(OrderState::Cancelled) => HoldVerdict::Release,
+            None => HoldVerdict::Expire,
+        },
+    }
+}
+
+/// What one [`Reconciler::settle_holds`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Holds released because their order does not exist (or was cancelled).
+    pub expired: u64,
+    /// Expired holds kept because their order exists.
+    pub kept: u64,
+    /// Whether holds were left alone because the order service could not be asked.
+    pub deferred: bool,
+}
 
 /// `stock.gate_refilled`: the gate of `sku` went from `before` to `after` units outside the saga
 /// (`cause` "REPAIR" or "REBUILD").
@@ -62,6 +112,7 @@ pub(super) fn gate_refilled(sku: &Sku, before: i64, after: i64, cause: &str) -> 
 pub struct Reconciler {
     db: DatabaseConnection,
     gate: RedisGate,
+    orders: Arc<dyn OrderPort>,
     terms: Terms,
     hold_ttl_ms: u64,
     sweep_interval_ms: u64,
@@ -71,12 +122,14 @@ impl Reconciler {
     pub fn new(
         db: DatabaseConnection,
         gate: RedisGate,
+        orders: Arc<dyn OrderPort>,
         terms: Terms,
         settings: &StockSettings,
     ) -> Self {
         Self {
             db,
             gate,
+            orders,
             terms,
             hold_ttl_ms: settings.hold_ttl_ms,
             sweep_interval_ms: settings.sweep_interval_ms,
@@ -116,7 +169,7 @@ impl Reconciler {
             Some(s) => s,
             None if repair => {
                 drop(txn);
-                rebuild(&self.db, &self.gate, sku).await?;
+                rebuild(&self.db, &self.gate, self.orders.as_ref(), sku).await?;
                 return Box::pin(self.reconcile_one(sku, false))
                     .await
                     .map(|r| DriftReport {
@@ -126,6 +179,9 @@ impl Reconciler {
             }
             None => Default::default(),
         };
+        // `held` is the gate's own record of the orders acknowledged but not persisted: while
+        // Redis keeps the product's keys it is exactly what the database misses. A gate that
+        // lost them is not repaired but rebuilt (above), which asks the order service instead.
         let expected = target - snapshot.held;
         let drift = snapshot.available - expected;
         let mut refilled = None;
@@ -165,15 +221,46 @@ impl Reconciler {
     }
 
     /// Looks at holds reserved before `cutoff_ms` that the gate still counts as unpersisted:
-    /// those the database has are marked persisted; the others are released and tombstoned so
-    /// their late `order.created` is refused. Returns how many were expired.
-    pub async fn settle_holds(&self, sku: &Sku, cutoff_ms: i64) -> Result<u64, StockError> {
-        let mut expired = 0;
+    /// those the database has are marked persisted (or released, if it released them). For the
+    /// others the order service is asked (docs/architecture.md#operations): a hold whose order
+    /// exists is kept, one whose order was cancelled is released, one whose order does not
+    /// exist is released and tombstoned so its late `order.created` is refused; if the order
+    /// service cannot answer, none of them is touched. `cutoff_ms == i64::MAX` (the
+    /// reconciler) only settles what the database has.
+    ///
+    /// Why "missing" is safe to give away: CreateOrder reserves at the gate, then writes the
+    /// order and its `order.created` in one transaction, then answers the buyer. The write is
+    /// bounded by its own timeout (seconds), the TTL is minutes: by the time a hold is old
+    /// enough to be asked about, its order's write has committed (the order service finds it)
+    /// or failed (no buyer was acknowledged). A write still in flight when the sweeper asks
+    /// would need to outlive the TTL, which its timeout does not allow; and were it to commit
+    /// anyway, the tombstone makes its `order.created` fail and the order is cancelled, never
+    /// left PENDING.
+    pub async fn settle_holds(&self, sku: &Sku, cutoff_ms: i64) -> Result<Settled, StockError> {
+        let mut settled = Settled::default();
         let holds = self
             .gate
             .pending_older_than(sku.as_str(), cutoff_ms, SETTLE_BATCH)
             .await
             .map_err(gate_err)?;
+        if holds.is_empty() {
+            return Ok(settled);
+        }
+        let sweeping = cutoff_ms != i64::MAX;
+        let answer = if sweeping {
+            let ids: Vec<uuid::Uuid> = holds.iter().map(|h| h.order_id).collect();
+            let known = db::reservations_known(&self.db, &ids).await?;
+            let unknown: Vec<uuid::Uuid> =
+                ids.into_iter().filter(|id| !known.contains(id)).collect();
+            if unknown.is_empty() {
+                Ok(HashMap::new())
+            } else {
+                self.orders.lookup(&unknown).await
+            }
+        } else {
+            Ok(HashMap::new())
+        };
+        let mut keep = Vec::new();
         for hold in holds {
             let txn = self.db.begin().await?;
             match db::reservation(&txn, hold.order_id, true).await? {
@@ -191,66 +278,126 @@ impl Reconciler {
                         .await
                         .map_err(gate_err)?;
                 }
-                None if cutoff_ms == i64::MAX => txn.commit().await?, // young hold: leave it be
-                None => {
-                    let policy = self.terms.get(sku).await?.policy;
-                    let tombstone = Reservation {
-                        order_id: hold.order_id,
-                        sku: sku.clone(),
-                        user_id: hold.user_id.clone(),
-                        quantity: 0,
-                        state: ReservationState::Released,
-                        policy,
-                    };
-                    if !db::insert_reservation(&txn, &tombstone, HOLD_EXPIRED).await? {
-                        // order.created persisted it at this very moment.
+                None if !sweeping => txn.commit().await?, // young hold: leave it be
+                None => match verdict(&answer, hold.order_id) {
+                    HoldVerdict::Defer => {
                         txn.commit().await?;
-                        self.gate
-                            .mark_persisted(sku.as_str(), hold.order_id)
-                            .await
-                            .map_err(gate_err)?;
-                        continue;
+                        settled.deferred = true;
                     }
-                    // Tell the order service, whose order (if it was ever written) is still
-                    // PENDING: it cancels it with HOLD_EXPIRED.
-                    let failed = StockReservationFailed {
-                        order_id: hold.order_id.to_string(),
-                        sku: sku.to_string(),
-                        quantity: hold.qty,
-                        reason: ReservationFailureReason::OrderCancelled as i32,
-                        detail: "the stock hold expired before the order reached the database"
-                            .into(),
-                    };
-                    let env = envelope::new(
-                        Payload::StockReservationFailed(failed),
-                        hold.order_id.to_string(),
-                        "",
-                        super::PRODUCER,
-                    );
-                    outbox::enqueue(&txn, &env).await?;
-                    self.gate
-                        .release_unpersisted(sku.as_str(), hold.order_id)
-                        .await
-                        .map_err(gate_err)?;
-                    txn.commit().await?;
-                    expired += 1;
-                }
+                    HoldVerdict::Keep => {
+                        txn.commit().await?;
+                        keep.push(hold.order_id);
+                    }
+                    HoldVerdict::Release => {
+                        if self
+                            .give_back(txn, sku, &hold, CANCELLED_BEFORE_CREATED, false)
+                            .await?
+                        {
+                            settled.expired += 1;
+                        }
+                    }
+                    HoldVerdict::Expire => {
+                        if self.give_back(txn, sku, &hold, HOLD_EXPIRED, true).await? {
+                            settled.expired += 1;
+                        }
+                    }
+                },
             }
         }
-        if expired > 0 {
-            metrics::counter!("flashsale_holds_expired_total").increment(expired);
-            tracing::warn!(%sku, expired, "released gate holds that never reached the database");
+        if !keep.is_empty() {
+            settled.kept = keep.len() as u64;
+            // To the back of the queue: asked about again one TTL from now, and the holds
+            // behind them are reached meanwhile.
+            self.gate
+                .touch_holds(sku.as_str(), &keep, chrono::Utc::now().timestamp_millis())
+                .await
+                .map_err(gate_err)?;
+            metrics::counter!("flashsale_holds_kept_total").increment(settled.kept);
+            tracing::info!(%sku, kept = settled.kept, "kept expired gate holds whose orders exist (their order.created is late)");
         }
-        Ok(expired)
+        if settled.expired > 0 {
+            metrics::counter!("flashsale_holds_expired_total").increment(settled.expired);
+            tracing::warn!(%sku, expired = settled.expired, "released gate holds whose orders were never written or were cancelled");
+        }
+        Ok(settled)
     }
 
-    /// One sweep over every product: expire holds older than `stock.hold_ttl_ms`.
+    /// Releases an unpersisted hold and tombstones its reservation (`cause`) in `txn`, telling
+    /// the order service with `stock.reservation_failed` when `tell`. `false` when
+    /// `order.created` persisted it at this very moment (then it is marked persisted instead).
+    async fn give_back(
+        &self,
+        txn: sea_orm::DatabaseTransaction,
+        sku: &Sku,
+        hold: &PendingHold,
+        cause: &str,
+        tell: bool,
+    ) -> Result<bool, StockError> {
+        let policy = self.terms.get(sku).await?.policy;
+        let tombstone = Reservation {
+            order_id: hold.order_id,
+            sku: sku.clone(),
+            user_id: hold.user_id.clone(),
+            quantity: 0,
+            state: ReservationState::Released,
+            policy,
+        };
+        if !db::insert_reservation(&txn, &tombstone, cause).await? {
+            txn.commit().await?;
+            self.gate
+                .mark_persisted(sku.as_str(), hold.order_id)
+                .await
+                .map_err(gate_err)?;
+            return Ok(false);
+        }
+        if tell {
+            // The order was never written, so nobody is waiting for it; were it written after
+            // all, the order service cancels it with HOLD_EXPIRED.
+            let failed = StockReservationFailed {
+                order_id: hold.order_id.to_string(),
+                sku: sku.to_string(),
+                quantity: hold.qty,
+                reason: ReservationFailureReason::OrderCancelled as i32,
+                detail: "the stock hold expired before the order reached the database".into(),
+            };
+            let env = envelope::new(
+                Payload::StockReservationFailed(failed),
+                hold.order_id.to_string(),
+                "",
+                super::PRODUCER,
+            );
+            outbox::enqueue(&txn, &env).await?;
+        }
+        self.gate
+            .release_unpersisted(sku.as_str(), hold.order_id)
+            .await
+            .map_err(gate_err)?;
+        txn.commit().await?;
+        Ok(true)
+    }
+
+    /// One sweep over every product: settle holds older than `stock.hold_ttl_ms`. Returns how
+    /// many were released. When the order service cannot be asked, nothing that needed its
+    /// answer is released this round; that is logged once and counted in
+    /// `flashsale_hold_sweeps_deferred_total`.
     pub async fn sweep_expired_holds(&self) -> Result<u64, StockError> {
         let ttl = i64::try_from(self.hold_ttl_ms).unwrap_or(i64::MAX);
         let cutoff = chrono::Utc::now().timestamp_millis().saturating_sub(ttl);
-        let mut total = 0;
+        let (mut total, mut deferred) = (0, Vec::new());
         for sku in db::all_skus(&self.db).await? {
-            total += self.settle_holds(&sku, cutoff).await?;
+            let settled = self.settle_holds(&sku, cutoff).await?;
+            total += settled.expired;
+            if settled.deferred {
+                deferred.push(sku);
+            }
+        }
+        if !deferred.is_empty() {
+            metrics::counter!("flashsale_hold_sweeps_deferred_total").increment(1);
+            tracing::warn!(
+                products = deferred.len(),
+                first = %deferred[0],
+                "hold sweep deferred: the order service cannot say whether expired holds' orders exist; none given away"
+            );
         }
         Ok(total)
     }
@@ -265,5 +412,30 @@ impl Reconciler {
             self.sweep_expired_holds()
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sweeper_gives_away_only_holds_whose_order_is_missing_or_cancelled() {
+        let (live, cancelled, missing) = (
+            uuid::Uuid::new_v4(),
+            uuid::Uuid::new_v4(),
+            uuid::Uuid::new_v4(),
+        );
+        let answer = Ok(HashMap::from([
+            (live, OrderState::Live),
+            (cancelled, OrderState::Cancelled),
+        ]));
+        assert_eq!(verdict(&answer, live), HoldVerdict::Keep);
+        assert_eq!(verdict(&answer, cancelled), HoldVerdict::Release);
+        assert_eq!(verdict(&answer, missing), HoldVerdict::Expire);
+        let down = Err(OrdersUnavailable("connection refused".into()));
+        for id in [live, cancelled, missing] {
+            assert_eq!(verdict(&down, id), HoldVerdict::Defer);
+        }
     }
 }

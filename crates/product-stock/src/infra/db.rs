@@ -171,6 +171,27 @@ pub async fn units_by_user<C: ConnectionTrait>(
     Ok(rows.into_iter().map(|r| (r.user_id, r.units)).collect())
 }
 
+/// The orders among `ids` that have a reservation row (in any state, tombstones included).
+pub async fn reservations_known<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+) -> Result<std::collections::HashSet<Uuid>, StockError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        order_id: Uuid,
+    }
+    if ids.is_empty() {
+        return Ok(Default::default());
+    }
+    let rows = Row::find_by_statement(stmt(
+        "SELECT order_id FROM reservations WHERE order_id = ANY($1)",
+        [ids.to_vec().into()],
+    ))
+    .all(c)
+    .await?;
+    Ok(rows.into_iter().map(|r| r.order_id).collect())
+}
+
 /// Appends a ledger entry.
 pub async fn ledger<C: ConnectionTrait>(
     c: &C,

@@ -48,8 +48,8 @@ pub use keys::{
     validate_sku,
 };
 pub use outcome::{
-    AdjustOutcome, GateBuyers, GateError, GateSnapshot, PendingHold, ReleaseOutcome, RepairOutcome,
-    ReserveOutcome,
+    AdjustOutcome, GateBuyers, GateError, GateSnapshot, LoadOutcome, PendingHold, RebuiltHold,
+    ReleaseOutcome, RepairOutcome, ReserveOutcome,
 };
 
 use keys::{REQUEST_ID_MAX_LEN, validate_amount, validate_prefix, validate_qty, validate_user};
@@ -421,19 +421,42 @@ impl RedisGate {
         available: i64,
         users: &[(String, i64)],
     ) -> Result<bool, GateError> {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        Ok(matches!(
+            self.load_with_holds(sku, available, users, &[], now_ms)
+                .await?,
+            LoadOutcome::Loaded { .. }
+        ))
+    }
+
+    /// [`load`](Self::load), with `holds`: orders acknowledged to their buyers whose
+    /// reservation the database does not have yet. Each comes back as a hold reserved at
+    /// `now_ms` (unless its record survived and moved on): its units leave `available`, its
+    /// buyer counts them, and `order.created` marks it persisted as usual.
+    pub async fn load_with_holds(
+        &self,
+        sku: &str,
+        available: i64,
+        users: &[(String, i64)],
+        holds: &[RebuiltHold],
+        now_ms: i64,
+    ) -> Result<LoadOutcome, GateError> {
         let k = self.keys(sku)?;
         validate_amount(available, "available must be 0..=2^53-1")?;
-        let mut args = Vec::with_capacity(1 + 2 * users.len());
+        validate_amount(now_ms, "now_ms must be 0..=2^53-1")?;
+        let listed: Vec<&(String, i64)> = users.iter().filter(|(_, units)| *units > 0).collect();
+        let mut args = Vec::with_capacity(4 + 2 * listed.len() + 3 * holds.len());
         args.push(available.to_string());
-        for (user, units) in users {
+        args.push(now_ms.to_string());
+        args.push(self.record_ttl_ms.clone());
+        args.push(listed.len().to_string());
+        for (user, units) in listed {
             validate_user(user)?;
             validate_amount(*units, "units per user must be 0..=2^53-1")?;
-            if *units > 0 {
-                args.push(user.clone());
-                args.push(units.to_string());
-            }
+            args.push(user.clone());
+            args.push(units.to_string());
         }
-        let keys = [
+        let mut keys = vec![
             k.avail(),
             k.held(),
             k.pending(),
@@ -441,8 +464,24 @@ impl RedisGate {
             k.epoch(),
             k.refills(),
         ];
-        let value = LOAD.run(&mut *self.conn().await?, &keys, &args).await?;
-        Ok(int(&value)? == 1)
+        for h in holds {
+            validate_user(&h.user_id)?;
+            validate_qty(h.qty)?;
+            keys.push(k.order(h.order_id));
+            args.push(h.order_id.hyphenated().to_string());
+            args.push(h.user_id.clone());
+            args.push(h.qty.to_string());
+        }
+        let r = Reply::new(LOAD.run(&mut *self.conn().await?, &keys, &args).await?)?;
+        match r.int(0)? {
+            1 => Ok(LoadOutcome::Loaded {
+                available: r.int(1)?,
+                held: r.int(2)?,
+                clamped: r.int(3)? == 1,
+            }),
+            0 => Ok(LoadOutcome::AlreadyLoaded),
+            other => Err(unknown_code("load", &other.to_string())),
+        }
     }
 
     /// Applies a restock (+) or write-off (−) once per `request_id`. A write-off never drives

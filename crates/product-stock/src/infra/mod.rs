@@ -1,4 +1,6 @@
-//! What the product-stock use cases call: the database and the Redis stock gate.
+//! What the product-stock use cases call: the database, the Redis stock gate and the order
+//! service.
 
 pub mod db;
 pub mod gate;
+pub mod orders;

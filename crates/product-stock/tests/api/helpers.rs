@@ -1,11 +1,25 @@
 //! `spawn_app`: product-stock in-process on free ports, with its own database, Redis key prefix,
-//! exchange and queues (which the broker deletes a minute after the test stops using them).
+//! exchange and queues (which the broker deletes a minute after the test stops using them), and
+//! a fake order service ([`FakeOrders`]) the sweeper and the gate rebuild ask about orders.
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use flashsale_messaging::{Broker, Publisher, envelope};
 use flashsale_platform::{auth::Role, failpoint::Failpoints, shutdown::Shutdown};
-use flashsale_product_stock::{config::Settings, infra::gate::RedisGate};
+use flashsale_product_stock::{
+    config::Settings,
+    infra::{
+        gate::RedisGate,
+        orders::{OrderPort, OrderState, OrdersUnavailable, PendingOrder},
+    },
+};
 use flashsale_proto::{
     events::v1::{Envelope, envelope::Payload},
     product::v1::{
@@ -20,6 +34,7 @@ use flashsale_test_support::{
 };
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tonic::transport::Channel;
+use uuid::Uuid;
 
 pub type Client = ProductStockServiceClient<Channel>;
 
@@ -33,6 +48,8 @@ pub struct TestApp {
     pub settings: Settings,
     pub gate: RedisGate,
     pub failpoints: Failpoints,
+    /// The fake order service this app asks (unused by [`spawn_with_order_client`]).
+    pub orders: Arc<FakeOrders>,
     publisher: Publisher,
     _broker: Broker,
 }
@@ -63,10 +80,34 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_with(settings: Settings, db: TestDatabase) -> TestApp {
+    let orders = Arc::new(FakeOrders::default());
+    let failpoints = Failpoints::default();
+    let app = flashsale_product_stock::startup::build_with_orders(
+        settings.clone(),
+        failpoints.clone(),
+        orders.clone(),
+    )
+    .await
+    .expect("build app");
+    finish(app, settings, db, failpoints, orders).await
+}
+
+/// product-stock with its real order-service client, at `settings.order_service.url`.
+pub async fn spawn_with_order_client(settings: Settings, db: TestDatabase) -> TestApp {
     let failpoints = Failpoints::default();
     let app = flashsale_product_stock::startup::build_with(settings.clone(), failpoints.clone())
         .await
         .expect("build app");
+    finish(app, settings, db, failpoints, Arc::default()).await
+}
+
+async fn finish(
+    app: flashsale_platform::app::Application,
+    settings: Settings,
+    db: TestDatabase,
+    failpoints: Failpoints,
+    orders: Arc<FakeOrders>,
+) -> TestApp {
     let (grpc_port, metrics_port, shutdown) = (app.grpc_port(), app.metrics_port(), app.shutdown());
     let task = tokio::spawn(app.run_until_stopped());
     let pool = flashsale_platform::redis::pool(&settings.redis).unwrap();
@@ -88,8 +129,78 @@ pub async fn spawn_with(settings: Settings, db: TestDatabase) -> TestApp {
         settings,
         gate,
         failpoints,
+        orders,
         publisher,
         _broker: broker,
+    }
+}
+
+/// What the fake order service knows of an order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FakeStatus {
+    Pending,
+    Paid,
+    Cancelled,
+}
+
+/// An in-memory order service: the orders put into it, or unreachable while `down`.
+#[derive(Default)]
+pub struct FakeOrders {
+    orders: Mutex<HashMap<Uuid, (String, PendingOrder, FakeStatus)>>,
+    down: AtomicBool,
+}
+
+impl FakeOrders {
+    pub fn put(&self, sku: &str, order_id: Uuid, user_id: &str, quantity: i64, status: FakeStatus) {
+        let order = PendingOrder {
+            order_id,
+            user_id: user_id.to_owned(),
+            quantity,
+        };
+        self.orders
+            .lock()
+            .unwrap()
+            .insert(order_id, (sku.to_owned(), order, status));
+    }
+
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    fn check(&self) -> Result<(), OrdersUnavailable> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(OrdersUnavailable("the fake order service is down".into()));
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl OrderPort for FakeOrders {
+    async fn lookup(&self, ids: &[Uuid]) -> Result<HashMap<Uuid, OrderState>, OrdersUnavailable> {
+        self.check()?;
+        let orders = self.orders.lock().unwrap();
+        Ok(ids
+            .iter()
+            .filter_map(|id| {
+                let (_, _, status) = orders.get(id)?;
+                let state = match status {
+                    FakeStatus::Cancelled => OrderState::Cancelled,
+                    _ => OrderState::Live,
+                };
+                Some((*id, state))
+            })
+            .collect())
+    }
+
+    async fn pending(&self, sku: &str) -> Result<Vec<PendingOrder>, OrdersUnavailable> {
+        self.check()?;
+        let orders = self.orders.lock().unwrap();
+        Ok(orders
+            .values()
+            .filter(|(s, _, status)| s == sku && *status == FakeStatus::Pending)
+            .map(|(_, o, _)| o.clone())
+            .collect())
     }
 }
 

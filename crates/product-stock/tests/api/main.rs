@@ -7,6 +7,7 @@ mod catalog;
 mod contract;
 mod foundation;
 mod helpers;
+mod holds;
 mod reconcile;
 mod reserve;
 mod saga;

@@ -107,6 +107,31 @@ impl RedisGate {
         Ok(holds)
     }
 
+    /// Puts `ids` back at the end of the sweep's queue, as if reserved at `now_ms`: holds the
+    /// sweeper keeps (their order exists) are asked about again one TTL later, and holds behind
+    /// them are reached. An id that left the queue meanwhile (persisted, released) stays out.
+    /// Returns how many were moved.
+    pub async fn touch_holds(
+        &self,
+        sku: &str,
+        ids: &[Uuid],
+        now_ms: i64,
+    ) -> Result<u64, GateError> {
+        let k = self.keys(sku)?;
+        validate_amount(now_ms, "now_ms must be 0..=2^53-1")?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(k.pending()).arg("XX").arg("CH");
+        for id in ids {
+            cmd.arg(now_ms).arg(id.hyphenated().to_string());
+        }
+        cmd.query_async(&mut *self.conn().await?)
+            .await
+            .map_err(redis_error)
+    }
+
     /// Sets `avail = db_available − held`, reading `held` inside the script so reservations
     /// may flow meanwhile; a negative result sets 0 and is reported as clamped.
     ///

@@ -113,3 +113,26 @@ pub struct PendingHold {
     pub qty: i64,
     pub reserved_at_ms: i64,
 }
+
+/// The answer to [`RedisGate::load_with_holds`](super::RedisGate::load_with_holds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadOutcome {
+    /// The gate was missing and is loaded: `available` units on sale, `held` units of orders
+    /// acknowledged but not yet persisted; `clamped` when those exceeded the database's figure
+    /// and the counter was set to 0.
+    Loaded {
+        available: i64,
+        held: i64,
+        clamped: bool,
+    },
+    /// Another replica loaded it first; nothing changed.
+    AlreadyLoaded,
+}
+
+/// An order to hold again when a gate is rebuilt: acknowledged to its buyer, not yet persisted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RebuiltHold {
+    pub order_id: Uuid,
+    pub user_id: String,
+    pub qty: i64,
+}
