@@ -47,6 +47,8 @@ pub struct Figures {
     pub converge_ms: u64,
     /// Quiescence was reached before the deadline.
     pub converged: bool,
+    /// What the figures are made of, for whoever investigates a failure.
+    pub notes: Vec<String>,
 }
 
 impl Figures {
@@ -90,8 +92,14 @@ impl Figures {
     /// The figures behind the verdict that the line leaves out.
     pub fn detail(&self, scenario: &str) -> String {
         format!(
-            "  detail {scenario}: units={} ack_net={} conservation={} parked={} poison={} converged={}",
-            self.units, self.ack_net, self.conservation, self.parked, self.poison, self.converged
+            "  detail {scenario}: units={} ack_net={} conservation={} parked={} poison={} converged={} {}",
+            self.units,
+            self.ack_net,
+            self.conservation,
+            self.parked,
+            self.poison,
+            self.converged,
+            self.notes.join(" ")
         )
     }
 }
@@ -153,9 +161,18 @@ pub async fn in_flight(s: &Stores) -> u64 {
             &outbound,
             "SELECT count(*) FROM shipments WHERE status = 'PICKING'",
         ),
-        (&order, "SELECT count(*) FROM outbox WHERE published_at IS NULL"),
-        (&product, "SELECT count(*) FROM outbox WHERE published_at IS NULL"),
-        (&outbound, "SELECT count(*) FROM outbox WHERE published_at IS NULL"),
+        (
+            &order,
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        ),
+        (
+            &product,
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        ),
+        (
+            &outbound,
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        ),
     ];
     for (db, sql) in queries {
         n += count(db, sql).await.unwrap_or(1);
@@ -240,6 +257,7 @@ pub async fn figures(s: &Stores, seen: &Seen, units: i64) -> anyhow::Result<Figu
     let mut present = HashSet::new();
     let mut released_by_buyer = 0u64;
     let mut shipped_orders = 0i64;
+    let mut ack_reasons: std::collections::BTreeMap<String, u64> = Default::default();
     for r in &rows {
         let id: Uuid = r.try_get("order_id")?;
         let status: String = r.try_get("status")?;
@@ -253,6 +271,9 @@ pub async fn figures(s: &Stores, seen: &Seen, units: i64) -> anyhow::Result<Figu
             shipped_orders += qty;
         }
         if seen.acknowledged.contains_key(&id) {
+            *ack_reasons
+                .entry(reason.clone().unwrap_or_else(|| status.clone()))
+                .or_default() += 1;
             match reason.as_deref() {
                 Some("OUT_OF_STOCK" | "HOLD_EXPIRED") => f.ack_cancelled_for_stock += 1,
                 Some("USER_CANCELLED" | "PAYMENT_TIMEOUT") => released_by_buyer += 1,
@@ -260,6 +281,8 @@ pub async fn figures(s: &Stores, seen: &Seen, units: i64) -> anyhow::Result<Figu
             }
         }
     }
+    f.notes
+        .push(format!("acknowledged_by_outcome={ack_reasons:?}").replace(' ', ""));
     f.ack_net = f.acknowledged.saturating_sub(released_by_buyer);
     f.oversold += u64::try_from(live_units - units).unwrap_or(0);
     f.lost += seen
@@ -352,22 +375,46 @@ pub async fn figures(s: &Stores, seen: &Seen, units: i64) -> anyhow::Result<Figu
     .fetch_one(&outbound)
     .await
     .context("sum shipments")?;
-    f.conservation += (units - on_hand - committed).unsigned_abs();
-    f.conservation += (reserved - live).unsigned_abs();
-    f.conservation += (shipped_orders - committed).unsigned_abs();
-    f.conservation += (shipped_shipments - committed).unsigned_abs();
     // Cancelled orders whose units the stock still holds.
-    let cancelled: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT order_id FROM orders WHERE status = 'CANCELLED'",
+    let cancelled: Vec<Uuid> =
+        sqlx::query_scalar("SELECT order_id FROM orders WHERE status = 'CANCELLED'")
+            .fetch_all(&order)
+            .await?;
+    let held_for_cancelled: Vec<(Uuid, String, i64)> = sqlx::query_as(
+        "SELECT order_id, state, quantity FROM reservations \
+         WHERE order_id = ANY($1) AND state <> 'RELEASED'",
     )
-    .fetch_all(&order)
-    .await?;
-    f.conservation += count_bind(
-        &product,
-        "SELECT count(*) FROM reservations WHERE order_id = ANY($1) AND state <> 'RELEASED'",
-        &cancelled,
-    )
-    .await?;
+    .bind(&cancelled)
+    .fetch_all(&product)
+    .await
+    .context("read reservations of cancelled orders")?;
+    let parts = [
+        (units - on_hand - committed).unsigned_abs(),
+        (reserved - live).unsigned_abs(),
+        (shipped_orders - committed).unsigned_abs(),
+        (shipped_shipments - committed).unsigned_abs(),
+        held_for_cancelled.len() as u64,
+    ];
+    f.conservation = parts.iter().sum();
+    f.notes.push(format!(
+        "stock(on_hand={on_hand},reserved={reserved},committed={committed},live={live},\
+         shipped_orders={shipped_orders},shipped_shipments={shipped_shipments})"
+    ));
+    if f.conservation > 0 {
+        f.notes.push(
+            format!(
+                "conservation_parts(initial,reserved,orders,shipments,cancelled_held)={parts:?}"
+            )
+            .replace(' ', ""),
+        );
+        for (id, state, qty) in held_for_cancelled.iter().take(5) {
+            f.notes
+                .push(format!("cancelled_order_still_held={id}:{state}:{qty}"));
+        }
+        if let Some((id, _, _)) = held_for_cancelled.first() {
+            f.notes.push(history(&order, &product, *id).await);
+        }
+    }
 
     // The gate against the database (RESERVE_THEN_COMMIT: avail + held = on_hand − reserved).
     if let Ok(g) = gate(s).await
@@ -388,4 +435,34 @@ async fn count_bind(db: &PgPool, sql: &'static str, ids: &[Uuid]) -> anyhow::Res
         .await
         .with_context(|| sql.to_owned())?;
     Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// The order's transitions and the stock's movements for it, oldest first, as one token.
+async fn history(order: &PgPool, product: &PgPool, id: Uuid) -> String {
+    let steps: Vec<(Option<String>, String, String, String)> = sqlx::query_as(
+        "SELECT from_status, to_status, reason, to_char(at, 'HH24:MI:SS.MS') \
+         FROM order_status_history WHERE order_id = $1 ORDER BY id",
+    )
+    .bind(id)
+    .fetch_all(order)
+    .await
+    .unwrap_or_default();
+    let moves: Vec<(String, i64, String)> = sqlx::query_as(
+        "SELECT kind, reserved_delta, to_char(created_at, 'HH24:MI:SS.MS') FROM stock_ledger \
+         WHERE cause = $1 ORDER BY id",
+    )
+    .bind(id.to_string())
+    .fetch_all(product)
+    .await
+    .unwrap_or_default();
+    let res: Option<(String, String, String, String)> = sqlx::query_as(
+        "SELECT state, cause, to_char(created_at, 'HH24:MI:SS.MS'), \
+         to_char(updated_at, 'HH24:MI:SS.MS') FROM reservations WHERE order_id = $1",
+    )
+    .bind(id)
+    .fetch_optional(product)
+    .await
+    .ok()
+    .flatten();
+    format!("history({id})=orders:{steps:?};ledger:{moves:?};reservation:{res:?}").replace(' ', "")
 }

@@ -276,7 +276,13 @@ async fn get(c: &Clients, user: &str, id: &str) -> Option<Order> {
             },
         )
         .ok()?;
-    c.order.clone().get_order(req).await.ok()?.into_inner().order
+    c.order
+        .clone()
+        .get_order(req)
+        .await
+        .ok()?
+        .into_inner()
+        .order
 }
 
 fn terminal(o: &Order) -> bool {

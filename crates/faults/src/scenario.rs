@@ -33,9 +33,12 @@ pub const ALL: &[&str] = &[
     "duplicate_and_poison_messages",
 ];
 
-/// How long a gate hold may wait for its order to be persisted (short, so a broker outage
-/// outlasts it).
-const HOLD_TTL_MS: u64 = 3000;
+/// How long a gate hold may wait for its order to be persisted when a scenario wants a broker
+/// outage to outlast it.
+const SHORT_HOLD_TTL: Duration = Duration::from_secs(3);
+/// The hold TTL of the other scenarios: well above any fault they inject (the default is five
+/// minutes), so a hold expires only where the scenario means it to.
+const HOLD_TTL: Duration = Duration::from_secs(30);
 /// A buyer's time to pay.
 const PAYMENT_TIMEOUT_MS: u64 = 4000;
 /// Longest wait for quiescence after the load and the fault are over.
@@ -47,6 +50,8 @@ pub struct Size {
     pub buyers: u32,
     pub units: i64,
     pub flood: Duration,
+    /// product-stock's `stock.hold_ttl_ms`.
+    pub hold_ttl: Duration,
 }
 
 impl Default for Size {
@@ -55,6 +60,7 @@ impl Default for Size {
             buyers: 300,
             units: 100,
             flood: Duration::from_secs(6),
+            hold_ttl: HOLD_TTL,
         }
     }
 }
@@ -65,7 +71,9 @@ pub struct SharedBroker(pub Arc<tokio::sync::Mutex<Rabbit>>);
 
 impl SharedBroker {
     pub async fn start() -> anyhow::Result<Self> {
-        Ok(Self(Arc::new(tokio::sync::Mutex::new(Rabbit::start().await?))))
+        Ok(Self(Arc::new(tokio::sync::Mutex::new(
+            Rabbit::start().await?,
+        ))))
     }
 }
 
@@ -140,7 +148,10 @@ impl World {
         ps.extend([
             ("REDIS__URL".into(), redis.url()),
             ("REDIS__KEY_PREFIX".into(), gate_prefix.clone()),
-            ("STOCK__HOLD_TTL_MS".into(), HOLD_TTL_MS.to_string()),
+            (
+                "STOCK__HOLD_TTL_MS".into(),
+                size.hold_ttl.as_millis().to_string(),
+            ),
             ("STOCK__SWEEP_INTERVAL_MS".into(), "500".into()),
         ]);
         let mut product_stock = Service::new(Kind::ProductStock, &dir.0, &ps)?;
@@ -214,11 +225,7 @@ impl World {
     /// Restarts (without failpoints) every service whose process has ended.
     pub async fn revive(&mut self) -> anyhow::Result<u32> {
         let mut n = 0;
-        for s in [
-            &mut self.product_stock,
-            &mut self.order,
-            &mut self.outbound,
-        ] {
+        for s in [&mut self.product_stock, &mut self.order, &mut self.outbound] {
             if s.exited() {
                 s.start(None).await?;
                 n += 1;
@@ -294,6 +301,7 @@ fn plan(name: &str) -> Option<Plan> {
             at: Duration::from_millis(1000),
             size: Size {
                 flood: Duration::from_secs(8),
+                hold_ttl: SHORT_HOLD_TTL,
                 ..Size::default()
             },
             ..base(|w| Box::pin(broker_down(w)))
@@ -353,11 +361,7 @@ fn plan(name: &str) -> Option<Plan> {
 }
 
 /// Runs one scenario; prints its figures line (and the detail line) and returns the figures.
-pub async fn run(
-    name: &str,
-    seed: u64,
-    broker: Option<&SharedBroker>,
-) -> anyhow::Result<Figures> {
+pub async fn run(name: &str, seed: u64, broker: Option<&SharedBroker>) -> anyhow::Result<Figures> {
     let p = plan(name).ok_or_else(|| {
         anyhow::anyhow!("no scenario `{name}`; the scenarios: {}", ALL.join(", "))
     })?;
@@ -421,7 +425,7 @@ async fn broker_down(w: &mut World) -> anyhow::Result<u64> {
     };
     b.stop(false);
     // Longer than the hold TTL: orders keep being accepted meanwhile.
-    tokio::time::sleep(Duration::from_millis(HOLD_TTL_MS * 3 + 1000)).await;
+    tokio::time::sleep(SHORT_HOLD_TTL * 3 + Duration::from_secs(1)).await;
     b.start_again().await?;
     Ok(0)
 }

@@ -153,9 +153,11 @@ impl Postgres {
 
     /// Starts the server on its data directory (after [`Postgres::crash`]).
     pub async fn start_again(&mut self) -> anyhow::Result<()> {
+        // synchronous_commit stays on: with it off an immediate stop loses commits the services
+        // were told are durable, a loss the suite would then wrongly blame on them.
         let opts = format!(
-            "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off -c synchronous_commit=off \
-             -c full_page_writes=off -c max_connections=200",
+            "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off -c full_page_writes=off \
+             -c max_connections=200",
             self.port,
             self.dir.0.display()
         );

@@ -234,5 +234,6 @@ async fn serving(url: &str) -> bool {
     else {
         return false;
     };
-    resp.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    resp.into_inner().status
+        == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
 }

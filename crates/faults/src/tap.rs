@@ -60,7 +60,12 @@ impl Tap {
     pub fn duplicates(&self) -> u64 {
         self.book
             .lock()
-            .map(|b| b.count.values().map(|&n| u64::from(n.saturating_sub(1))).sum())
+            .map(|b| {
+                b.count
+                    .values()
+                    .map(|&n| u64::from(n.saturating_sub(1)))
+                    .sum()
+            })
             .unwrap_or(0)
     }
 
@@ -85,12 +90,7 @@ impl Drop for Tap {
     }
 }
 
-async fn consume(
-    url: &str,
-    exchange: &str,
-    queue: &str,
-    book: &Mutex<Book>,
-) -> anyhow::Result<()> {
+async fn consume(url: &str, exchange: &str, queue: &str, book: &Mutex<Book>) -> anyhow::Result<()> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
     declare_exchange(&ch, exchange).await?;

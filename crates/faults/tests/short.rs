@@ -16,5 +16,9 @@ async fn order_sigkill_and_network_cut_keep_every_promise() {
             failed.push(f.line(name));
         }
     }
-    assert!(failed.is_empty(), "scenarios failed:\n{}", failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "scenarios failed:\n{}",
+        failed.join("\n")
+    );
 }
