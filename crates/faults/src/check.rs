@@ -116,13 +116,28 @@ pub struct Stores {
     pub sku: String,
 }
 
-/// The work queues of the three services (without the prefix).
+/// The consumers of the three services (their work queues without the prefix).
 const WORK_QUEUES: [&str; 4] = [
     "order.saga-events",
     "product-stock.order-events",
     "product-stock.stock-adjusted",
     "outbound.paid-orders",
 ];
+
+/// The services' retry settings (`amqp.max_attempts`, `amqp.retry_base_ms`) in the scenarios.
+pub const MAX_ATTEMPTS: u32 = 5;
+pub const RETRY_BASE_MS: u64 = 100;
+
+/// A consumer's queues as the services name them: work queue, retry queues, parking lot.
+fn topology(prefix: &str, name: &str) -> flashsale_messaging::QueueTopology {
+    let config = flashsale_messaging::AmqpConfig {
+        queue_prefix: prefix.to_owned(),
+        max_attempts: MAX_ATTEMPTS,
+        retry_base_ms: RETRY_BASE_MS,
+        ..flashsale_messaging::AmqpConfig::default()
+    };
+    flashsale_messaging::QueueTopology::new(&config, name, &[])
+}
 
 async fn pool(url: &str) -> anyhow::Result<PgPool> {
     PgPoolOptions::new()
@@ -185,18 +200,19 @@ pub async fn in_flight(s: &Stores) -> u64 {
     n
 }
 
-/// Messages ready in the work queues.
+/// Messages ready in the work queues and waiting in their retry queues.
 async fn queued(s: &Stores) -> anyhow::Result<u64> {
     let conn = lapin::Connection::connect(&s.amqp_url, lapin::ConnectionProperties::default())
         .await
         .context("connect to the broker")?;
     let mut n = 0;
     for q in WORK_QUEUES {
-        n += u64::from(
-            crate::tap::depth(&conn, &format!("{}{q}", s.queue_prefix))
-                .await
-                .unwrap_or(0),
-        );
+        let t = topology(&s.queue_prefix, q);
+        let names = std::iter::once(t.queue().to_owned())
+            .chain((1..=t.retries()).map(|i| t.retry_queue(i)));
+        for name in names {
+            n += u64::from(crate::tap::depth(&conn, &name).await.unwrap_or(0));
+        }
     }
     let _ = conn.close(200, "ok".into()).await;
     Ok(n)
@@ -209,11 +225,8 @@ async fn parked_in_queues(s: &Stores) -> anyhow::Result<u64> {
         .context("connect to the broker")?;
     let mut n = 0;
     for q in WORK_QUEUES {
-        n += u64::from(
-            crate::tap::depth(&conn, &format!("{}{q}.dlq", s.queue_prefix))
-                .await
-                .unwrap_or(0),
-        );
+        let dlq = topology(&s.queue_prefix, q).dead_letter_queue();
+        n += u64::from(crate::tap::depth(&conn, &dlq).await.unwrap_or(0));
     }
     let _ = conn.close(200, "ok".into()).await;
     Ok(n)

@@ -140,7 +140,11 @@ impl World {
                 ("AMQP__EXCHANGE".into(), exchange.clone()),
                 ("AMQP__QUEUE_PREFIX".into(), queue_prefix.clone()),
                 ("AMQP__QUEUE_TYPE".into(), "classic".into()),
-                ("AMQP__RETRY_BASE_MS".into(), "100".into()),
+                (
+                    "AMQP__RETRY_BASE_MS".into(),
+                    check::RETRY_BASE_MS.to_string(),
+                ),
+                ("AMQP__MAX_ATTEMPTS".into(), check::MAX_ATTEMPTS.to_string()),
                 ("TELEMETRY__LOG_FORMAT".into(), "json".into()),
             ]
         };
@@ -250,10 +254,19 @@ async fn quiesce(w: &mut World, from: Instant) -> (bool, u64) {
     loop {
         let _ = w.revive().await;
         if check::in_flight(&w.stores).await == 0 {
-            // Twice in a row, a moment apart: a message between two stores is not counted once.
-            tokio::time::sleep(Duration::from_millis(700)).await;
-            if check::in_flight(&w.stores).await == 0 {
-                return (true, from.elapsed().as_millis() as u64);
+            let at = from.elapsed().as_millis() as u64;
+            // Still nothing over the next seconds: a message a consumer holds unacknowledged
+            // is in no store the suite can count, so quiet must last past its handling.
+            let mut quiet = true;
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                if check::in_flight(&w.stores).await != 0 {
+                    quiet = false;
+                    break;
+                }
+            }
+            if quiet {
+                return (true, at);
             }
         }
         if Instant::now() >= deadline {
