@@ -37,15 +37,26 @@ async fn main() -> ExitCode {
         }
     };
     let mut failed = Vec::new();
-    for name in names {
-        eprintln!("== {name}");
-        match scenario::run(name, args.seed, Some(&broker)).await {
-            Ok(f) if f.pass() => {}
-            Ok(_) => failed.push(name.to_owned()),
-            Err(e) => {
-                println!("scenario={name} result=ERROR error={e:#}");
-                failed.push(name.to_owned());
+    let all = async {
+        for name in names {
+            eprintln!("== {name}");
+            match scenario::run(name, args.seed, Some(&broker)).await {
+                Ok(f) if f.pass() => {}
+                Ok(_) => failed.push(name.to_owned()),
+                Err(e) => {
+                    println!("scenario={name} result=ERROR error={e:#}");
+                    failed.push(name.to_owned());
+                }
             }
+        }
+    };
+    // On Ctrl-C or SIGTERM the running scenario is dropped, and with it every server and
+    // service it started (they run in process groups of their own and would outlive us).
+    tokio::select! {
+        () = all => {}
+        () = interrupted() => {
+            eprintln!("interrupted: servers and services stopped");
+            return ExitCode::from(130);
         }
     }
     if failed.is_empty() {
@@ -53,5 +64,20 @@ async fn main() -> ExitCode {
     } else {
         eprintln!("failed: {}", failed.join(", "));
         ExitCode::FAILURE
+    }
+}
+
+async fn interrupted() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
     }
 }
