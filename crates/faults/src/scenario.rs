@@ -17,6 +17,7 @@ use crate::{
 
 /// Every scenario, in the order the suite runs them.
 pub const ALL: &[&str] = &[
+    "baseline",
     "order_sigkill",
     "redis_restart_empty",
     "broker_down_past_hold_ttl",
@@ -307,6 +308,7 @@ fn plan(name: &str) -> Option<Plan> {
         ..base(inject)
     };
     Some(match name {
+        "baseline" => base(|_| Box::pin(async { Ok(0) })),
         "order_sigkill" => base(|w| Box::pin(order_sigkill(w))),
         "redis_restart_empty" => base(|w| Box::pin(redis_restart_empty(w))),
         "broker_down_past_hold_ttl" => Plan {
