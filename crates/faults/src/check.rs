@@ -306,9 +306,8 @@ pub async fn figures(s: &Stores, seen: &Seen, units: i64) -> anyhow::Result<Figu
     let paid: Vec<Uuid> = seen.paid.iter().copied().collect();
     f.lost += count_bind(
         &order,
-        "SELECT count(*) FROM orders o WHERE o.order_id = ANY($1) AND o.status <> 'SHIPPED' \
-         AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.order_id = o.order_id) \
-         AND o.status IN ('CANCELLED')",
+        "SELECT count(*) FROM orders o WHERE o.order_id = ANY($1) AND o.status = 'CANCELLED' \
+         AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.order_id = o.order_id)",
         &paid,
     )
     .await?;

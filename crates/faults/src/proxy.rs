@@ -1,6 +1,6 @@
 //! A TCP proxy between a service and a server it calls, so a scenario can cut the network
-//! without touching either process: pass bytes through, delay them, swallow them (blackhole), or
-//! reset every connection.
+//! without touching either process: pass bytes through, delay them, hold them back (blackhole),
+//! or drop every connection.
 
 use std::{
     sync::{Arc, Mutex},
@@ -24,7 +24,7 @@ pub enum Mode {
     Delay(Duration),
     /// Connections are accepted (and open ones kept) but no byte goes through either way.
     Blackhole,
-    /// Open connections are reset and new ones are reset at once.
+    /// Open connections are closed and new ones are reset (RST) at once.
     Reset,
 }
 

@@ -205,9 +205,6 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
-        // A stopped process ignores SIGKILL's delivery order no more than any other, but a
-        // SIGCONT first keeps it from lingering in the stopped state on some kernels.
-        self.resume();
         if let Some(c) = self.child.as_mut() {
             let _ = c.start_kill();
         }
