@@ -14,18 +14,19 @@ SCRIPT="faults"
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
+BINS=""
+
 main() {
     log "cargo build --workspace --bins"
     cargo build --workspace --bins
     local target="${CARGO_TARGET_DIR:-target}"
     # A private copy of the binaries: another build in a shared target directory cannot
     # replace them while the scenarios run.
-    local bins
-    bins="$(mktemp -d "${TMPDIR:-/tmp}/fs_faults_bins.XXXXXX")"
-    trap 'rm -rf "$bins"' EXIT
-    cp "$target"/debug/flashsale-{product-stock,order,outbound,faults} "$bins"/
+    BINS="$(mktemp -d "${TMPDIR:-/tmp}/fs_faults_bins.XXXXXX")"
+    trap 'rm -rf "$BINS"' EXIT
+    cp "$target"/debug/flashsale-{product-stock,order,outbound,faults} "$BINS"/
     log "flashsale-faults ${*:---scenario all}"
-    FLASHSALE_FAULTS_BIN_DIR="$bins" "$bins/flashsale-faults" "$@"
+    FLASHSALE_FAULTS_BIN_DIR="$BINS" "$BINS/flashsale-faults" "$@"
 }
 
 main "$@"
