@@ -1,0 +1,536 @@
+//! A scenario's world — private PostgreSQL and Redis, a broker, the three services, a tap on the
+//! exchange — and the scenarios themselves: drive a sale, inject one fault mid-flood, recover,
+//! wait for quiescence, then read every store and print one line of figures.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::time::Instant;
+
+use crate::{
+    check::{self, Figures, Stores},
+    driver::{self, Clients, Sale},
+    proxy::{Mode, Proxy},
+    servers::{Postgres, Rabbit, Redis, TempDir},
+    services::{Kind, Service},
+    tap::{self, Tap},
+};
+
+/// Every scenario, in the order the suite runs them.
+pub const ALL: &[&str] = &[
+    "baseline",
+    "order_sigkill",
+    "redis_restart_empty",
+    "broker_down_past_hold_ttl",
+    "pg_terminate_backends",
+    "pg_restart",
+    "fp_order_before_write",
+    "fp_relay_after_publish",
+    "fp_relay_before_mark",
+    "fp_stock_consumer_before_commit",
+    "fp_stock_consumer_after_commit",
+    "fp_outbound_consumer_after_commit",
+    "net_cut_order_to_stock",
+    "sigstop_product_stock",
+    "duplicate_and_poison_messages",
+];
+
+/// How long a gate hold may wait for its order to be persisted when a scenario wants a broker
+/// outage to outlast it.
+const SHORT_HOLD_TTL: Duration = Duration::from_secs(3);
+/// The hold TTL of the other scenarios: well above any fault they inject (the default is five
+/// minutes), so a hold expires only where the scenario means it to.
+const HOLD_TTL: Duration = Duration::from_secs(30);
+/// A buyer's time to pay.
+const PAYMENT_TIMEOUT_MS: u64 = 4000;
+/// Longest wait for quiescence after the load and the fault are over.
+const QUIESCE_FOR: Duration = Duration::from_secs(90);
+
+/// The size of one scenario's sale.
+#[derive(Clone, Copy, Debug)]
+pub struct Size {
+    pub buyers: u32,
+    pub units: i64,
+    pub flood: Duration,
+    /// product-stock's `stock.hold_ttl_ms`.
+    pub hold_ttl: Duration,
+}
+
+impl Default for Size {
+    fn default() -> Self {
+        Self {
+            buyers: 300,
+            units: 100,
+            flood: Duration::from_secs(6),
+            hold_ttl: HOLD_TTL,
+        }
+    }
+}
+
+/// A broker several scenarios share (starting a node takes seconds); scenarios that stop the
+/// broker start one of their own.
+pub struct SharedBroker(pub Arc<tokio::sync::Mutex<Rabbit>>);
+
+impl SharedBroker {
+    pub async fn start() -> anyhow::Result<Self> {
+        Ok(Self(Arc::new(tokio::sync::Mutex::new(
+            Rabbit::start().await?,
+        ))))
+    }
+}
+
+/// Everything one scenario runs on. Dropping it stops every process and removes every file.
+pub struct World {
+    pub name: String,
+    pub pg: Postgres,
+    pub redis: Redis,
+    /// A broker of the scenario's own (when it stops the broker).
+    pub own_broker: Option<Rabbit>,
+    pub amqp_url: String,
+    pub exchange: String,
+    pub product_stock: Service,
+    pub order: Service,
+    pub outbound: Service,
+    /// Between order and product-stock.
+    pub proxy: Proxy,
+    pub tap: Tap,
+    pub stores: Stores,
+    pub sale: Sale,
+    _dir: TempDir,
+}
+
+/// Failpoints per service at their first start.
+#[derive(Default, Clone)]
+pub struct Failpoints {
+    pub product_stock: Option<String>,
+    pub order: Option<String>,
+    pub outbound: Option<String>,
+}
+
+impl World {
+    pub async fn start(
+        name: &str,
+        seed: u64,
+        size: Size,
+        broker: Option<&SharedBroker>,
+        fp: Failpoints,
+    ) -> anyhow::Result<Self> {
+        let dir = TempDir::new("fs_faults")?;
+        let pg = Postgres::start().await?;
+        let redis = Redis::start().await?;
+        let (own_broker, amqp_url) = match broker {
+            Some(b) => (None, b.0.lock().await.url()),
+            None => {
+                let r = Rabbit::start().await?;
+                let url = r.url();
+                (Some(r), url)
+            }
+        };
+        let tag = flashsale_test_support::unique_name("f");
+        let exchange = format!("fs_faults.{tag}");
+        let queue_prefix = format!("{tag}.");
+        let gate_prefix = format!("{tag}:");
+        let tap = Tap::start(amqp_url.clone(), exchange.clone(), format!("{tag}.tap"));
+        // Wait for the tap to declare the exchange and bind, so it sees the first message.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let common = |db: &str| -> Vec<(String, String)> {
+            vec![
+                ("DATABASE__URL".into(), pg.url(db)),
+                ("DATABASE__MAX_CONNECTIONS".into(), "8".into()),
+                ("AMQP__URL".into(), amqp_url.clone()),
+                ("AMQP__EXCHANGE".into(), exchange.clone()),
+                ("AMQP__QUEUE_PREFIX".into(), queue_prefix.clone()),
+                ("AMQP__QUEUE_TYPE".into(), "classic".into()),
+                (
+                    "AMQP__RETRY_BASE_MS".into(),
+                    check::RETRY_BASE_MS.to_string(),
+                ),
+                ("AMQP__MAX_ATTEMPTS".into(), check::MAX_ATTEMPTS.to_string()),
+                ("TELEMETRY__LOG_FORMAT".into(), "json".into()),
+            ]
+        };
+        let mut ps = common("fs_product");
+        ps.extend([
+            ("REDIS__URL".into(), redis.url()),
+            ("REDIS__KEY_PREFIX".into(), gate_prefix.clone()),
+            (
+                "STOCK__HOLD_TTL_MS".into(),
+                size.hold_ttl.as_millis().to_string(),
+            ),
+            ("STOCK__SWEEP_INTERVAL_MS".into(), "500".into()),
+        ]);
+        let mut product_stock = Service::new(Kind::ProductStock, &dir.0, &ps)?;
+        product_stock.start(fp.product_stock.as_deref()).await?;
+        let proxy = Proxy::start(product_stock.port).await?;
+
+        let mut os = common("fs_orders");
+        os.extend([
+            ("UPSTREAM__PRODUCT_STOCK_URL".into(), proxy.url()),
+            (
+                "SAGA__PAYMENT_TIMEOUT_MS".into(),
+                PAYMENT_TIMEOUT_MS.to_string(),
+            ),
+            ("SAGA__SWEEP_INTERVAL_MS".into(), "500".into()),
+            ("SAGA__STOCK_CALL_TIMEOUT_MS".into(), "1000".into()),
+        ]);
+        let mut order = Service::new(Kind::Order, &dir.0, &os)?;
+        order.start(fp.order.as_deref()).await?;
+
+        let mut ob = common("fs_outbound");
+        ob.extend([
+            ("UPSTREAM__PRODUCT_STOCK_URL".into(), product_stock.url()),
+            ("SHIPPING__STUCK_AFTER_MS".into(), "5000".into()),
+            ("SHIPPING__SWEEP_INTERVAL_MS".into(), "1000".into()),
+            ("SHIPPING__COMMIT_TIMEOUT_MS".into(), "1000".into()),
+        ]);
+        let mut outbound = Service::new(Kind::Outbound, &dir.0, &ob)?;
+        outbound.start(fp.outbound.as_deref()).await?;
+
+        let sku = format!("FAULT-{}", &tag[2..]);
+        let stores = Stores {
+            product_db: pg.url("fs_product"),
+            order_db: pg.url("fs_orders"),
+            outbound_db: pg.url("fs_outbound"),
+            redis_url: redis.url(),
+            gate_prefix,
+            amqp_url: amqp_url.clone(),
+            queue_prefix,
+            sku: sku.clone(),
+        };
+        let sale = Sale {
+            sku,
+            units: size.units,
+            buyers: size.buyers,
+            concurrency: 64,
+            flood: size.flood,
+            seed,
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            pg,
+            redis,
+            own_broker,
+            amqp_url,
+            exchange,
+            product_stock,
+            order,
+            outbound,
+            proxy,
+            tap,
+            stores,
+            sale,
+            _dir: dir,
+        })
+    }
+
+    pub fn clients(&self) -> anyhow::Result<Clients> {
+        Clients::new(&self.order.url(), &self.product_stock.url())
+    }
+
+    /// Restarts (without failpoints) every service whose process has ended.
+    pub async fn revive(&mut self) -> anyhow::Result<u32> {
+        let mut n = 0;
+        for s in [&mut self.product_stock, &mut self.order, &mut self.outbound] {
+            if s.exited() {
+                s.start(None).await?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    pub fn logs(&self) -> String {
+        [&self.product_stock, &self.order, &self.outbound]
+            .iter()
+            .map(|s| format!("--- {} ---\n{}", s.kind.name(), s.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Waits until nothing is in flight (or the deadline), restarting services a failpoint ended.
+/// Returns (converged, ms from `from`).
+async fn quiesce(w: &mut World, from: Instant) -> (bool, u64) {
+    let deadline = Instant::now() + QUIESCE_FOR;
+    loop {
+        let _ = w.revive().await;
+        if check::in_flight(&w.stores).await == 0 {
+            let at = from.elapsed().as_millis() as u64;
+            // Still nothing over the next seconds: a message a consumer holds unacknowledged
+            // is in no store the suite can count, so quiet must last past its handling.
+            let mut quiet = true;
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                if check::in_flight(&w.stores).await != 0 {
+                    quiet = false;
+                    break;
+                }
+            }
+            if quiet {
+                return (true, at);
+            }
+        }
+        if Instant::now() >= deadline {
+            return (false, from.elapsed().as_millis() as u64);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// What a scenario does to the world while the sale runs; returns when the fault is over
+/// (the point from which convergence is timed).
+type Inject = for<'a> fn(
+    &'a mut World,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = anyhow::Result<u64>> + Send + 'a>,
+>;
+
+struct Plan {
+    size: Size,
+    own_broker: bool,
+    failpoints: Failpoints,
+    /// Delay after the flood starts before the fault.
+    at: Duration,
+    inject: Inject,
+}
+
+fn plan(name: &str) -> Option<Plan> {
+    let base = |inject: Inject| Plan {
+        size: Size::default(),
+        own_broker: false,
+        failpoints: Failpoints::default(),
+        at: Duration::from_millis(1500),
+        inject,
+    };
+    let fp = |inject: Inject, f: Failpoints| Plan {
+        failpoints: f,
+        at: Duration::ZERO,
+        ..base(inject)
+    };
+    Some(match name {
+        "baseline" => base(|_| Box::pin(async { Ok(0) })),
+        "order_sigkill" => base(|w| Box::pin(order_sigkill(w))),
+        "redis_restart_empty" => base(|w| Box::pin(redis_restart_empty(w))),
+        "broker_down_past_hold_ttl" => Plan {
+            own_broker: true,
+            at: Duration::from_millis(1000),
+            size: Size {
+                flood: Duration::from_secs(8),
+                hold_ttl: SHORT_HOLD_TTL,
+                ..Size::default()
+            },
+            ..base(|w| Box::pin(broker_down(w)))
+        },
+        "pg_terminate_backends" => base(|w| Box::pin(pg_terminate(w))),
+        "pg_restart" => base(|w| Box::pin(pg_restart(w))),
+        "fp_order_before_write" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                order: Some("order.create.before_write=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_relay_after_publish" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                order: Some("outbox.relay.after_publish=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_relay_before_mark" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                product_stock: Some("outbox.relay.before_mark=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_stock_consumer_before_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                product_stock: Some("stock.order_created.before_commit=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_stock_consumer_after_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                product_stock: Some("consumer.after_handle_before_ack=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_outbound_consumer_after_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                outbound: Some("consumer.after_handle_before_ack=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "net_cut_order_to_stock" => base(|w| Box::pin(net_cut(w))),
+        "sigstop_product_stock" => base(|w| Box::pin(sigstop(w))),
+        "duplicate_and_poison_messages" => Plan {
+            at: Duration::from_millis(4000),
+            ..base(|w| Box::pin(duplicates_and_poison(w)))
+        },
+        _ => return None,
+    })
+}
+
+/// Runs one scenario; prints its figures line (and the detail line) and returns the figures.
+pub async fn run(name: &str, seed: u64, broker: Option<&SharedBroker>) -> anyhow::Result<Figures> {
+    let p = plan(name).ok_or_else(|| {
+        anyhow::anyhow!("no scenario `{name}`; the scenarios: {}", ALL.join(", "))
+    })?;
+    let started = Instant::now();
+    let broker = if p.own_broker { None } else { broker };
+    let mut w = World::start(name, seed, p.size, broker, p.failpoints.clone()).await?;
+    let clients = w.clients()?;
+    driver::create_product(&clients, &w.sale.sku, w.sale.units).await?;
+    let sale = tokio::spawn(driver::run(clients, w.sale.clone()));
+    tokio::time::sleep(p.at).await;
+    let poison = (p.inject)(&mut w).await?;
+    let fault_over = Instant::now();
+    // The load is bounded by its own deadlines; this one only guards against a wedge.
+    let seen = match tokio::time::timeout(Duration::from_secs(180), sale).await {
+        Ok(Ok(seen)) => seen,
+        Ok(Err(e)) => anyhow::bail!("the sale driver failed: {e}"),
+        Err(_) => anyhow::bail!("the sale driver did not end within 180 s"),
+    };
+    let (converged, converge_ms) = quiesce(&mut w, fault_over).await;
+    let mut f = check::figures(&w.stores, &seen, w.sale.units).await?;
+    f.dup_delivered = w.tap.duplicates();
+    f.poison = poison;
+    f.converged = converged;
+    f.converge_ms = converge_ms;
+    println!("{}", f.line(name));
+    println!("{}", f.detail(name));
+    eprintln!(
+        "  {name}: refused={} gave_up={} paid={} restarts={} took={}s",
+        seen.refused,
+        seen.gave_up,
+        seen.paid.len(),
+        w.product_stock.restarts + w.order.restarts + w.outbound.restarts,
+        started.elapsed().as_secs()
+    );
+    if !f.pass() {
+        eprintln!("{}", w.logs());
+    }
+    Ok(f)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The faults. Each returns the number of poison messages it published.
+
+async fn order_sigkill(w: &mut World) -> anyhow::Result<u64> {
+    w.order.kill().await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    w.order.start(None).await?;
+    Ok(0)
+}
+
+async fn redis_restart_empty(w: &mut World) -> anyhow::Result<u64> {
+    w.redis.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.redis.start_again().await?;
+    Ok(0)
+}
+
+async fn broker_down(w: &mut World) -> anyhow::Result<u64> {
+    let Some(b) = w.own_broker.as_mut() else {
+        anyhow::bail!("broker_down needs a broker of its own");
+    };
+    b.stop(false);
+    // Longer than the hold TTL: orders keep being accepted meanwhile.
+    tokio::time::sleep(SHORT_HOLD_TTL * 3 + Duration::from_secs(1)).await;
+    b.start_again().await?;
+    Ok(0)
+}
+
+async fn pg_terminate(w: &mut World) -> anyhow::Result<u64> {
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&w.pg.url("postgres"))
+        .await?;
+    for _ in 0..3 {
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE pid <> pg_backend_pid() AND datname LIKE 'fs\\_%'",
+        )
+        .execute(&admin)
+        .await?;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    admin.close().await;
+    Ok(0)
+}
+
+async fn pg_restart(w: &mut World) -> anyhow::Result<u64> {
+    w.pg.crash();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    w.pg.start_again().await?;
+    Ok(0)
+}
+
+/// For the failpoint scenarios: waits (bounded) until the armed process exits at its step, then
+/// restarts it without failpoints.
+async fn until_exit(w: &mut World) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if w.revive().await? > 0 {
+            return Ok(0);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("{}: the armed failpoint was never reached", w.name)
+}
+
+async fn net_cut(w: &mut World) -> anyhow::Result<u64> {
+    w.proxy.set(Mode::Blackhole);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    w.proxy.set(Mode::Reset);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.proxy.set(Mode::Delay(Duration::from_millis(50)));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    w.proxy.set(Mode::Pass);
+    Ok(0)
+}
+
+async fn sigstop(w: &mut World) -> anyhow::Result<u64> {
+    w.product_stock.pause();
+    // Longer than the order service's stock call timeout and outbound's commit timeout.
+    tokio::time::sleep(Duration::from_millis(5000)).await;
+    w.product_stock.resume();
+    Ok(0)
+}
+
+/// Publishes every `order.created` and `order.paid` seen so far again (same message id and
+/// body), and three poison messages: garbage bytes, an empty body, and a well-formed-looking
+/// body of the wrong type.
+async fn duplicates_and_poison(w: &mut World) -> anyhow::Result<u64> {
+    let mut copies = 0;
+    for key in ["order.created", "order.paid", "stock.reserved"] {
+        for m in w.tap.with_key(key).into_iter().take(50) {
+            tap::publish(
+                &w.amqp_url,
+                &w.exchange,
+                &m.routing_key,
+                &m.payload,
+                m.properties.clone(),
+            )
+            .await?;
+            copies += 1;
+        }
+    }
+    eprintln!("  {}: published {copies} duplicates", w.name);
+    let poison: [(&str, &[u8]); 3] = [
+        ("order.created", b"\xff\x00not an envelope\x01\x02"),
+        ("order.paid", b""),
+        ("stock.reserved", b"{\"order_id\":\"x\",\"qty\":-1}"),
+    ];
+    for (i, (key, body)) in poison.iter().enumerate() {
+        let props = lapin::BasicProperties::default()
+            .with_message_id(format!("poison-{i}-{}", w.name).into())
+            .with_delivery_mode(2);
+        tap::publish(&w.amqp_url, &w.exchange, key, body, props).await?;
+    }
+    Ok(poison.len() as u64)
+}

@@ -1,0 +1,25 @@
+//! The short tier of the fault suite, run by `scripts/test.sh`: a SIGKILL of the order service
+//! mid-flood, and a process killed by a failpoint between the gate and the order's commit, each
+//! on private servers, each checked against every invariant. The full suite is
+//! `scripts/faults.sh`.
+
+use flashsale_faults::scenario::{self, SharedBroker};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_killed_mid_flood_and_at_the_order_commit_keeps_every_promise() {
+    let broker = SharedBroker::start().await.expect("start a RabbitMQ node");
+    let mut failed = Vec::new();
+    for name in ["order_sigkill", "fp_order_before_write"] {
+        let f = scenario::run(name, 7, Some(&broker))
+            .await
+            .unwrap_or_else(|e| panic!("{name} could not run: {e:#}"));
+        if !f.pass() {
+            failed.push(f.line(name));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "scenarios failed:\n{}",
+        failed.join("\n")
+    );
+}
