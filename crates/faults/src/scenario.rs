@@ -149,8 +149,15 @@ impl World {
                 ("TELEMETRY__LOG_FORMAT".into(), "json".into()),
             ]
         };
+        // product-stock asks the order service about orders (its hold sweeper, a gate rebuild)
+        // and starts first: the order service's port is chosen now.
+        let order_port = crate::servers::free_port()?;
         let mut ps = common("fs_product");
         ps.extend([
+            (
+                "ORDER_SERVICE__URL".into(),
+                format!("http://127.0.0.1:{order_port}"),
+            ),
             ("REDIS__URL".into(), redis.url()),
             ("REDIS__KEY_PREFIX".into(), gate_prefix.clone()),
             (
@@ -173,7 +180,7 @@ impl World {
             ("SAGA__SWEEP_INTERVAL_MS".into(), "500".into()),
             ("SAGA__STOCK_CALL_TIMEOUT_MS".into(), "1000".into()),
         ]);
-        let mut order = Service::new(Kind::Order, &dir.0, &os)?;
+        let mut order = Service::on_port(Kind::Order, &dir.0, &os, order_port)?;
         order.start(fp.order.as_deref()).await?;
 
         let mut ob = common("fs_outbound");

@@ -52,8 +52,18 @@ pub struct Service {
 }
 
 impl Service {
-    /// Prepares (does not start) `kind` with settings `(SECTION__KEY, value)`.
+    /// Prepares (does not start) `kind` with settings `(SECTION__KEY, value)` on a free port.
     pub fn new(kind: Kind, dir: &Path, settings: &[(String, String)]) -> anyhow::Result<Self> {
+        Self::on_port(kind, dir, settings, free_port()?)
+    }
+
+    /// [`Service::new`] on a port chosen beforehand (another service is told it first).
+    pub fn on_port(
+        kind: Kind,
+        dir: &Path,
+        settings: &[(String, String)],
+        port: u16,
+    ) -> anyhow::Result<Self> {
         // `FLASHSALE_FAULTS_BIN_DIR` points at a copy of the binaries a shared target directory
         // cannot overwrite mid-run; by default they are cargo's, beside this executable.
         let bins = match std::env::var_os("FLASHSALE_FAULTS_BIN_DIR") {
@@ -67,7 +77,6 @@ impl Service {
                 exe.display()
             );
         }
-        let port = free_port()?;
         let key = kind.env_key();
         let config_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
         let mut env = vec![

@@ -240,7 +240,19 @@ impl StockSaga {
                 state: ReservationState::Released,
                 policy,
             };
-            db::insert_reservation(&txn, &tombstone, CANCELLED_BEFORE_CREATED).await?;
+            if !db::insert_reservation(&txn, &tombstone, CANCELLED_BEFORE_CREATED).await? {
+                // The order's `order.created` wrote its reservation while this transaction
+                // looked: the insert waited for that transaction and met its row. Release that
+                // reservation instead; committing here would leave its units reserved for good.
+                let Some(r) = db::reservation(&txn, order_id, true).await? else {
+                    return Err(StockError::Internal(anyhow::anyhow!(
+                        "the reservation of order {order_id} conflicted but cannot be read"
+                    )));
+                };
+                return self
+                    .release_persisted(txn, env, &r, "order.cancelled")
+                    .await;
+            }
             // Units held in the gate for an order the database never saw go straight back.
             self.gate_release_unpersisted(&sku, order_id).await?;
             txn.commit().await?;

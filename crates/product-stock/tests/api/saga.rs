@@ -313,3 +313,37 @@ async fn a_cancel_that_fails_after_the_gate_release_gives_the_units_back_once() 
     assert_eq!(app.count("SELECT reserved AS n FROM stock").await, 0);
     assert_eq!(app.outbox_of("stock.released").await.len(), 1);
 }
+
+#[tokio::test]
+async fn a_cancel_racing_its_create_releases_the_reservation_the_create_wrote() {
+    let app = spawn_app().await;
+    app.create("R1", 5, 0, RTC).await;
+    let order = Uuid::new_v4();
+    gate_reserve(&app, order, "u1", "R1", 1).await;
+    // order.created writes its reservation and then holds its transaction open, so the cancel
+    // arrives while the reservation exists but is not committed yet.
+    app.failpoints.arm_n(
+        "stock.order_created.before_commit",
+        flashsale_platform::failpoint::Action::Sleep(std::time::Duration::from_millis(1500)),
+        Some(1),
+    );
+    app.publish(created(order, "u1", "R1", 1), &order.to_string())
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    app.publish(cancelled(order, "u1", "R1", 1), &order.to_string())
+        .await;
+    app.wait_count("SELECT COUNT(*) AS n FROM inbox", 2).await;
+    app.wait_count(&state_sql(order, "RELEASED"), 1).await;
+    assert_eq!(
+        app.count("SELECT reserved AS n FROM stock").await,
+        0,
+        "the cancelled order's unit must not stay reserved"
+    );
+    let snap = app.gate.snapshot("R1").await.unwrap().unwrap();
+    assert_eq!((snap.available, snap.held), (5, 0), "the unit is back once");
+    assert_eq!(
+        app.count("SELECT SUM(reserved_delta)::bigint AS n FROM stock_ledger")
+            .await,
+        0
+    );
+}
