@@ -40,6 +40,10 @@ pub struct StockSettings {
     pub order_record_ttl_secs: u64,
     /// How often the sweeper looks for expired holds.
     pub sweep_interval_ms: u64,
+    /// How long a product's lost gate stays closed before it is rebuilt: longer than the order
+    /// service's request deadline, so every order whose hold was taken before the loss has been
+    /// written (and is counted as pending) or has failed by the time the rebuild asks for them.
+    pub rebuild_settle_ms: u64,
 }
 
 impl Default for StockSettings {
@@ -49,6 +53,7 @@ impl Default for StockSettings {
             hold_ttl_ms: 300_000,
             order_record_ttl_secs: 7 * 24 * 3600,
             sweep_interval_ms: 10_000,
+            rebuild_settle_ms: 6_000,
         }
     }
 }
@@ -78,6 +83,12 @@ impl Validate for StockSettings {
             self.sweep_interval_ms,
             10,
             3_600_000,
+        )?;
+        check_range(
+            &format!("{p}.rebuild_settle_ms"),
+            self.rebuild_settle_ms,
+            0,
+            600_000,
         )?;
         if self.hold_ttl_ms / 1000 >= self.order_record_ttl_secs {
             return Err(ConfigError::invalid(
@@ -177,7 +188,7 @@ mod tests {
     #[test]
     fn bad_stock_and_redis_values_name_their_key() {
         type Case = (&'static str, fn(&mut Settings));
-        let cases: [Case; 11] = [
+        let cases: [Case; 12] = [
             ("product_stock.stock.max_quantity", |s| {
                 s.stock.max_quantity = 0
             }),
@@ -193,6 +204,9 @@ mod tests {
             }),
             ("product_stock.stock.sweep_interval_ms", |s| {
                 s.stock.sweep_interval_ms = 0
+            }),
+            ("product_stock.stock.rebuild_settle_ms", |s| {
+                s.stock.rebuild_settle_ms = 600_001
             }),
             ("product_stock.redis.url", |s| {
                 s.redis.url = "http://x".into()

@@ -37,6 +37,7 @@ pub struct Gate {
     orders: Arc<dyn OrderPort>,
     terms: Terms,
     max_quantity: i64,
+    rebuild_settle_ms: u64,
 }
 
 impl Gate {
@@ -53,6 +54,7 @@ impl Gate {
             orders,
             terms,
             max_quantity: settings.max_quantity,
+            rebuild_settle_ms: settings.rebuild_settle_ms,
         }
     }
 
@@ -181,7 +183,14 @@ impl Gate {
     /// (docs/architecture.md#operations, cold start). Safe to run on several replicas at once:
     /// the gate loads only if the keys are still missing.
     pub async fn rebuild_gate(&self, sku: &Sku) -> Result<bool, StockError> {
-        rebuild(&self.db, &self.gate, self.orders.as_ref(), sku).await
+        rebuild(
+            &self.db,
+            &self.gate,
+            self.orders.as_ref(),
+            sku,
+            self.rebuild_settle_ms,
+        )
+        .await
     }
 }
 
@@ -202,17 +211,21 @@ impl Gate {
 /// missing meanwhile, so reservations answer `NotLoaded` and change nothing, and the load is one
 /// script that does nothing if another replica loaded first.
 ///
-/// What it cannot see: an order whose gate hold was taken before the loss but whose write
-/// commits in the order database after the pending list was read. It is acknowledged, yet its
-/// units are on sale again: the gate can over-promise them. The window is the order write's
-/// own duration (milliseconds; at most its timeout, seconds) overlapping the rebuild. The
-/// database still never oversells: its CHECK refuses the excess reservation when `order.created`
-/// arrives, and that order is cancelled OUT_OF_STOCK.
+/// Orders in flight: an order whose gate hold was taken before the loss may still be writing
+/// when the loss is found; were the pending list read then, its units would be on sale twice.
+/// So the first rebuild attempt after a loss only starts a wait of `settle_ms` (the
+/// `stock.rebuild_settle_ms` setting, longer than the order service's request deadline) and
+/// answers `GateUnavailable`; buyers retry. Once it is over, every such order has been written
+/// (it is in the pending list) or its request has failed (it was never acknowledged), since no
+/// new hold can be taken while the gate is missing. With a wait of 0 the window is the order
+/// write's own duration overlapping the rebuild; the database still never oversells (its CHECK
+/// refuses the excess reservation and that order is cancelled OUT_OF_STOCK).
 pub(super) async fn rebuild(
     db: &DatabaseConnection,
     gate: &RedisGate,
     orders: &dyn OrderPort,
     sku: &Sku,
+    settle_ms: u64,
 ) -> Result<bool, StockError> {
     let txn = db.begin().await?;
     let product = db::product(&txn, sku, true)
@@ -226,6 +239,22 @@ pub(super) async fn rebuild(
         .is_some()
     {
         return Ok(false);
+    }
+    if settle_ms > 0 {
+        let wait = gate
+            .rebuild_not_before(
+                sku.as_str(),
+                chrono::Utc::now().timestamp_millis(),
+                i64::try_from(settle_ms).unwrap_or(i64::MAX),
+            )
+            .await
+            .map_err(gate_err)?;
+        if wait > 0 {
+            metrics::counter!("flashsale_gate_rebuilds_waiting_total").increment(1);
+            return Err(StockError::GateUnavailable(format!(
+                "gate rebuilding: waiting {wait} ms for orders in flight to be written"
+            )));
+        }
     }
     let pending = orders.pending(sku.as_str()).await.map_err(|e| {
         metrics::counter!("flashsale_gate_rebuilds_refused_total").increment(1);
@@ -267,6 +296,10 @@ pub(super) async fn rebuild(
         return Ok(false);
     };
     metrics::counter!("flashsale_gate_rebuilds_total").increment(1);
+    if let Err(e) = gate.rebuild_done(sku.as_str()).await {
+        // The marker expires by itself a minute after its wait.
+        tracing::warn!(%sku, error = %e, "rebuild wait marker not cleared");
+    }
     tracing::warn!(%sku, available, held, clamped, "rebuilt the stock gate from the database and the pending orders");
     if available > 0 {
         // A replica that remembered the product as sold out before Redis lost it should ask

@@ -116,6 +116,7 @@ pub struct Reconciler {
     terms: Terms,
     hold_ttl_ms: u64,
     sweep_interval_ms: u64,
+    rebuild_settle_ms: u64,
 }
 
 impl Reconciler {
@@ -133,6 +134,7 @@ impl Reconciler {
             terms,
             hold_ttl_ms: settings.hold_ttl_ms,
             sweep_interval_ms: settings.sweep_interval_ms,
+            rebuild_settle_ms: settings.rebuild_settle_ms,
         }
     }
 
@@ -169,7 +171,14 @@ impl Reconciler {
             Some(s) => s,
             None if repair => {
                 drop(txn);
-                rebuild(&self.db, &self.gate, self.orders.as_ref(), sku).await?;
+                rebuild(
+                    &self.db,
+                    &self.gate,
+                    self.orders.as_ref(),
+                    sku,
+                    self.rebuild_settle_ms,
+                )
+                .await?;
                 return Box::pin(self.reconcile_one(sku, false))
                     .await
                     .map(|r| DriftReport {

@@ -71,6 +71,8 @@ pub fn test_settings(db: &TestDatabase) -> Settings {
     s.amqp.queue_type = flashsale_messaging::QueueType::Classic;
     s.amqp.retry_base_ms = 50;
     s.amqp.max_attempts = 3;
+    // Tests that lose a gate want it rebuilt at once; the wait before a rebuild has its own test.
+    s.stock.rebuild_settle_ms = 0;
     s
 }
 

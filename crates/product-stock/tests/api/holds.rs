@@ -279,3 +279,39 @@ async fn a_lost_gate_stays_closed_while_the_order_service_is_down() {
         5
     );
 }
+
+#[tokio::test]
+async fn a_lost_gate_waits_for_orders_in_flight_before_it_is_rebuilt() {
+    let db = TestDatabase::create().await.unwrap();
+    let mut settings = test_settings(&db);
+    settings.stock.rebuild_settle_ms = 1_500;
+    let app = spawn_with(settings, db).await;
+    app.create("HW", 10, 1, RTC).await;
+    // A hold taken before the loss whose order is still being written: the order service does
+    // not list it yet.
+    let late = Uuid::new_v4();
+    reserve(&app, late, "late", "HW", 1).await.unwrap();
+    app.gate.forget("HW").await.unwrap();
+
+    let err = reserve(&app, Uuid::new_v4(), "b0", "HW", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{}", err.message());
+    assert!(err.message().contains("waiting"), "{}", err.message());
+    assert!(app.gate.snapshot("HW").await.unwrap().is_none());
+
+    // Its write commits during the wait; once the wait is over the rebuild holds it.
+    app.orders.put("HW", late, "late", 1, FakeStatus::Pending);
+    tokio::time::sleep(std::time::Duration::from_millis(1_600)).await;
+    let mut sold = 0;
+    for i in 0..10 {
+        if reserve(&app, Uuid::new_v4(), &format!("b{i}"), "HW", 1)
+            .await
+            .is_ok()
+        {
+            sold += 1;
+        }
+    }
+    assert_eq!(sold, 9, "10 units − the order written during the wait");
+    assert_eq!(gate(&app, "HW").await, (0, 10));
+}

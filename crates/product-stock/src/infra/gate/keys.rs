@@ -105,6 +105,12 @@ impl ProductKeys {
         self.part("refills")
     }
 
+    /// String with a TTL: while the product's gate is missing, the time (ms) before which it may
+    /// not be rebuilt (see [`RedisGate::rebuild_not_before`](super::RedisGate::rebuild_not_before)).
+    pub fn rebuild_after(&self) -> String {
+        self.part("rebuild_after")
+    }
+
     /// Hash with a TTL: one order's record (`s` state, `q` qty, `u` user, `n` first answer).
     pub fn order(&self, order_id: Uuid) -> String {
         format!("{}:o:{}", self.base, order_id.hyphenated())

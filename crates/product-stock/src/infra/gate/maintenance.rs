@@ -36,6 +36,53 @@ impl RedisGate {
         }))
     }
 
+    /// How many ms a rebuild of the missing gate of `sku` must still wait: the first call after
+    /// the loss starts the wait (`settle_ms` from `now_ms`), later ones count it down; 0 once it
+    /// is over. [`Self::rebuild_done`] clears it, so the next loss waits again.
+    pub async fn rebuild_not_before(
+        &self,
+        sku: &str,
+        now_ms: i64,
+        settle_ms: i64,
+    ) -> Result<i64, GateError> {
+        let k = self.keys(sku)?;
+        validate_amount(now_ms, "now_ms must be 0..=2^53-1")?;
+        validate_amount(settle_ms, "settle_ms must be 0..=2^53-1")?;
+        let mut conn = self.conn().await?;
+        // The marker outlives its wait by a minute, so a gate that nobody rebuilds is not kept
+        // closed by a marker forever.
+        let _: Value = redis::cmd("SET")
+            .arg(k.rebuild_after())
+            .arg(now_ms.saturating_add(settle_ms))
+            .arg("NX")
+            .arg("PX")
+            .arg(settle_ms.saturating_add(60_000))
+            .query_async(&mut *conn)
+            .await
+            .map_err(redis_error)?;
+        let after: Value = redis::cmd("GET")
+            .arg(k.rebuild_after())
+            .query_async(&mut *conn)
+            .await
+            .map_err(redis_error)?;
+        let after = match after {
+            Value::Nil => return Ok(0),
+            v => int(&v)?,
+        };
+        Ok((after - now_ms).max(0))
+    }
+
+    /// Clears the rebuild wait of `sku` once its gate is loaded again.
+    pub async fn rebuild_done(&self, sku: &str) -> Result<(), GateError> {
+        let k = self.keys(sku)?;
+        let _: Value = redis::cmd("DEL")
+            .arg(k.rebuild_after())
+            .query_async(&mut *self.conn().await?)
+            .await
+            .map_err(redis_error)?;
+        Ok(())
+    }
+
     /// Holds reserved strictly before `cutoff_ms` that the database never confirmed, oldest
     /// first, at most `limit` (≤ 10,000). Entries whose record moved on or expired are pruned.
     pub async fn pending_older_than(
