@@ -49,6 +49,9 @@ pub struct Figures {
     pub converged: bool,
     /// What the figures are made of, for whoever investigates a failure.
     pub notes: Vec<String>,
+    /// Promises a scenario checks on its own (a drift the reconciler did not report, a restock
+    /// replay answered as new, a failpoint never reached): each one fails the scenario.
+    pub violations: Vec<String>,
 }
 
 impl Figures {
@@ -62,6 +65,7 @@ impl Figures {
             && self.conservation == 0
             && self.ack_cancelled_for_stock == 0
             && self.ack_net <= self.units
+            && self.violations.is_empty()
             // Each poison message is parked once per queue it reaches; nothing else is parked.
             && if self.poison == 0 {
                 self.parked == 0
@@ -92,13 +96,14 @@ impl Figures {
     /// The figures behind the verdict that the line leaves out.
     pub fn detail(&self, scenario: &str) -> String {
         format!(
-            "  detail {scenario}: units={} ack_net={} conservation={} parked={} poison={} converged={} {}",
+            "  detail {scenario}: units={} ack_net={} conservation={} parked={} poison={} converged={} violations={:?} {}",
             self.units,
             self.ack_net,
             self.conservation,
             self.parked,
             self.poison,
             self.converged,
+            self.violations,
             self.notes.join(" ")
         )
     }
@@ -250,14 +255,21 @@ async fn gate(s: &Stores) -> anyhow::Result<GateState> {
     })
 }
 
-/// Every figure, read from the stores.
-pub async fn figures(s: &Stores, seen: &Seen, units: i64) -> anyhow::Result<Figures> {
+/// Every figure, read from the stores. `initial` is the product's first stock, `adjusted` the
+/// units the scenario's acknowledged AdjustStock calls added (each request counted once).
+pub async fn figures(
+    s: &Stores,
+    seen: &Seen,
+    initial: i64,
+    adjusted: i64,
+) -> anyhow::Result<Figures> {
     let order = pool(&s.order_db).await?;
     let product = pool(&s.product_db).await?;
     let outbound = pool(&s.outbound_db).await?;
+    let units = initial + adjusted;
     let mut f = Figures {
         acknowledged: seen.acknowledged.len() as u64,
-        units: units as u64,
+        units: u64::try_from(units).unwrap_or(0),
         ..Figures::default()
     };
 
@@ -341,6 +353,21 @@ pub async fn figures(s: &Stores, seen: &Seen, units: i64) -> anyhow::Result<Figu
          WHERE kind IN ('RESERVE','RELEASE','COMMIT') GROUP BY sku, kind, cause) t",
     )
     .await?;
+    // A stock adjustment applied twice (or lost) moves on_hand by other than what was asked.
+    let ledger_adjusted: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(on_hand_delta), 0)::bigint FROM stock_ledger \
+         WHERE sku = $1 AND kind IN ('RESTOCK','WRITE_OFF')",
+    )
+    .bind(&s.sku)
+    .fetch_one(&product)
+    .await
+    .context("sum stock adjustments")?;
+    f.dup_effects += (ledger_adjusted - adjusted).unsigned_abs();
+    if adjusted != 0 || ledger_adjusted != 0 {
+        f.notes.push(format!(
+            "adjusted(asked={adjusted},ledger={ledger_adjusted})"
+        ));
+    }
     f.dup_effects += count(
         &order,
         "SELECT coalesce(sum(n - 1), 0)::bigint FROM (SELECT count(*) AS n FROM \

@@ -17,8 +17,8 @@ use flashsale_proto::{
         PayOrderRequest, order_service_client::OrderServiceClient,
     },
     product::v1::{
-        CreateProductRequest, DeductionPolicy,
-        product_stock_service_client::ProductStockServiceClient,
+        AdjustStockRequest, CreateProductRequest, DeductionPolicy, ReconcileStockRequest,
+        StockDrift, product_stock_service_client::ProductStockServiceClient,
     },
 };
 use tokio::{sync::Semaphore, time::Instant};
@@ -362,4 +362,111 @@ async fn follow(c: &Clients, user: &str, o: &Order, want: Intent) -> bool {
         }
     }
     false
+}
+
+/// AdjustStock (as an admin) with `request_id`, retried with the same request id while the
+/// failure is transient, for at most `retry_for`: `(replayed, on_hand after)`.
+pub async fn adjust_stock(
+    c: &Clients,
+    sku: &str,
+    request_id: &str,
+    delta: i64,
+    retry_for: Duration,
+) -> anyhow::Result<(bool, i64)> {
+    let deadline = Instant::now() + retry_for;
+    loop {
+        let req = c.as_(
+            "faults-admin",
+            Role::Admin,
+            AdjustStockRequest {
+                request_id: request_id.to_owned(),
+                sku: sku.to_owned(),
+                delta,
+                reason: "fault drill restock".to_owned(),
+            },
+        )?;
+        match c.product.clone().adjust_stock(req).await {
+            Ok(resp) => {
+                let r = resp.into_inner();
+                let on_hand = r.product.map(|p| p.on_hand).unwrap_or(-1);
+                return Ok((r.replayed, on_hand));
+            }
+            Err(s) if transient(s.code()) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(s) => anyhow::bail!("AdjustStock {request_id}: {:?} {}", s.code(), s.message()),
+        }
+    }
+}
+
+/// ReconcileStock of `sku` (as an admin), retried while the failure is transient for at most
+/// `retry_for`: the product's drift report.
+pub async fn reconcile(
+    c: &Clients,
+    sku: &str,
+    repair: bool,
+    retry_for: Duration,
+) -> anyhow::Result<StockDrift> {
+    let deadline = Instant::now() + retry_for;
+    loop {
+        let req = c.as_(
+            "faults-admin",
+            Role::Admin,
+            ReconcileStockRequest {
+                skus: vec![sku.to_owned()],
+                repair,
+            },
+        )?;
+        match c.product.clone().reconcile_stock(req).await {
+            Ok(resp) => {
+                return resp
+                    .into_inner()
+                    .reports
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("ReconcileStock answered no report"));
+            }
+            Err(s) if transient(s.code()) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(s) => anyhow::bail!("ReconcileStock: {:?} {}", s.code(), s.message()),
+        }
+    }
+}
+
+/// One CreateOrder of one unit for `user` with `request_id`, retried with the same request id
+/// while the failure is transient, for at most `retry_for`.
+pub async fn create_order(
+    c: &Clients,
+    user: &str,
+    request_id: &str,
+    sku: &str,
+    retry_for: Duration,
+) -> Result<Order, tonic::Status> {
+    let deadline = Instant::now() + retry_for;
+    loop {
+        let req = c
+            .as_(
+                user,
+                Role::User,
+                CreateOrderRequest {
+                    request_id: request_id.to_owned(),
+                    sku: sku.to_owned(),
+                    quantity: 1,
+                },
+            )
+            .map_err(|e| tonic::Status::internal(e.to_string()))?;
+        match c.order.clone().create_order(req).await {
+            Ok(resp) => {
+                return resp
+                    .into_inner()
+                    .order
+                    .ok_or_else(|| tonic::Status::internal("CreateOrder answered no order"));
+            }
+            Err(s) if transient(s.code()) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(s) => return Err(s),
+        }
+    }
 }

@@ -32,6 +32,11 @@ pub const ALL: &[&str] = &[
     "net_cut_order_to_stock",
     "sigstop_product_stock",
     "duplicate_and_poison_messages",
+    "redis_restore_stale_snapshot",
+    "restock_retried",
+    "gate_drift_reconcile",
+    "fp_outbound_after_warehouse",
+    "fp_order_after_batch_write",
 ];
 
 /// How long a gate hold may wait for its order to be persisted when a scenario wants a broker
@@ -43,7 +48,9 @@ const HOLD_TTL: Duration = Duration::from_secs(30);
 /// A buyer's time to pay.
 const PAYMENT_TIMEOUT_MS: u64 = 4000;
 /// Longest wait for quiescence after the load and the fault are over.
-const QUIESCE_FOR: Duration = Duration::from_secs(90);
+pub(crate) const QUIESCE_FOR: Duration = Duration::from_secs(90);
+/// Longest an admin call (AdjustStock, ReconcileStock) is retried across a fault.
+const ADMIN_RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// The size of one scenario's sale.
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +102,12 @@ pub struct World {
     pub tap: Tap,
     pub stores: Stores,
     pub sale: Sale,
+    /// Units the scenario's acknowledged AdjustStock calls added.
+    pub adjusted: i64,
+    /// Promises the scenario checked itself and found broken.
+    pub violations: Vec<String>,
+    /// What the scenario saw, for the detail line.
+    pub notes: Vec<String>,
     _dir: TempDir,
 }
 
@@ -226,6 +239,9 @@ impl World {
             tap,
             stores,
             sale,
+            adjusted: 0,
+            violations: Vec::new(),
+            notes: Vec::new(),
             _dir: dir,
         })
     }
@@ -257,7 +273,7 @@ impl World {
 
 /// Waits until nothing is in flight (or the deadline), restarting services a failpoint ended.
 /// Returns (converged, ms from `from`).
-async fn quiesce(w: &mut World, from: Instant) -> (bool, u64) {
+pub(crate) async fn quiesce(w: &mut World, from: Instant) -> (bool, u64) {
     let deadline = Instant::now() + QUIESCE_FOR;
     loop {
         let _ = w.revive().await;
@@ -378,6 +394,27 @@ fn plan(name: &str) -> Option<Plan> {
             at: Duration::from_millis(4000),
             ..base(|w| Box::pin(duplicates_and_poison(w)))
         },
+        "redis_restore_stale_snapshot" => Plan {
+            at: Duration::from_millis(500),
+            ..base(|w| Box::pin(redis_restore_stale(w)))
+        },
+        "restock_retried" => base(|w| Box::pin(restock_retried(w))),
+        "gate_drift_reconcile" => base(|w| Box::pin(gate_drift(w))),
+        "fp_outbound_after_warehouse" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                outbound: Some("outbound.after_warehouse_before_commit=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_order_after_batch_write" => Plan {
+            failpoints: Failpoints {
+                order: Some("order.create.after_batch_write=1*exit".into()),
+                ..Failpoints::default()
+            },
+            at: Duration::from_millis(1000),
+            ..base(|w| Box::pin(order_exit_after_batch_write(w)))
+        },
         _ => return None,
     })
 }
@@ -402,13 +439,29 @@ pub async fn run(name: &str, seed: u64, broker: Option<&SharedBroker>) -> anyhow
         Ok(Err(e)) => anyhow::bail!("the sale driver failed: {e}"),
         Err(_) => anyhow::bail!("the sale driver did not end within 180 s"),
     };
-    let (converged, converge_ms) = quiesce(&mut w, fault_over).await;
-    let mut f = check::figures(&w.stores, &seen, w.sale.units).await?;
+    conclude(&mut w, name, &seen, poison, fault_over, started).await
+}
+
+/// Waits for quiescence, reads the figures, prints the figures line (labelled `label`) and the
+/// detail line, and the services' logs when the scenario failed.
+pub(crate) async fn conclude(
+    w: &mut World,
+    label: &str,
+    seen: &driver::Seen,
+    poison: u64,
+    fault_over: Instant,
+    started: Instant,
+) -> anyhow::Result<Figures> {
+    let (converged, converge_ms) = quiesce(w, fault_over).await;
+    let mut f = check::figures(&w.stores, seen, w.sale.units, w.adjusted).await?;
     f.dup_delivered = w.tap.duplicates();
     f.poison = poison;
     f.converged = converged;
     f.converge_ms = converge_ms;
-    println!("{}", f.line(name));
+    f.violations.extend(w.violations.iter().cloned());
+    f.notes.extend(w.notes.iter().cloned());
+    let name = label.split(' ').next().unwrap_or(label);
+    println!("{}", f.line(label));
     println!("{}", f.detail(name));
     eprintln!(
         "  {name}: refused={} gave_up={} paid={} restarts={} took={}s",
@@ -452,7 +505,7 @@ async fn broker_down(w: &mut World) -> anyhow::Result<u64> {
     Ok(0)
 }
 
-async fn pg_terminate(w: &mut World) -> anyhow::Result<u64> {
+pub(crate) async fn pg_terminate(w: &mut World) -> anyhow::Result<u64> {
     let admin = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect(&w.pg.url("postgres"))
@@ -512,7 +565,7 @@ async fn sigstop(w: &mut World) -> anyhow::Result<u64> {
 /// Publishes every `order.created` and `order.paid` seen so far again (same message id and
 /// body), and three poison messages: garbage bytes, an empty body, and a well-formed-looking
 /// body of the wrong type.
-async fn duplicates_and_poison(w: &mut World) -> anyhow::Result<u64> {
+pub(crate) async fn duplicates_and_poison(w: &mut World) -> anyhow::Result<u64> {
     let mut copies = 0;
     for key in ["order.created", "order.paid", "stock.reserved"] {
         for m in w.tap.with_key(key).into_iter().take(50) {
@@ -540,4 +593,179 @@ async fn duplicates_and_poison(w: &mut World) -> anyhow::Result<u64> {
         tap::publish(&w.amqp_url, &w.exchange, key, body, props).await?;
     }
     Ok(poison.len() as u64)
+}
+
+/// Redis snapshotted early in the flood, the sale going on for 2.5 s, then Redis killed and
+/// started from that stale snapshot: the gate's counters and holds are as they were seconds
+/// ago. An operator then asks product-stock to reconcile with repair.
+async fn redis_restore_stale(w: &mut World) -> anyhow::Result<u64> {
+    let at_snapshot = gate_counters(w).await.unwrap_or_default();
+    w.redis.save().await?;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let before_kill = gate_counters(w).await.unwrap_or_default();
+    w.redis.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.redis.start_from_snapshot().await?;
+    let restored = gate_counters(w).await.unwrap_or_default();
+    w.notes.push(format!(
+        "gate(avail,held):snapshot={at_snapshot:?},before_kill={before_kill:?},restored={restored:?}"
+    ));
+    // The counters read just after SAVE may already be a few orders past it; what matters is
+    // that Redis came back with the product's gate, and an older one than it had.
+    anyhow::ensure!(
+        restored.0.is_some() && restored != before_kill,
+        "Redis did not come back from the snapshot: {restored:?}, before the kill {before_kill:?}"
+    );
+    let clients = w.clients()?;
+    let r = driver::reconcile(&clients, &w.sale.sku, true, ADMIN_RETRY_FOR).await?;
+    w.notes.push(format!(
+        "reconcile_after_restore(drift={},held={},repaired={})",
+        r.drift, r.unpersisted_holds, r.repaired
+    ));
+    Ok(0)
+}
+
+/// The gate's `(avail, held)` for the scenario's product, as Redis has them now.
+async fn gate_counters(w: &World) -> anyhow::Result<(Option<i64>, Option<i64>)> {
+    use deadpool_redis::redis::AsyncCommands as _;
+    let client = deadpool_redis::redis::Client::open(w.redis.url())?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    let base = gate_base(w);
+    let avail: Option<i64> = c.get(format!("{base}:avail")).await?;
+    let held: Option<i64> = c.get(format!("{base}:held")).await?;
+    Ok((avail, held))
+}
+
+fn gate_base(w: &World) -> String {
+    format!("{}stock:{{p:{}}}", w.stores.gate_prefix, w.sale.sku)
+}
+
+/// `INCRBY` of the gate's available counter behind product-stock's back (negative: `DECRBY`).
+async fn nudge_gate(w: &World, by: i64) -> anyhow::Result<()> {
+    use deadpool_redis::redis::AsyncCommands as _;
+    let client = deadpool_redis::redis::Client::open(w.redis.url())?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    let _: i64 = c.incr(format!("{}:avail", gate_base(w)), by).await?;
+    Ok(())
+}
+
+/// The restock of this scenario.
+const RESTOCK: i64 = 20;
+
+/// AdjustStock +20 while buyers flow, sent twice with one request id, then once more after
+/// product-stock was killed and restarted: applied once, the repeats answered as replays.
+async fn restock_retried(w: &mut World) -> anyhow::Result<u64> {
+    let clients = w.clients()?;
+    let (sku, rid) = (w.sale.sku.clone(), "restock-1");
+    let mut replays = Vec::new();
+    let (first, on_hand) =
+        driver::adjust_stock(&clients, &sku, rid, RESTOCK, ADMIN_RETRY_FOR).await?;
+    w.adjusted = RESTOCK;
+    replays.push(first);
+    let (again, _) = driver::adjust_stock(&clients, &sku, rid, RESTOCK, ADMIN_RETRY_FOR).await?;
+    replays.push(again);
+    w.product_stock.kill().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.product_stock.start(None).await?;
+    let (after_restart, _) =
+        driver::adjust_stock(&clients, &sku, rid, RESTOCK, ADMIN_RETRY_FOR).await?;
+    replays.push(after_restart);
+    w.notes.push(format!(
+        "restock(on_hand_after_first={on_hand},replayed={replays:?})"
+    ));
+    if replays != [false, true, true] {
+        w.violations.push(format!(
+            "restock answers replayed={replays:?}, want [false,true,true]"
+        ));
+    }
+    Ok(0)
+}
+
+/// Units the gate is nudged by.
+const NUDGE_DOWN: i64 = 10;
+const NUDGE_UP: i64 = 5;
+
+/// The gate's counter lowered by 10 behind product-stock's back while orders flow: ReconcileStock
+/// must report exactly that drift, repair it, then find none. After the flood the counter is
+/// raised by 5 (units that do not exist) and repaired at once the same way.
+async fn gate_drift(w: &mut World) -> anyhow::Result<u64> {
+    let clients = w.clients()?;
+    let sku = w.sale.sku.clone();
+    let mut drifts = Vec::new();
+    for (nudge, wait) in [
+        (-NUDGE_DOWN, Duration::from_millis(300)),
+        (NUDGE_UP, Duration::ZERO),
+    ] {
+        if nudge > 0 {
+            // Past the flood: few CreateOrders can still take a unit that does not exist.
+            let past = w.sale.flood.saturating_sub(Duration::from_millis(1500));
+            tokio::time::sleep(past + Duration::from_secs(1)).await;
+        }
+        nudge_gate(w, nudge).await?;
+        tokio::time::sleep(wait).await;
+        let seen = driver::reconcile(&clients, &sku, false, ADMIN_RETRY_FOR).await?;
+        let fixed = driver::reconcile(&clients, &sku, true, ADMIN_RETRY_FOR).await?;
+        let after = driver::reconcile(&clients, &sku, false, ADMIN_RETRY_FOR).await?;
+        drifts.push((nudge, seen.drift, fixed.drift, fixed.repaired, after.drift));
+        if seen.drift != nudge {
+            w.violations.push(format!(
+                "gate nudged by {nudge}: reconcile reported drift {}",
+                seen.drift
+            ));
+        }
+        if fixed.drift != 0 && !fixed.repaired {
+            w.violations.push(format!(
+                "gate nudged by {nudge}: repair left drift {}",
+                fixed.drift
+            ));
+        }
+        if after.drift != 0 {
+            w.violations.push(format!(
+                "gate nudged by {nudge}: drift {} after the repair",
+                after.drift
+            ));
+        }
+    }
+    w.notes.push(
+        format!("reconcile(nudge,reported,at_repair,repaired,after)={drifts:?}").replace(' ', ""),
+    );
+    Ok(0)
+}
+
+/// A replay of an acknowledged CreateOrder (same user, same request id) reaches a write batch
+/// that skips it, and the order service exits there, after the batch's commit and before the
+/// relay publishes its `order.created` events; restarted.
+async fn order_exit_after_batch_write(w: &mut World) -> anyhow::Result<u64> {
+    let clients = w.clients()?;
+    let sku = w.sale.sku.clone();
+    let (user, rid) = ("replayer", "replay-1");
+    let first = driver::create_order(&clients, user, rid, &sku, Duration::from_secs(10))
+        .await
+        .map_err(|s| {
+            anyhow::anyhow!("the replayer's CreateOrder: {:?} {}", s.code(), s.message())
+        })?;
+    // The replay: its batch commits, then the process exits before answering.
+    let replay = driver::create_order(&clients, user, rid, &sku, Duration::ZERO).await;
+    w.notes.push(format!(
+        "replay_answer={}",
+        match &replay {
+            Ok(_) => "order".to_owned(),
+            Err(s) => format!("{:?}", s.code()),
+        }
+    ));
+    until_exit(w).await?;
+    // After the restart the replay is answered with the same order.
+    match driver::create_order(&clients, user, rid, &sku, Duration::from_secs(20)).await {
+        Ok(o) if o.order_id == first.order_id => {}
+        Ok(o) => w.violations.push(format!(
+            "the replay after the restart got order {}, the first answer was {}",
+            o.order_id, first.order_id
+        )),
+        Err(s) => w.violations.push(format!(
+            "the replay after the restart failed: {:?} {}",
+            s.code(),
+            s.message()
+        )),
+    }
+    Ok(0)
 }

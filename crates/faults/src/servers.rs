@@ -201,16 +201,22 @@ impl Drop for Postgres {
 
 // ---------------------------------------------------------------------------------------------
 
-/// A Redis server of its own, without persistence, as a child process.
+/// A Redis server of its own, as a child process. It never saves by itself; a scenario may take
+/// a snapshot ([`Redis::save`]) and later restart the server from it.
 pub struct Redis {
     pub port: u16,
+    dir: TempDir,
     child: Option<Child>,
 }
+
+/// The snapshot file in the server's directory.
+const REDIS_DUMP: &str = "dump.rdb";
 
 impl Redis {
     pub async fn start() -> anyhow::Result<Self> {
         let mut r = Self {
             port: free_port()?,
+            dir: TempDir::new("fs_faults_redis")?,
             child: None,
         };
         r.start_again().await?;
@@ -221,8 +227,36 @@ impl Redis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Starts an empty server on the same port (after [`Redis::kill`]).
+    /// Starts an empty server on the same port (after [`Redis::kill`]): a snapshot taken
+    /// earlier is removed first.
     pub async fn start_again(&mut self) -> anyhow::Result<()> {
+        let dump = self.dir.0.join(REDIS_DUMP);
+        if dump.exists() {
+            std::fs::remove_file(&dump).with_context(|| format!("remove {}", dump.display()))?;
+        }
+        self.spawn().await
+    }
+
+    /// Starts the server on the same port from the snapshot [`Redis::save`] wrote (after
+    /// [`Redis::kill`]): everything written since the snapshot is gone, what it held is back.
+    pub async fn start_from_snapshot(&mut self) -> anyhow::Result<()> {
+        let dump = self.dir.0.join(REDIS_DUMP);
+        anyhow::ensure!(dump.exists(), "no Redis snapshot at {}", dump.display());
+        self.spawn().await
+    }
+
+    /// Writes a snapshot of everything the server holds now (`SAVE`).
+    pub async fn save(&self) -> anyhow::Result<()> {
+        let client = deadpool_redis::redis::Client::open(self.url())?;
+        let mut c = client.get_multiplexed_async_connection().await?;
+        let _: () = deadpool_redis::redis::cmd("SAVE")
+            .query_async(&mut c)
+            .await
+            .context("Redis SAVE")?;
+        Ok(())
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
         use std::os::unix::process::CommandExt as _;
         let child = Command::new("redis-server")
             .args([
@@ -236,14 +270,36 @@ impl Redis {
                 "no",
                 "--daemonize",
                 "no",
+                "--dbfilename",
+                REDIS_DUMP,
             ])
+            .arg("--dir")
+            .arg(&self.dir.0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .process_group(0)
             .spawn()
             .context("start redis-server")?;
         self.child = Some(child);
-        wait_port(self.port, Duration::from_secs(15), "Redis").await
+        wait_port(self.port, Duration::from_secs(15), "Redis").await?;
+        // The port opens before a snapshot is loaded; until then commands answer LOADING.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let ping = async {
+                let client = deadpool_redis::redis::Client::open(self.url())?;
+                let mut c = client.get_multiplexed_async_connection().await?;
+                deadpool_redis::redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+            };
+            match ping.await {
+                Ok(_) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    bail!("Redis on port {} does not answer: {e}", self.port)
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
     }
 
     /// Kills the server: everything it held is gone.

@@ -65,7 +65,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         Arc::new(stock),
         warehouse,
         settings.shipping.clone(),
-    );
+    )
+    .with_failpoints(failpoints.clone());
 
     let sh = shipping.clone();
     let handler = move |msg| amqp::handle(sh.clone(), msg);

@@ -1,14 +1,21 @@
 //! `flashsale-faults --scenario NAME|all [--seed N]`: runs fault scenarios and prints one line of
-//! figures each; the exit code is non-zero when any scenario fails or cannot run.
+//! figures each; `flashsale-faults soak --seed N --seconds S`: one S-second sale through a
+//! seeded mix of faults, one line of figures. The exit code is non-zero when anything fails or
+//! cannot run.
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use flashsale_faults::scenario::{self, ALL, SharedBroker};
 
 #[derive(Parser)]
-#[command(about = "Fault-injection scenarios for flashsale, on private servers")]
+#[command(
+    about = "Fault-injection scenarios for flashsale, on private servers",
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// A scenario's name, or `all`; repeat it to run several.
     #[arg(long, default_value = "all")]
     scenario: Vec<String>,
@@ -17,9 +24,24 @@ struct Args {
     seed: u64,
 }
 
+#[derive(Subcommand)]
+enum Command {
+    /// One sale lasting `--seconds`, restocked every 10 s, through faults injected one at a
+    /// time at moments chosen from `--seed` (the same seed replays the same schedule).
+    Soak {
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Soak { seed, seconds }) = args.command {
+        return soak(seed, seconds).await;
+    }
     let names: Vec<&str> = if args.scenario.iter().any(|s| s == "all") {
         ALL.to_vec()
     } else {
@@ -64,6 +86,24 @@ async fn main() -> ExitCode {
     } else {
         eprintln!("failed: {}", failed.join(", "));
         ExitCode::FAILURE
+    }
+}
+
+async fn soak(seed: u64, seconds: u64) -> ExitCode {
+    // Dropping the soak's future (Ctrl-C, SIGTERM) stops every server and service it started.
+    tokio::select! {
+        r = flashsale_faults::soak::run(seed, seconds) => match r {
+            Ok(f) if f.pass() => ExitCode::SUCCESS,
+            Ok(_) => ExitCode::FAILURE,
+            Err(e) => {
+                println!("scenario=soak seed={seed} seconds={seconds} result=ERROR error={e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        () = interrupted() => {
+            eprintln!("interrupted: servers and services stopped");
+            ExitCode::from(130)
+        }
     }
 }
 

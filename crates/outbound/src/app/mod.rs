@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use chrono::Utc;
 use flashsale_messaging::{envelope, outbox};
+use flashsale_platform::failpoint::Failpoints;
 use flashsale_proto::events::v1::{
     Envelope, OrderPaid, OutboundCompleted, OutboundFailed, envelope::Payload,
 };
@@ -29,6 +30,9 @@ mod query;
 pub const PRODUCER: &str = "outbound";
 /// Commit retries inside one attempt.
 const COMMIT_TRIES: u32 = 3;
+/// Failpoint reached once the warehouse shipped, before the reservation is committed on
+/// product-stock: a crash here leaves the shipment PICKING, to be taken up again.
+pub const FP_AFTER_WAREHOUSE_BEFORE_COMMIT: &str = "outbound.after_warehouse_before_commit";
 
 /// How processing a shipment ended this time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +51,7 @@ pub struct Shipping {
     stock: Arc<dyn StockCommitter>,
     warehouse: Arc<dyn Warehouse>,
     settings: ShippingSettings,
+    failpoints: Failpoints,
 }
 
 impl Shipping {
@@ -61,7 +66,13 @@ impl Shipping {
             stock,
             warehouse,
             settings,
+            failpoints: Failpoints::default(),
         }
+    }
+
+    /// The same, reaching `failpoints` at its steps ([`FP_AFTER_WAREHOUSE_BEFORE_COMMIT`]).
+    pub fn with_failpoints(self, failpoints: Failpoints) -> Self {
+        Self { failpoints, ..self }
     }
 
     /// `order.paid`: create the shipment (once per order) and ship it.
@@ -127,7 +138,10 @@ impl Shipping {
                     Policy::CommitAtOrder => Ok(()),
                     Policy::ReserveThenCommit => {
                         step = "commit";
-                        self.commit_with_retries(s.order_id).await
+                        match self.failpoints.hit(FP_AFTER_WAREHOUSE_BEFORE_COMMIT).await {
+                            Ok(()) => self.commit_with_retries(s.order_id).await,
+                            Err(e) => Err(CommitError::Transient(e.to_string())),
+                        }
                     }
                 }
             }
