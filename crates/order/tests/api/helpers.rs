@@ -111,6 +111,8 @@ async fn spawn_stock(
     s.redis.key_prefix = format!("{}:", unique_name("fs_test"));
     s.amqp = amqp_for_test(exchange);
     s.order_service.url = format!("http://127.0.0.1:{order_port}");
+    // A test that loses a gate wants it rebuilt at once; product-stock's own tests cover the wait.
+    s.stock.rebuild_settle_ms = 0;
     tune(&mut s);
     let app = flashsale_product_stock::startup::build(s.clone())
         .await
