@@ -18,6 +18,7 @@ use crate::{
 
 mod checkout;
 mod intake;
+mod page;
 mod queries;
 mod saga;
 mod saga_batch;

@@ -191,51 +191,16 @@ fn decode_pending_token(token: &str, filter: &str) -> Result<Option<Uuid>, Order
 }
 
 fn filter_hash(filter: &str) -> u64 {
-    // FNV-1a: a token is only valid for the filter it was issued with.
-    filter.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    // A token is only valid for the filter it was issued with.
+    super::page::filter_hash(filter)
 }
 
 fn encode_token(at: DateTime<Utc>, id: Uuid, filter: &str) -> String {
-    format!(
-        "o1.{}.{}.{:x}",
-        at.timestamp_micros(),
-        id.simple(),
-        filter_hash(filter)
-    )
+    super::page::encode("o1", at, id, filter_hash(filter))
 }
 
 fn decode_token(token: &str, filter: &str) -> Result<Option<(DateTime<Utc>, Uuid)>, OrderError> {
-    if token.is_empty() {
-        return Ok(None);
-    }
-    let bad = || {
-        OrderError::invalid(
-            "page_token",
-            "not a token this server issued for this filter",
-        )
-    };
-    let mut parts = token.split('.');
-    let (Some("o1"), Some(micros), Some(id), Some(hash), None) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
-        return Err(bad());
-    };
-    if u64::from_str_radix(hash, 16).ok() != Some(filter_hash(filter)) {
-        return Err(bad());
-    }
-    let at = micros
-        .parse::<i64>()
-        .ok()
-        .and_then(DateTime::<Utc>::from_timestamp_micros)
-        .ok_or_else(bad)?;
-    let id = Uuid::try_parse(id).map_err(|_| bad())?;
-    Ok(Some((at, id)))
+    super::page::decode(token, "o1", filter_hash(filter), "this filter")
 }
 
 #[cfg(test)]

@@ -177,12 +177,7 @@ impl Stuck {
 }
 
 fn encode_token(since: DateTime<Utc>, id: Uuid, older_than_ms: u64) -> String {
-    format!(
-        "s1.{}.{}.{:x}",
-        since.timestamp_micros(),
-        id.simple(),
-        older_than_ms
-    )
+    super::page::encode("s1", since, id, older_than_ms)
 }
 
 /// The cursor of `token`, which must have been issued for the same `older_than_ms`.
@@ -190,35 +185,7 @@ fn decode_token(
     token: &str,
     older_than_ms: u64,
 ) -> Result<Option<(DateTime<Utc>, Uuid)>, OrderError> {
-    if token.is_empty() {
-        return Ok(None);
-    }
-    let bad = || {
-        OrderError::invalid(
-            "page_token",
-            "not a token this server issued for this older_than_ms",
-        )
-    };
-    let mut parts = token.split('.');
-    let (Some("s1"), Some(micros), Some(id), Some(filter), None) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
-        return Err(bad());
-    };
-    if u64::from_str_radix(filter, 16).ok() != Some(older_than_ms) {
-        return Err(bad());
-    }
-    let at = micros
-        .parse::<i64>()
-        .ok()
-        .and_then(DateTime::<Utc>::from_timestamp_micros)
-        .ok_or_else(bad)?;
-    let id = Uuid::try_parse(id).map_err(|_| bad())?;
-    Ok(Some((at, id)))
+    super::page::decode(token, "s1", older_than_ms, "this older_than_ms")
 }
 
 #[cfg(test)]
