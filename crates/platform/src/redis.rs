@@ -11,7 +11,7 @@
 //! are checked before they serve again. Why, and what it costs after a Redis restart:
 //! docs/adr/0006-redis-pool-ping-bypass.md.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use deadpool::managed::{self, Metrics, QueueMode, RecycleError, RecycleResult};
@@ -31,6 +31,11 @@ pub type Pool = managed::Pool<Manager>;
 /// asked for.
 pub type Connection = managed::Object<Manager>;
 
+/// Runs on every connection the pool opens, before the connection serves anything; an error
+/// fails that hand-out and the connection is not kept. It runs once per connection, so it costs
+/// nothing on connections already open.
+pub type OnConnect = Arc<dyn for<'a> Fn(&'a mut Conn) -> RedisFuture<'a, ()> + Send + Sync>;
+
 /// A pool of `settings.pool_size` connections to `settings.url` (connections open lazily).
 pub fn pool(settings: &RedisSettings) -> anyhow::Result<Pool> {
     pool_with(settings, CHECK_AFTER_IDLE)
@@ -39,9 +44,21 @@ pub fn pool(settings: &RedisSettings) -> anyhow::Result<Pool> {
 /// [`pool`], checking a connection before it serves again once it was idle for `check_after`
 /// (`Duration::ZERO`: before every hand-out, as deadpool-redis does).
 pub fn pool_with(settings: &RedisSettings, check_after: Duration) -> anyhow::Result<Pool> {
+    pool_with_hook(settings, check_after, None)
+}
+
+/// [`pool_with`], running `on_connect` on every new connection before it is handed out.
+/// Every connection of a Redis that restarted is a new one (the old ones died with it), so
+/// this is where a user notices a restart before any of its commands reach the new server.
+pub fn pool_with_hook(
+    settings: &RedisSettings,
+    check_after: Duration,
+    on_connect: Option<OnConnect>,
+) -> anyhow::Result<Pool> {
     let manager = Manager {
         inner: deadpool_redis::Manager::new(settings.url.as_str()).context("Redis URL")?,
         check_after,
+        on_connect,
     };
     let mut config = managed::PoolConfig::new(settings.pool_size);
     config.queue_mode = QueueMode::Lifo;
@@ -53,10 +70,20 @@ pub fn pool_with(settings: &RedisSettings, check_after: Duration) -> anyhow::Res
 }
 
 /// Opens multiplexed connections and decides whether one can serve again.
-#[derive(Debug)]
 pub struct Manager {
     inner: deadpool_redis::Manager,
     check_after: Duration,
+    on_connect: Option<OnConnect>,
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("inner", &self.inner)
+            .field("check_after", &self.check_after)
+            .field("on_connect", &self.on_connect.is_some())
+            .finish()
+    }
 }
 
 impl managed::Manager for Manager {
@@ -64,11 +91,15 @@ impl managed::Manager for Manager {
     type Error = RedisError;
 
     async fn create(&self) -> Result<Conn, RedisError> {
-        Ok(Conn {
+        let mut conn = Conn {
             inner: self.inner.create().await?,
             broken: false,
             in_flight: false,
-        })
+        };
+        if let Some(hook) = &self.on_connect {
+            hook(&mut conn).await?;
+        }
+        Ok(conn)
     }
 
     async fn recycle(&self, conn: &mut Conn, metrics: &Metrics) -> RecycleResult<RedisError> {

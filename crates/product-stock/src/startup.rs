@@ -61,7 +61,9 @@ pub async fn build_with_orders(
         &settings.auth,
     )
     .await?;
-    let pool = flashsale_platform::redis::pool(&settings.redis)?;
+    // Every new connection first checks that Redis did not come back from a stale snapshot
+    // (docs/architecture.md#operations).
+    let pool = RedisGate::pool(&settings.redis, &settings.redis.key_prefix)?;
     let redis_gate = RedisGate::new(
         pool,
         settings.redis.key_prefix.clone(),

@@ -37,6 +37,7 @@
 mod keys;
 mod maintenance;
 mod outcome;
+mod restart;
 mod script;
 
 use std::time::Duration;
@@ -51,6 +52,7 @@ pub use outcome::{
     AdjustOutcome, GateBuyers, GateError, GateSnapshot, LoadOutcome, PendingHold, RebuiltHold,
     ReleaseOutcome, RepairOutcome, ReserveOutcome,
 };
+pub use restart::{RunCheck, check_redis_run, on_connect};
 
 use keys::{REQUEST_ID_MAX_LEN, validate_amount, validate_prefix, validate_qty, validate_user};
 use script::{LuaScript, Reply, int};

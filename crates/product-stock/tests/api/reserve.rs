@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use deadpool_redis::redis;
 use flashsale_proto::product::v1::{DeductionPolicy, GetProductRequest, ReserveStockRequest};
 use tonic::Code;
 use uuid::Uuid;
@@ -237,6 +238,79 @@ async fn after_redis_lost_the_product_the_next_reserve_rebuilds_it_from_the_data
         .product
         .unwrap();
     assert_eq!((p.available, p.gate_available), (5, 3));
+}
+
+#[tokio::test]
+async fn a_replica_on_a_redis_restored_from_a_stale_snapshot_drops_the_gate_and_rebuilds_it() {
+    let app = spawn_app().await;
+    app.create("STALE", 10, 0, RTC).await;
+    // Six units sold since the snapshot: the database has them, the restored gate does not.
+    app.exec(
+        "UPDATE stock SET reserved = 6 WHERE sku = 'STALE';
+         INSERT INTO reservations (order_id, sku, user_id, quantity, state, policy) VALUES
+           (gen_random_uuid(), 'STALE', 'u1', 6, 'RESERVED', 'RESERVE_THEN_COMMIT')",
+    )
+    .await;
+    assert_eq!(
+        app.gate.snapshot("STALE").await.unwrap().unwrap().available,
+        10
+    );
+    // The data came from a Redis started earlier (a real restart cannot be done on the shared
+    // server): its run id is another one.
+    let gate_run = format!("{}gate_run", app.settings.redis.key_prefix);
+    let mut conn = flashsale_platform::redis::pool(&app.settings.redis)
+        .unwrap()
+        .get()
+        .await
+        .unwrap();
+    let recorded: Option<String> = redis::cmd("GET")
+        .arg(&gate_run)
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    assert!(
+        recorded.is_some(),
+        "the first app recorded its Redis's run id"
+    );
+    let _: () = redis::cmd("SET")
+        .arg(&gate_run)
+        .arg("an-earlier-redis")
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+
+    // A replica connecting now (as every replica does after a Redis restart) drops the gate
+    // before its first command, so the next reservation rebuilds it from the database.
+    let replica = flashsale_product_stock::startup::build_with_orders(
+        app.settings.clone(),
+        Default::default(),
+        app.orders.clone(),
+    )
+    .await
+    .unwrap();
+    let port = replica.grpc_port();
+    let stop = replica.shutdown();
+    let task = tokio::spawn(replica.run_until_stopped());
+    let mut c = Client::new(flashsale_test_support::grpc::channel(port).await.unwrap());
+    assert_eq!(
+        reserve(&mut c, Uuid::new_v4(), "u2", "STALE", 4)
+            .await
+            .unwrap(),
+        0,
+        "only the 4 units the database still has"
+    );
+    let err = reserve(&mut c, Uuid::new_v4(), "u3", "STALE", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "SOLD_OUT");
+    let recorded: Option<String> = redis::cmd("GET")
+        .arg(&gate_run)
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    assert_ne!(recorded.as_deref(), Some("an-earlier-redis"));
+    stop.trigger();
+    let _ = task.await;
 }
 
 fn buyers_req(sku: &str, max_buyers: u32) -> flashsale_proto::product::v1::GetGateBuyersRequest {

@@ -9,3 +9,4 @@ mod lifecycle;
 mod operations;
 mod pool;
 mod reserve;
+mod restart;

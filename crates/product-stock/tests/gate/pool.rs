@@ -1,7 +1,8 @@
 //! The gate's connection pool (`flashsale_platform::redis`): a connection in steady use serves
 //! again without a round trip of its own, one that sat idle is checked first, and one whose
-//! command lost the connection is replaced rather than handed out again. What a connection did
-//! last is read from another connection with `CLIENT LIST ID`.
+//! command lost the connection is replaced rather than handed out again; a new connection runs
+//! the pool's hook first. What a connection did last is read from another connection with
+//! `CLIENT LIST ID`.
 
 use std::time::Duration;
 
@@ -155,4 +156,50 @@ async fn a_connection_whose_command_was_cut_off_is_checked_before_it_serves() {
     // response timeout, so the pool opens a new connection.
     let mut next = pool.get().await.unwrap();
     assert_ne!(client_id(&mut next).await, id);
+}
+
+#[tokio::test]
+async fn the_new_connection_hook_runs_once_per_connection_before_it_serves() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let hook: flashsale_platform::redis::OnConnect = Arc::new(move |conn| {
+        let counted = counted.clone();
+        Box::pin(async move {
+            let _: String = redis::cmd("CLIENT")
+                .arg("SETNAME")
+                .arg("hooked")
+                .query_async(conn)
+                .await?;
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+    });
+    let pool = flashsale_platform::redis::pool_with_hook(&settings(), LONG, Some(hook)).unwrap();
+    for _ in 0..3 {
+        let mut conn = pool.get().await.unwrap();
+        let name: Option<String> = redis::cmd("CLIENT")
+            .arg("GETNAME")
+            .query_async(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(name.as_deref(), Some("hooked"));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one connection, one run");
+}
+
+#[tokio::test]
+async fn a_failing_new_connection_hook_fails_the_hand_out_and_keeps_no_connection() {
+    let hook: flashsale_platform::redis::OnConnect = std::sync::Arc::new(|conn| {
+        Box::pin(async move {
+            let _: () = redis::cmd("NO-SUCH-COMMAND").query_async(conn).await?;
+            Ok(())
+        })
+    });
+    let pool = flashsale_platform::redis::pool_with_hook(&settings(), LONG, Some(hook)).unwrap();
+    assert!(pool.get().await.is_err());
+    assert_eq!(pool.status().size, 0);
 }

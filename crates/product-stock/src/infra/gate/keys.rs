@@ -58,6 +58,31 @@ pub(super) fn validate_prefix(prefix: &str) -> Result<(), GateError> {
     Ok(())
 }
 
+/// `text` with the glob characters of a SCAN pattern escaped.
+pub(super) fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 4);
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A SCAN pattern matching every gate key of every product under `prefix`.
+pub(super) fn all_products_pattern(prefix: &str) -> String {
+    let mut out = glob_escape(prefix);
+    out.push_str("stock:*");
+    out
+}
+
+/// The key holding the run id of the Redis the gate was last built against (outside the
+/// `stock:` keys, so deleting those keeps it).
+pub(super) fn gate_run_key(prefix: &str) -> String {
+    format!("{prefix}gate_run")
+}
+
 /// The keys of one product: `<prefix>stock:{p:SKU}:<part>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProductKeys {
@@ -123,13 +148,7 @@ impl ProductKeys {
 
     /// A SCAN pattern matching every key of the product (glob characters of the prefix escaped).
     pub fn pattern(&self) -> String {
-        let mut out = String::with_capacity(self.base.len() + 4);
-        for c in self.base.chars() {
-            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-                out.push('\\');
-            }
-            out.push(c);
-        }
+        let mut out = glob_escape(&self.base);
         out.push_str(":*");
         out
     }
