@@ -6,7 +6,7 @@
 //! refunded through the provider.
 
 use chrono::Utc;
-use flashsale_contract::payment::{check_currency, verify};
+use flashsale_contract::payment::{SignatureError, check_currency, verify};
 use flashsale_messaging::outbox;
 use flashsale_proto::payment::v1::{PaymentEvent, PaymentEventType};
 use prost::Message as _;
@@ -70,7 +70,10 @@ impl Payments {
             metrics::counter!("flashsale_payment_notifications_total", "result" => "refused")
                 .increment(1);
             tracing::warn!(error = %e, "payment notification refused");
-            OrderError::Unauthenticated(e.to_string())
+            match e {
+                SignatureError::TooLarge => OrderError::invalid("payload", e.to_string()),
+                _ => OrderError::Unauthenticated(e.to_string()),
+            }
         })?;
         let (ev, notice) = decode(&n.payload)?;
         let txn = self.db.begin().await?;

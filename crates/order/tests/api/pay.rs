@@ -248,6 +248,13 @@ async fn forged_stale_mismatched_and_unknown_notifications_change_nothing() {
         app.notify(junk, None).await.unwrap_err().code(),
         Code::InvalidArgument
     );
+    let mut huge = signed_now(&good);
+    huge.payload = vec![0; flashsale_contract::payment::NOTIFICATION_MAX_BYTES + 1];
+    huge.signature =
+        flashsale_contract::payment::sign(secret.as_bytes(), huge.timestamp, &huge.payload);
+    let e = app.notify(huge, None).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(flashsale_platform::error::violated_fields(&e), ["payload"]);
 
     assert_eq!(
         app.get("alice", &id).await.status,
