@@ -1,6 +1,7 @@
-//! `flashsale order create|get|list|watch|pay|cancel|stuck|refunds` against the order service.
-//! Commands act as the buyer `--user` (a user token minted from the shared secret) unless
-//! `--admin` or `--token` is given (`stuck` and `refunds` always mint an admin token); answers
+//! `flashsale order create|get|list|watch|pay|cancel|stuck|refunds|refund-retry` against the
+//! order service. Commands act as the buyer `--user` (a user token minted from the shared
+//! secret) unless `--admin` or `--token` is given (`stuck`, `refunds` and `refund-retry` always
+//! mint an admin token); answers
 //! print as JSON, a watch as one compact JSON line per update, the stuck orders as text unless
 //! `--json`.
 
@@ -11,7 +12,7 @@ use clap::{Subcommand, ValueEnum};
 use flashsale_platform::auth::Role;
 use flashsale_proto::order::v1::{
     CancelOrderRequest, CreateOrderRequest, GetOrderRequest, ListOrdersRequest, ListRefundsRequest,
-    OrderStatus, PayOrderRequest, RefundStatus, WatchOrderRequest,
+    OrderStatus, PayOrderRequest, RefundStatus, RetryRefundRequest, WatchOrderRequest,
     order_service_client::OrderServiceClient,
 };
 use tonic::transport::Channel;
@@ -117,6 +118,9 @@ enum Command {
         #[arg(long, allow_negative_numbers = true)]
         page_size: Option<i32>,
     },
+    /// Ask the payment provider again for a refund parked FAILED (admin), once whatever made it
+    /// refuse is fixed.
+    RefundRetry { order_id: String },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -130,7 +134,11 @@ enum RefundFilter {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let admin = args.admin || matches!(args.command, Command::Stuck(_) | Command::Refunds { .. });
+    let admin = args.admin
+        || matches!(
+            args.command,
+            Command::Stuck(_) | Command::Refunds { .. } | Command::RefundRetry { .. }
+        );
     let token = match args.token.clone() {
         Some(t) => t,
         None => {
@@ -216,6 +224,13 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             print(&resp.into_inner(), "flashsale.order.v1.PayOrderResponse")?;
         }
         Command::Stuck(stuck) => return crate::stuck::run(stuck, &mut client, &token).await,
+        Command::RefundRetry { order_id } => {
+            let resp = client
+                .retry_refund(authorized(RetryRefundRequest { order_id }, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(&resp.into_inner(), "flashsale.order.v1.RetryRefundResponse")?;
+        }
         Command::Refunds { status, page_size } => {
             let status = status.map_or(RefundStatus::Unspecified, |s| match s {
                 RefundFilter::Requested => RefundStatus::Recorded,

@@ -255,7 +255,7 @@ async fn order_commands_report_the_servers_refusal() {
 }
 
 #[tokio::test]
-async fn order_refunds_lists_refunds_for_an_admin_and_reports_bad_filters() {
+async fn order_refunds_lists_and_retries_refunds_for_an_admin_and_reports_bad_input() {
     let stack = Stack::spawn().await;
     let failed = stack
         .order("ops", &["refunds", "--status", "failed"])
@@ -278,5 +278,22 @@ async fn order_refunds_lists_refunds_for_an_admin_and_reports_bad_filters() {
         !unknown.ok && unknown.stderr.contains("--status"),
         "{}",
         unknown.stderr
+    );
+    let missing = stack
+        .order(
+            "ops",
+            &["refund-retry", "9b2f0c4e-58c1-4b8e-a0d6-2f64c1f9e7a3"],
+        )
+        .await;
+    assert!(
+        !missing.ok && missing.stderr.contains("NotFound"),
+        "{}",
+        missing.stderr
+    );
+    let bad = stack.order("ops", &["refund-retry", "nope"]).await;
+    assert!(
+        !bad.ok && bad.stderr.contains("InvalidArgument") && bad.stderr.contains("order_id"),
+        "{}",
+        bad.stderr
     );
 }

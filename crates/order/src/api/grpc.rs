@@ -15,12 +15,12 @@ use flashsale_proto::order::v1::{
     GetOrderRequest, GetOrderResponse, ListOrdersRequest, ListOrdersResponse,
     ListPendingOrdersRequest, ListPendingOrdersResponse, ListRefundsRequest, ListRefundsResponse,
     ListStuckOrdersRequest, ListStuckOrdersResponse, LookupOrdersRequest, LookupOrdersResponse,
-    PayOrderRequest, PayOrderResponse, WatchOrderRequest, WatchOrderResponse,
-    order_service_server::OrderService,
+    PayOrderRequest, PayOrderResponse, RetryRefundRequest, RetryRefundResponse, WatchOrderRequest,
+    WatchOrderResponse, order_service_server::OrderService,
 };
 use tonic::{Request, Response, Status};
 
-use super::payment::{checkout_to_proto, list_refunds, refund_status};
+use super::payment::{checkout_to_proto, list_refunds, refund_status, retry_refund};
 use crate::{
     app::{
         Checkout, Intake, Queries, Refunds, Stuck, StuckOrder, reason_to_proto, status_to_proto,
@@ -177,6 +177,9 @@ impl From<OrderError> for ApiError {
             },
             OrderError::Provider(ProviderError::Refused(_)) => {
                 ApiError::failed_precondition("PAYMENT_PROVIDER_REFUSED", message)
+            }
+            OrderError::RefundCompleted(_) => {
+                ApiError::failed_precondition("REFUND_COMPLETED", message)
             }
             OrderError::Internal(e) => ApiError::Internal(e),
         }
@@ -346,5 +349,12 @@ impl OrderService for OrderApi {
         req: Request<ListRefundsRequest>,
     ) -> Result<Response<ListRefundsResponse>, Status> {
         list_refunds(&self.refunds, req).await
+    }
+
+    async fn retry_refund(
+        &self,
+        req: Request<RetryRefundRequest>,
+    ) -> Result<Response<RetryRefundResponse>, Status> {
+        retry_refund(&self.refunds, req).await
     }
 }

@@ -1,17 +1,19 @@
 //! The payment side of the API: `flashsale.order.v1.PaymentNotificationService` (the provider's
-//! signed notifications — authenticated by their signature, not by a token) and ListRefunds.
+//! signed notifications — authenticated by their signature, not by a token), ListRefunds and
+//! RetryRefund.
 
 use flashsale_contract::to_timestamp;
 use flashsale_proto::order::v1::{
     self as pb, ListRefundsRequest, ListRefundsResponse, NotifyPaymentRequest,
-    NotifyPaymentResponse, payment_notification_service_server::PaymentNotificationService,
+    NotifyPaymentResponse, RetryRefundRequest, RetryRefundResponse,
+    payment_notification_service_server::PaymentNotificationService,
 };
 use tonic::{Request, Response, Status};
 
 use super::grpc::{ADMIN, authorize, status};
 use crate::{
     app::{Payments, Refunds, SignedNotice, reason_to_proto},
-    domain::{OrderError, ProviderPayment, RefundRecord, RefundState},
+    domain::{OrderError, ProviderPayment, RefundRecord, RefundState, parse_order_id},
 };
 
 /// The provider's way in. Served without the bearer-token interceptor: a provider holds no
@@ -113,5 +115,19 @@ pub(super) async fn list_refunds(
     Ok(Response::new(ListRefundsResponse {
         refunds: page.refunds.into_iter().map(refund_to_proto).collect(),
         next_page_token: page.next_page_token,
+    }))
+}
+
+/// RetryRefund (admin).
+pub(super) async fn retry_refund(
+    refunds: &Refunds,
+    req: Request<RetryRefundRequest>,
+) -> Result<Response<RetryRefundResponse>, Status> {
+    let caller = authorize(&req, ADMIN)?;
+    let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
+    let refund = refunds.retry(id).await.map_err(status)?;
+    tracing::info!(who = %caller.subject, order_id = %id, "refund retried by hand");
+    Ok(Response::new(RetryRefundResponse {
+        refund: Some(refund_to_proto(refund)),
     }))
 }

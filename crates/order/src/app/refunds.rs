@@ -11,6 +11,7 @@ use std::{sync::Arc, time::Duration};
 use chrono::Utc;
 use futures_util::{StreamExt as _, stream};
 use sea_orm::DatabaseConnection;
+use uuid::Uuid;
 
 use super::page;
 use crate::{
@@ -163,6 +164,19 @@ impl Refunds {
             self.refresh_gauge().await
         })
         .await
+    }
+
+    /// Asks the provider again for a refund parked FAILED (RECORDED again, attempts reset, due
+    /// now); a refund still REQUESTED is returned as it is.
+    pub async fn retry(&self, order_id: Uuid) -> Result<RefundRecord, OrderError> {
+        payment_store::requeue_failed(&self.db, order_id).await?;
+        let refund = payment_store::refund(&self.db, order_id)
+            .await?
+            .ok_or(OrderError::NotFound(order_id))?;
+        match refund.state {
+            RefundState::Succeeded => Err(OrderError::RefundCompleted(order_id)),
+            _ => Ok(refund),
+        }
     }
 
     /// A page of refunds (in `state`, or any), oldest first.

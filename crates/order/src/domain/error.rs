@@ -42,6 +42,9 @@ pub enum OrderError {
     PaymentMismatch(String),
     #[error(transparent)]
     Provider(#[from] super::ProviderError),
+    /// The provider paid this order's refund back already.
+    #[error("the refund of order {0} was paid back already")]
+    RefundCompleted(Uuid),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }

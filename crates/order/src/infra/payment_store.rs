@@ -226,6 +226,35 @@ impl TryFrom<RefundRow> for RefundRecord {
     }
 }
 
+const REFUND_COLUMNS: &str = "order_id, payment_id, amount_cents, currency, reason, status, \
+                              attempts, last_error, next_attempt_at, created_at, updated_at";
+
+/// The refund of `order_id`, if it has one.
+pub async fn refund<C: ConnectionTrait>(
+    c: &C,
+    order_id: Uuid,
+) -> Result<Option<RefundRecord>, OrderError> {
+    let sql = format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE order_id = $1");
+    RefundRow::find_by_statement(stmt(&sql, [order_id.into()]))
+        .one(c)
+        .await?
+        .map(RefundRecord::try_from)
+        .transpose()
+}
+
+/// Moves a FAILED refund back to REQUESTED, due now, with its attempts reset; returns whether
+/// it was FAILED.
+pub async fn requeue_failed<C: ConnectionTrait>(c: &C, order_id: Uuid) -> Result<bool, OrderError> {
+    let res = c
+        .execute_raw(stmt(
+            "UPDATE refunds SET status = 'REQUESTED', attempts = 0, next_attempt_at = now(), \
+             updated_at = now() WHERE order_id = $1 AND status = 'FAILED'",
+            [order_id.into()],
+        ))
+        .await?;
+    Ok(res.rows_affected() == 1)
+}
+
 /// A page of refunds (in `state`, or any), oldest first, after the `(created_at, order_id)`
 /// cursor.
 pub async fn list_refunds<C: ConnectionTrait>(
@@ -241,19 +270,17 @@ pub async fn list_refunds<C: ConnectionTrait>(
         id.into(),
         i64::try_from(limit).unwrap_or(i64::MAX).into(),
     ];
-    RefundRow::find_by_statement(stmt(
-        "SELECT order_id, payment_id, amount_cents, currency, reason, status, attempts, last_error, \
-             next_attempt_at, created_at, updated_at FROM refunds \
-         WHERE ($1::text IS NULL OR status = $1) \
+    let sql = format!(
+        "SELECT {REFUND_COLUMNS} FROM refunds WHERE ($1::text IS NULL OR status = $1) \
            AND ($2::timestamptz IS NULL OR (created_at, order_id) > ($2, $3)) \
-         ORDER BY created_at, order_id LIMIT $4",
-        values,
-    ))
-    .all(c)
-    .await?
-    .into_iter()
-    .map(RefundRecord::try_from)
-    .collect()
+         ORDER BY created_at, order_id LIMIT $4"
+    );
+    RefundRow::find_by_statement(stmt(&sql, values))
+        .all(c)
+        .await?
+        .into_iter()
+        .map(RefundRecord::try_from)
+        .collect()
 }
 
 /// The refunds not yet paid back, by state (REQUESTED, FAILED).

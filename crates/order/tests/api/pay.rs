@@ -9,7 +9,7 @@ use flashsale_platform::auth::Role;
 use flashsale_proto::{
     order::v1::{
         CancelOrderRequest, CancelReason, ListRefundsRequest, OrderStatus, PayOrderRequest,
-        RefundStatus,
+        RefundStatus, RetryRefundRequest,
     },
     payment::v1::{PaymentEvent, PaymentEventType},
 };
@@ -688,4 +688,60 @@ async fn listing_refunds_is_for_admins_with_valid_filters() {
         .unwrap()
         .into_inner();
     assert!(empty.refunds.is_empty() && empty.next_page_token.is_empty());
+}
+
+#[tokio::test]
+async fn an_admin_retries_a_parked_refund_and_the_provider_then_pays_it() {
+    // The provider declines the first three calls: all of them, with three attempts.
+    let (app, id) = late_refund("P11", 3, 3).await;
+    flashsale_test_support::eventually(Duration::from_secs(20), "refund parked", || async {
+        let o = app.get("alice", &id).await;
+        (o.refund_status == RefundStatus::Failed as i32).then_some(())
+    })
+    .await
+    .unwrap();
+    let mut c = app.client().await;
+    let retry = |order_id: &str| RetryRefundRequest {
+        order_id: order_id.into(),
+    };
+    let user = c
+        .retry_refund(as_user("alice", retry(&id)))
+        .await
+        .unwrap_err();
+    assert_eq!(user.code(), Code::PermissionDenied);
+    let bad = c.retry_refund(as_admin(retry("nope"))).await.unwrap_err();
+    assert_eq!(
+        flashsale_platform::error::violated_fields(&bad),
+        ["order_id"]
+    );
+    let none = c
+        .retry_refund(as_admin(retry(&uuid::Uuid::new_v4().to_string())))
+        .await
+        .unwrap_err();
+    assert_eq!(none.code(), Code::NotFound);
+    assert_eq!(
+        app.get("alice", &id).await.refund_status,
+        RefundStatus::Failed as i32,
+        "refusals change nothing"
+    );
+
+    let r = c
+        .retry_refund(as_admin(retry(&id)))
+        .await
+        .unwrap()
+        .into_inner()
+        .refund
+        .unwrap();
+    assert_eq!((r.status, r.attempts), (RefundStatus::Recorded as i32, 0));
+    flashsale_test_support::eventually(Duration::from_secs(20), "refund paid", || async {
+        let o = app.get("alice", &id).await;
+        (o.refund_status == RefundStatus::Completed as i32).then_some(())
+    })
+    .await
+    .unwrap();
+    let done = c.retry_refund(as_admin(retry(&id))).await.unwrap_err();
+    assert_eq!(
+        (done.code(), reason(&done).as_str()),
+        (Code::FailedPrecondition, "REFUND_COMPLETED")
+    );
 }
