@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Runs a flash sale end to end on this machine:
 #   1. exports demo settings for the services — a short payment timeout (5 s, swept every
-#      500 ms) so unpaid and late-paid orders play out within the demo, and a flaky warehouse
-#      that fails 5 % of shipments so the refund path shows; each may be overridden by setting
-#      it before calling this script,
+#      500 ms) so unpaid and late-paid orders play out within the demo, a flaky warehouse
+#      that fails 5 % of shipments so the refund path shows, and a payment provider simulator
+#      as unreliable as a real provider (notifications up to 300 ms late, 20 % delivered twice,
+#      20 % after a declined attempt, reordered, each refund declined once before it is paid,
+#      FLASHSALE_PAYMENT_SIM_ARGS); each may be overridden by setting it before calling this
+#      script,
 #   2. restarts the services if an earlier scripts/up.sh left them running (they would keep
 #      their old settings), then starts them with scripts/up.sh,
 #   3. runs `flashsale sale --buyers 300 --stock 100` (extra arguments are passed on to it,
 #      e.g. `scripts/demo.sh --json` or `scripts/demo.sh --quiet --buyers 2000`), which floods
-#      the product, pays, never pays, pays late and cancels, waits for quiescence, and checks
-#      the invariants.
+#      the product, pays through the provider (PayOrder starts the payment, the buyer pays on
+#      the simulator's checkout, its signed notification pays the order), never pays, pays late
+#      (refunded through the provider) and cancels, waits for quiescence, and checks the
+#      invariants.
 # Exits with the sale's status. The services keep running; stop them with scripts/down.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,11 +29,13 @@ CLI="$CARGO_TARGET_DIR/${FLASHSALE_PROFILE:-debug}/flashsale"
 export FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS="${FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS:-5000}"
 export FLASHSALE_ORDER__SAGA__SWEEP_INTERVAL_MS="${FLASHSALE_ORDER__SAGA__SWEEP_INTERVAL_MS:-500}"
 export FLASHSALE_OUTBOUND__WAREHOUSE__FAIL_FRACTION="${FLASHSALE_OUTBOUND__WAREHOUSE__FAIL_FRACTION:-0.05}"
+export FLASHSALE_ORDER__PAYMENT__REFUND_RETRY_BASE_MS="${FLASHSALE_ORDER__PAYMENT__REFUND_RETRY_BASE_MS:-200}"
+export FLASHSALE_PAYMENT_SIM_ARGS="${FLASHSALE_PAYMENT_SIM_ARGS:---notify-jitter-ms 300 --duplicate-fraction 0.2 --attempt-failed-fraction 0.2 --reorder --refund-failures 1}"
 
-# The services up.sh started that are still running.
+# The services (and the simulator) up.sh started that are still running.
 running_services() {
     local svc
-    for svc in "${SERVICES[@]}"; do
+    for svc in "${SERVICES[@]}" "$PAYMENT_SIM"; do
         if live_pid "$RUN_DIR/$svc.pid" "flashsale-$svc" >/dev/null; then
             printf '%s\n' "$svc"
         fi
@@ -55,7 +62,8 @@ main() {
     fi
     log "service settings: payment timeout ${FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS} ms" \
         "(swept every ${FLASHSALE_ORDER__SAGA__SWEEP_INTERVAL_MS} ms)," \
-        "warehouse fails a fraction ${FLASHSALE_OUTBOUND__WAREHOUSE__FAIL_FRACTION} of shipments"
+        "warehouse fails a fraction ${FLASHSALE_OUTBOUND__WAREHOUSE__FAIL_FRACTION} of shipments," \
+        "payment provider simulator: ${FLASHSALE_PAYMENT_SIM_ARGS}"
     scripts/up.sh
 
     # The demo's sale, unless the caller's arguments say otherwise.

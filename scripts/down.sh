@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Stops the services scripts/up.sh started (their pid files in .run/ or $FLASHSALE_RUN_DIR):
+# Stops the services and the payment provider simulator scripts/up.sh started (their pid files in
+# .run/ or $FLASHSALE_RUN_DIR):
 # SIGTERM, up to 10 s for a graceful shutdown ($FLASHSALE_STOP_TIMEOUT), then SIGKILL.
 # Leaves PostgreSQL, Redis and RabbitMQ alone.
 set -euo pipefail
@@ -20,7 +21,7 @@ any_alive() {
 
 main() {
     local svc pid pids=() names=()
-    for svc in "${SERVICES[@]}"; do
+    for svc in "${SERVICES[@]}" "$PAYMENT_SIM"; do
         if pid="$(live_pid "$RUN_DIR/$svc.pid" "flashsale-$svc")"; then
             log "stopping $svc (pid $pid)"
             kill -TERM "$pid" 2>/dev/null || true

@@ -22,6 +22,12 @@ RUN_DIR="${FLASHSALE_RUN_DIR:-$PWD/.run}"
 # shellcheck disable=SC2034
 SERVICES=(product-stock order outbound)
 
+# The payment provider simulator up.sh runs beside them (binary flashsale-payment-sim), its
+# address (the order service's default payment.provider_url points there) and extra options.
+# shellcheck disable=SC2034
+PAYMENT_SIM=payment-sim
+PAYMENT_SIM_ADDR="${FLASHSALE_PAYMENT_SIM_ADDR:-127.0.0.1:50054}"
+
 log() { printf '%s: %s\n' "$SCRIPT" "$*"; }
 warn() { printf '%s: warning: %s\n' "$SCRIPT" "$*" >&2; }
 die() {

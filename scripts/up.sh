@@ -2,7 +2,9 @@
 # Starts the whole platform on this machine:
 #   1. scripts/dev-infra.sh (PostgreSQL, Redis, RabbitMQ reachable),
 #   2. cargo build --workspace --bins (into $CARGO_TARGET_DIR, default ~/.cache/flashsale-target),
-#   3. flashsale-product-stock, flashsale-order, flashsale-outbound in the background from the
+#   3. flashsale-payment-sim (the payment provider simulator, on $FLASHSALE_PAYMENT_SIM_ADDR,
+#      default 127.0.0.1:50054, with the options in $FLASHSALE_PAYMENT_SIM_ARGS), then
+#      flashsale-product-stock, flashsale-order, flashsale-outbound in the background from the
 #      repository root (so ./config is found), pid files and logs in .run/ ($FLASHSALE_RUN_DIR),
 #   4. waits until `flashsale health` reports all three SERVING ($FLASHSALE_UP_TIMEOUT s, 60).
 # FLASHSALE_PROFILE=release builds and runs release binaries (what scripts/bench.sh measures).
@@ -57,6 +59,39 @@ start_service() { # service
     echo "$pid" >"$pidf"
     STARTED+=("$svc")
     log "started $svc (pid $pid), log $logf"
+}
+
+# The payment provider simulator the order service pays through (not a flashsale service: no
+# database, no metrics; `flashsale health` does not ask it).
+start_payment_sim() {
+    local bin="$BIN_DIR/flashsale-$PAYMENT_SIM" pidf="$RUN_DIR/$PAYMENT_SIM.pid" logf="$RUN_DIR/$PAYMENT_SIM.log"
+    local pid args=()
+    if pid="$(live_pid "$pidf" "flashsale-$PAYMENT_SIM")"; then
+        log "$PAYMENT_SIM already running (pid $pid)"
+        return 0
+    fi
+    rm -f "$pidf"
+    [[ -x "$bin" ]] || die "$bin is missing after the build"
+    if port_open 127.0.0.1 "${PAYMENT_SIM_ADDR##*:}"; then
+        die "port ${PAYMENT_SIM_ADDR##*:} (for $PAYMENT_SIM) is taken by a process up.sh did not start"
+    fi
+    # shellcheck disable=SC2206 # options are words on purpose
+    args=(${FLASHSALE_PAYMENT_SIM_ARGS:-})
+    if [[ -f "$logf" ]]; then mv -f "$logf" "$logf.1"; fi
+    nohup "$bin" --addr "$PAYMENT_SIM_ADDR" "${args[@]}" >"$logf" 2>&1 </dev/null &
+    pid=$!
+    echo "$pid" >"$pidf"
+    log "started $PAYMENT_SIM on $PAYMENT_SIM_ADDR (pid $pid${args[*]:+, ${args[*]}}), log $logf"
+    local deadline=$((SECONDS + UP_TIMEOUT))
+    until port_open 127.0.0.1 "${PAYMENT_SIM_ADDR##*:}"; do
+        if ! pid_alive "$pid"; then
+            tail -n 20 "$logf" | sed 's/^/    /' >&2
+            rm -f "$pidf"
+            die "$PAYMENT_SIM exited during start"
+        fi
+        ((SECONDS < deadline)) || die "$PAYMENT_SIM did not listen within $UP_TIMEOUT s"
+        sleep 0.2
+    done
 }
 
 # Prints the end of a service's log, indented.
@@ -134,6 +169,8 @@ print_endpoints() {
         printf '  %-14s gRPC 127.0.0.1:%s   metrics http://127.0.0.1:%s/metrics   log %s\n' \
             "$svc" "$(svc_grpc_port "$svc")" "$(svc_metrics_port "$svc")" "$RUN_DIR/$svc.log"
     done
+    printf '  %-14s gRPC %s (payment provider simulator)   log %s\n' \
+        "$PAYMENT_SIM" "$PAYMENT_SIM_ADDR" "$RUN_DIR/$PAYMENT_SIM.log"
     printf '  CLI: %s (e.g. "%s health")\n' "$CLI" "$CLI"
     printf '  stop: scripts/down.sh\n'
 }
@@ -142,6 +179,7 @@ main() {
     scripts/dev-infra.sh
     build
     mkdir -p "$RUN_DIR"
+    start_payment_sim
     local svc
     for svc in "${SERVICES[@]}"; do start_service "$svc"; done
     export_health_urls

@@ -1,7 +1,9 @@
-//! `flashsale order create|get|list|watch|pay|cancel|stuck` against the order service. Commands
-//! act as the buyer `--user` (a user token minted from the shared secret) unless `--admin` or
-//! `--token` is given (`stuck` always mints an admin token); answers print as JSON, a watch as
-//! one compact JSON line per update, the stuck orders as text unless `--json`.
+//! `flashsale order create|get|list|watch|pay|cancel|stuck|refunds|refund-retry` against the
+//! order service. Commands act as the buyer `--user` (a user token minted from the shared
+//! secret) unless `--admin` or `--token` is given (`stuck`, `refunds` and `refund-retry` always
+//! mint an admin token); answers
+//! print as JSON, a watch as one compact JSON line per update, the stuck orders as text unless
+//! `--json`.
 
 use std::{process::ExitCode, time::Duration};
 
@@ -9,8 +11,9 @@ use anyhow::Context as _;
 use clap::{Subcommand, ValueEnum};
 use flashsale_platform::auth::Role;
 use flashsale_proto::order::v1::{
-    CancelOrderRequest, CreateOrderRequest, GetOrderRequest, ListOrdersRequest, OrderStatus,
-    PayOrderRequest, WatchOrderRequest, order_service_client::OrderServiceClient,
+    CancelOrderRequest, CreateOrderRequest, GetOrderRequest, ListOrdersRequest, ListRefundsRequest,
+    OrderStatus, PayOrderRequest, RefundStatus, RetryRefundRequest, WatchOrderRequest,
+    order_service_client::OrderServiceClient,
 };
 use tonic::transport::Channel;
 
@@ -89,13 +92,15 @@ enum Command {
         #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=604_800))]
         timeout_secs: u64,
     },
-    /// Pay an order awaiting payment; idempotent on --payment-id.
+    /// Start paying an order awaiting payment: prints the order and where to pay (the payment
+    /// provider's payment id and checkout URL). The order becomes PAID when the provider says
+    /// the buyer paid; a repeat prints the same checkout.
     Pay {
         order_id: String,
-        /// Must equal the order's total_cents.
-        #[arg(long, allow_negative_numbers = true)]
+        /// 0 (the default): the order's total; otherwise it must equal total_cents.
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         amount_cents: i64,
-        /// The payment's identifier; a fresh one when unset.
+        /// Deprecated and ignored (at most 64 characters): the provider names the payment.
         #[arg(long)]
         payment_id: Option<String>,
     },
@@ -105,10 +110,35 @@ enum Command {
     /// the order service sees it (its outbox, its dead letters), and parked messages of it at
     /// outbound (PAID orders) or product-stock (PENDING orders).
     Stuck(crate::stuck::Args),
+    /// Refunds and their attempts at the payment provider (admin), oldest first; `--status
+    /// failed` shows the ones parked after the provider kept refusing them.
+    Refunds {
+        #[arg(long, value_enum)]
+        status: Option<RefundFilter>,
+        #[arg(long, allow_negative_numbers = true)]
+        page_size: Option<i32>,
+    },
+    /// Ask the payment provider again for a refund parked FAILED (admin), once whatever made it
+    /// refuse is fixed.
+    RefundRetry { order_id: String },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RefundFilter {
+    /// Requested from the provider, retried until it pays.
+    Requested,
+    /// Paid back by the provider.
+    Completed,
+    /// Parked after refund_max_attempts: needs a person.
+    Failed,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let admin = args.admin || matches!(args.command, Command::Stuck(_));
+    let admin = args.admin
+        || matches!(
+            args.command,
+            Command::Stuck(_) | Command::Refunds { .. } | Command::RefundRetry { .. }
+        );
     let token = match args.token.clone() {
         Some(t) => t,
         None => {
@@ -184,7 +214,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         } => {
             let req = PayOrderRequest {
                 order_id,
-                payment_id: payment_id.unwrap_or_else(fresh_id),
+                payment_id: payment_id.unwrap_or_default(),
                 amount_cents,
             };
             let resp = client
@@ -194,6 +224,38 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             print(&resp.into_inner(), "flashsale.order.v1.PayOrderResponse")?;
         }
         Command::Stuck(stuck) => return crate::stuck::run(stuck, &mut client, &token).await,
+        Command::RefundRetry { order_id } => {
+            let resp = client
+                .retry_refund(authorized(RetryRefundRequest { order_id }, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(&resp.into_inner(), "flashsale.order.v1.RetryRefundResponse")?;
+        }
+        Command::Refunds { status, page_size } => {
+            let status = status.map_or(RefundStatus::Unspecified, |s| match s {
+                RefundFilter::Requested => RefundStatus::Recorded,
+                RefundFilter::Completed => RefundStatus::Completed,
+                RefundFilter::Failed => RefundStatus::Failed,
+            });
+            let mut page_token = String::new();
+            loop {
+                let req = ListRefundsRequest {
+                    status: status as i32,
+                    page_size: page_size.unwrap_or(0),
+                    page_token,
+                };
+                let page = client
+                    .list_refunds(authorized(req, &token)?)
+                    .await
+                    .map_err(status_error)?
+                    .into_inner();
+                print(&page, "flashsale.order.v1.ListRefundsResponse")?;
+                if page_size.is_some() || page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
+        }
         Command::Cancel { order_id } => {
             let resp = client
                 .cancel_order(authorized(CancelOrderRequest { order_id }, &token)?)

@@ -1,9 +1,10 @@
 //! The rules every flashsale service and client shares, each with one home: the sku format,
 //! the limits on ids, keys and quantities, the conversion between timestamps and
 //! `google.protobuf.Timestamp`, the deduction policy's names, and the reasons a reservation is
-//! refused. Pure values and checks: no I/O, no tonic, no database.
+//! refused, and how the payment provider's notifications are signed. Pure values and checks: no I/O, no tonic, no database.
 
 mod limits;
+pub mod payment;
 mod policy;
 mod refusal;
 mod sku;

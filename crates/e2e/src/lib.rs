@@ -1,6 +1,7 @@
-//! Runs the three flashsale service binaries as separate processes, each with its own database,
-//! one shared test exchange, and its own Redis key prefix and queue names, for end-to-end tests.
-//! The binaries must be built (`cargo build --workspace --bins`; `scripts/test.sh` does it).
+//! Runs the three flashsale service binaries and the payment provider simulator as separate
+//! processes, each service with its own database, one shared test exchange, and its own Redis
+//! key prefix and queue names, for end-to-end tests. The binaries must be built
+//! (`cargo build --workspace --bins`; `scripts/test.sh` does it).
 
 use std::{
     path::{Path, PathBuf},
@@ -18,7 +19,7 @@ pub struct Service {
     pub port: u16,
     child: Child,
     log: PathBuf,
-    _db: TestDatabase,
+    _db: Option<TestDatabase>,
 }
 
 impl Drop for Service {
@@ -52,16 +53,18 @@ pub fn bin_dir() -> anyhow::Result<PathBuf> {
     Ok(dir.to_path_buf())
 }
 
-fn free_port() -> anyhow::Result<u16> {
+/// A port nothing listens on right now.
+pub fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
 
-/// The three services, wired to each other.
+/// The three services, wired to each other, and the payment provider the order service uses.
 pub struct Stack {
     pub product_stock: Service,
     pub order: Service,
     pub outbound: Service,
+    pub payment_sim: Service,
     pub dir: PathBuf,
 }
 
@@ -78,9 +81,16 @@ impl Stack {
     /// Starts product-stock, order and outbound with `extra` env vars (e.g. timeouts) and waits
     /// until each is SERVING.
     pub async fn start(extra: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::start_with_sim(extra, &[]).await
+    }
+
+    /// [`Stack::start`] with `sim_args` for `flashsale-payment-sim` (delays, duplicates, …).
+    pub async fn start_with_sim(extra: &[(&str, &str)], sim_args: &[&str]) -> anyhow::Result<Self> {
         let bins = bin_dir()?;
         let dir = std::env::temp_dir().join(unique_name("fs_e2e"));
         std::fs::create_dir_all(&dir)?;
+        let payment_sim = spawn_payment_sim(&bins, &dir, free_port()?, sim_args).await?;
+        let sim_url = payment_sim.url();
         let exchange = unique_name("fs_e2e_ex");
         let config_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
         // product-stock asks the order service about orders, and starts first: the order
@@ -108,6 +118,11 @@ impl Stack {
         )
         .await?;
         let up = product_stock.url();
+        let order_extra: Vec<(&str, &str)> = extra
+            .iter()
+            .copied()
+            .chain([("FLASHSALE_ORDER__PAYMENT__PROVIDER_URL", sim_url.as_str())])
+            .collect();
         let order = spawn(
             &bins,
             "order",
@@ -117,7 +132,7 @@ impl Stack {
             &dir,
             Some(&up),
             Some(order_port),
-            extra,
+            &order_extra,
         )
         .await?;
         let outbound = spawn(
@@ -136,16 +151,22 @@ impl Stack {
             product_stock,
             order,
             outbound,
+            payment_sim,
             dir,
         })
     }
 
     pub fn logs(&self) -> String {
-        [&self.product_stock, &self.order, &self.outbound]
-            .iter()
-            .map(|s| format!("--- {} ---\n{}", s.name, s.log_tail()))
-            .collect::<Vec<_>>()
-            .join("\n")
+        [
+            &self.product_stock,
+            &self.order,
+            &self.outbound,
+            &self.payment_sim,
+        ]
+        .iter()
+        .map(|s| format!("--- {} ---\n{}", s.name, s.log_tail()))
+        .collect::<Vec<_>>()
+        .join("\n")
     }
 }
 
@@ -216,8 +237,54 @@ async fn spawn(
         port,
         child,
         log,
-        _db: db,
+        _db: Some(db),
     };
+    wait_serving(service, dir).await
+}
+
+/// `flashsale-payment-sim` on `port` with the development secrets (the ones
+/// `config/default.toml` gives the order service) and `args`; logs go to `dir`.
+pub async fn spawn_payment_sim(
+    bins: &Path,
+    dir: &Path,
+    port: u16,
+    args: &[&str],
+) -> anyhow::Result<Service> {
+    let name = "payment-sim";
+    let exe = bins.join("flashsale-payment-sim");
+    if !exe.exists() {
+        bail!(
+            "{} is missing: run `cargo build --workspace --bins` first",
+            exe.display()
+        );
+    }
+    let log = dir.join(format!("{name}.log"));
+    let child = Command::new(&exe)
+        .arg("--addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(args)
+        .env("RUST_LOG", "warn,flashsale=info")
+        .env_remove("FLASHSALE_PAYMENT_SIM_API_KEY")
+        .env_remove("FLASHSALE_PAYMENT_SIM_WEBHOOK_SECRET")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log)?)
+        .stderr(std::fs::File::create(dir.join(format!("{name}.err")))?)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("start {}", exe.display()))?;
+    let service = Service {
+        name,
+        port,
+        child,
+        log,
+        _db: None,
+    };
+    wait_serving(service, dir).await
+}
+
+/// Waits until `service` answers its health check SERVING.
+async fn wait_serving(service: Service, dir: &Path) -> anyhow::Result<Service> {
+    let name = service.name;
     let url = service.url();
     let ready = eventually(Duration::from_secs(60), "service SERVING", || async {
         let channel = tonic::transport::Endpoint::from_shared(url.clone())

@@ -1,6 +1,10 @@
 //! A small sale driver: creates the product, then buyers arrive at an even pace over the flood
 //! window; each calls CreateOrder (retrying a failed call with the same request id, as a real
 //! client would), and each acknowledged buyer then pays, never pays, pays late or cancels.
+//! Paying goes through the payment provider, as a real buyer's does: PayOrder starts the
+//! payment, the buyer pays on the provider's checkout (`flashsale-payment-sim`, which the driver
+//! runs for the sale), and the provider's signed notification pays the order; a late payer
+//! starts in time and pays at the provider after the deadline, and is refunded.
 //! Bounded in count (the buyers) and time (every wait has a deadline).
 
 use std::{
@@ -15,6 +19,9 @@ use flashsale_proto::{
     order::v1::{
         CancelOrderRequest, CreateOrderRequest, GetOrderRequest, Order, OrderStatus,
         PayOrderRequest, order_service_client::OrderServiceClient,
+    },
+    payment::v1::{
+        PayCheckoutRequest, payment_provider_service_client::PaymentProviderServiceClient,
     },
     product::v1::{
         AdjustStockRequest, CreateProductRequest, DeductionPolicy, ReconcileStockRequest,
@@ -31,6 +38,11 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 const CREATE_RETRY_FOR: Duration = Duration::from_secs(25);
 /// Longest an acknowledged buyer waits for their order to become payable.
 const AWAIT_PAYABLE_FOR: Duration = Duration::from_secs(60);
+/// Where the payment provider listens: `order.payment.provider_url` of config/default.toml,
+/// which the suite's order services run with.
+const PROVIDER_PORT: u16 = 50054;
+/// The simulator keeps delivering a notification through an order service's restart.
+const PROVIDER_ARGS: &[&str] = &["--max-deliveries", "40", "--retry-base-ms", "250"];
 
 /// What a buyer does once their order is acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,12 +70,56 @@ pub struct Sale {
 pub struct Seen {
     /// Orders CreateOrder answered with, by order id: the buyer's intent.
     pub acknowledged: HashMap<Uuid, Intent>,
-    /// Orders whose PayOrder was accepted.
+    /// Orders whose buyer paid at the provider (the money is taken).
     pub paid: HashSet<Uuid>,
     /// CreateOrder refusals (sold out, insufficient stock, user limit).
     pub refused: u32,
     /// Buyers who got neither an order nor a refusal before giving up.
     pub gave_up: u32,
+    /// The payment provider of the sale, kept running while the scenario holds this (refunds
+    /// are paid back after the buyers are done).
+    pub provider: Provider,
+}
+
+/// The payment provider simulator a sale runs (none when another process already served the
+/// provider's port, which is then used).
+#[derive(Default)]
+pub struct Provider(Option<flashsale_e2e::Service>);
+
+impl std::fmt::Debug for Provider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Provider(started)"
+        } else {
+            "Provider(none)"
+        })
+    }
+}
+
+/// Starts `flashsale-payment-sim` on the provider's port (logs in a temporary directory); if
+/// another simulator already answers there, the sale uses that one.
+async fn provider() -> Provider {
+    let bins = match std::env::var_os("FLASHSALE_FAULTS_BIN_DIR") {
+        Some(dir) => Ok(std::path::PathBuf::from(dir)),
+        None => flashsale_e2e::bin_dir(),
+    };
+    let dir = std::env::temp_dir().join(format!("fs_faults_payment_sim_{}", std::process::id()));
+    let started = match bins {
+        Ok(bins) => match std::fs::create_dir_all(&dir) {
+            Ok(()) => {
+                flashsale_e2e::spawn_payment_sim(&bins, &dir, PROVIDER_PORT, PROVIDER_ARGS).await
+            }
+            Err(e) => Err(e.into()),
+        },
+        Err(e) => Err(e),
+    };
+    match started {
+        Ok(sim) => Provider(Some(sim)),
+        Err(e) => {
+            eprintln!("  the payment provider simulator did not start ({e:#}); payments will fail");
+            Provider(None)
+        }
+    }
 }
 
 /// The clients and tokens of a sale.
@@ -71,6 +127,8 @@ pub struct Seen {
 pub struct Clients {
     pub order: OrderServiceClient<Channel>,
     pub product: ProductStockServiceClient<Channel>,
+    /// The payment provider's checkout, where buyers pay.
+    pub provider: PaymentProviderServiceClient<Channel>,
     keys: Arc<JwtKeys>,
 }
 
@@ -87,6 +145,9 @@ impl Clients {
         Ok(Self {
             order: OrderServiceClient::new(lazy(order_url)?),
             product: ProductStockServiceClient::new(lazy(product_url)?),
+            provider: PaymentProviderServiceClient::new(lazy(&format!(
+                "http://127.0.0.1:{PROVIDER_PORT}"
+            ))?),
             keys: Arc::new(JwtKeys::new(DEV_SECRET.as_bytes())?),
         })
     }
@@ -170,6 +231,7 @@ fn transient(code: Code) -> bool {
 
 /// Runs the whole sale: the flood and every buyer's follow-up, each bounded in time.
 pub async fn run(c: Clients, sale: Sale) -> Seen {
+    let provider = provider().await;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let gate = Arc::new(Semaphore::new(sale.concurrency.max(1)));
     let start = Instant::now();
@@ -216,10 +278,12 @@ pub async fn run(c: Clients, sale: Sale) -> Seen {
     for t in tasks {
         let _ = t.await;
     }
-    match Arc::try_unwrap(seen) {
+    let mut seen = match Arc::try_unwrap(seen) {
         Ok(m) => m.into_inner().unwrap_or_default(),
         Err(arc) => arc.lock().map(|s| clone_seen(&s)).unwrap_or_default(),
-    }
+    };
+    seen.provider = provider;
+    seen
 }
 
 fn clone_seen(s: &Seen) -> Seen {
@@ -228,6 +292,7 @@ fn clone_seen(s: &Seen) -> Seen {
         paid: s.paid.clone(),
         refused: s.refused,
         gave_up: s.gave_up,
+        provider: Provider::default(),
     }
 }
 
@@ -289,7 +354,8 @@ fn terminal(o: &Order) -> bool {
     o.status == OrderStatus::Shipped as i32 || o.status == OrderStatus::Cancelled as i32
 }
 
-/// Carries out the buyer's intent; true when a PayOrder was accepted.
+/// Carries out the buyer's intent; true when the buyer paid at the provider (the money is
+/// taken: the order ends paid, or cancelled and refunded).
 async fn follow(c: &Clients, user: &str, o: &Order, want: Intent) -> bool {
     if want == Intent::Cancel {
         let deadline = Instant::now() + AWAIT_PAYABLE_FOR;
@@ -328,6 +394,33 @@ async fn follow(c: &Clients, user: &str, o: &Order, want: Intent) -> bool {
             _ => tokio::time::sleep(Duration::from_millis(250)).await,
         }
     };
+    // Start the payment (PayOrder), in time even for a late payer.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let payment_id = loop {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        let Ok(req) = c.as_(
+            user,
+            Role::User,
+            PayOrderRequest {
+                order_id: o.order_id.clone(),
+                ..Default::default()
+            },
+        ) else {
+            return false;
+        };
+        match c.order.clone().pay_order(req).await {
+            Ok(resp) => match resp.into_inner().checkout {
+                Some(checkout) => break checkout.provider_payment_id,
+                None => return false,
+            },
+            Err(s) if transient(s.code()) => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(_) => return false,
+        }
+    };
     if want == Intent::PayLate {
         let due = payable
             .payment_deadline
@@ -340,20 +433,13 @@ async fn follow(c: &Clients, user: &str, o: &Order, want: Intent) -> bool {
         let wait = (due - now + 1500).clamp(0, 30_000) as u64;
         tokio::time::sleep(Duration::from_millis(wait)).await;
     }
+    // The buyer pays on the provider's checkout; the provider notifies the order service.
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        let Ok(req) = c.as_(
-            user,
-            Role::User,
-            PayOrderRequest {
-                order_id: o.order_id.clone(),
-                payment_id: format!("pay-{}", o.order_id),
-                amount_cents: payable.total_cents,
-            },
-        ) else {
-            return false;
+        let req = PayCheckoutRequest {
+            payment_id: payment_id.clone(),
         };
-        match c.order.clone().pay_order(req).await {
+        match c.provider.clone().pay_checkout(req).await {
             Ok(_) => return true,
             Err(s) if transient(s.code()) => {
                 tokio::time::sleep(Duration::from_millis(300)).await;

@@ -3,9 +3,12 @@
 //! Unknown keys are ignored, so a configuration written for an older version (one with an
 //! `order.redis` section, say) still loads.
 
+use flashsale_contract::payment::{
+    DEV_PAYMENT_API_KEY, DEV_WEBHOOK_SECRET, PAYMENT_SECRET_MIN_LEN, check_currency,
+};
 use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
-    config::{ConfigError, Validate, check_range},
+    config::{ConfigError, Validate, check_range, check_url},
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
         TelemetrySettings, UpstreamSettings, validate_common,
@@ -26,6 +29,7 @@ pub struct Settings {
     pub amqp: AmqpConfig,
     pub upstream: UpstreamSettings,
     pub saga: SagaSettings,
+    pub payment: PaymentSettings,
 }
 
 /// The largest `saga.stuck_after_ms`, and `older_than_ms` of ListStuckOrders: 30 days.
@@ -134,6 +138,151 @@ impl Validate for SagaSettings {
     }
 }
 
+/// `payment.*`: the payment provider (docs/architecture.md#payments).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct PaymentSettings {
+    /// The provider's gRPC endpoint (`flashsale.payment.v1.PaymentProviderService`).
+    pub provider_url: String,
+    /// The merchant's API key, sent on every call to the provider. Required (at least 32
+    /// bytes); a secret: set it through the environment.
+    pub api_key: String,
+    /// The secret the provider signs its notifications with (HMAC-SHA256). Required (at least
+    /// 32 bytes); a secret: set it through the environment.
+    pub webhook_secret: String,
+    /// Where the provider sends notifications (this service's gRPC endpoint, as the provider
+    /// reaches it); empty: `http://<grpc.addr>` with an unspecified address read as 127.0.0.1.
+    pub notify_url: String,
+    /// ISO 4217 code of the prices (the provider charges the order's total in it).
+    pub currency: String,
+    /// Deadline of one call to the provider.
+    pub call_timeout_ms: u64,
+    /// A notification signed further than this from now is refused (bounds replays).
+    pub notification_tolerance_ms: u64,
+    /// Calls to the provider for one refund before it is parked FAILED.
+    pub refund_max_attempts: u32,
+    /// Delay after a refund's first failed attempt, doubling each attempt (at most 10 minutes).
+    pub refund_retry_base_ms: u64,
+    /// How often refunds that are due are looked for.
+    pub refund_sweep_interval_ms: u64,
+}
+
+impl std::fmt::Debug for PaymentSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = |s: &str| {
+            if s.is_empty() {
+                "<unset>"
+            } else {
+                "<redacted>"
+            }
+        };
+        f.debug_struct("PaymentSettings")
+            .field("provider_url", &self.provider_url)
+            .field("api_key", &shown(&self.api_key))
+            .field("webhook_secret", &shown(&self.webhook_secret))
+            .field("notify_url", &self.notify_url)
+            .field("currency", &self.currency)
+            .field("call_timeout_ms", &self.call_timeout_ms)
+            .field("notification_tolerance_ms", &self.notification_tolerance_ms)
+            .field("refund_max_attempts", &self.refund_max_attempts)
+            .field("refund_retry_base_ms", &self.refund_retry_base_ms)
+            .field("refund_sweep_interval_ms", &self.refund_sweep_interval_ms)
+            .finish()
+    }
+}
+
+impl Default for PaymentSettings {
+    /// No secrets: a service started without `payment.api_key` and `payment.webhook_secret`
+    /// (config/default.toml carries the development ones) refuses to start.
+    fn default() -> Self {
+        Self {
+            provider_url: "http://127.0.0.1:50054".into(),
+            api_key: String::new(),
+            webhook_secret: String::new(),
+            notify_url: String::new(),
+            currency: "EUR".into(),
+            call_timeout_ms: 3_000,
+            notification_tolerance_ms: 300_000,
+            refund_max_attempts: 8,
+            refund_retry_base_ms: 1_000,
+            refund_sweep_interval_ms: 1_000,
+        }
+    }
+}
+
+impl PaymentSettings {
+    /// Whether a development secret or key is in use (the service warns loudly).
+    pub fn uses_development_secrets(&self) -> bool {
+        self.webhook_secret == DEV_WEBHOOK_SECRET || self.api_key == DEV_PAYMENT_API_KEY
+    }
+}
+
+fn check_secret(key: &str, value: &str) -> Result<(), ConfigError> {
+    if value.is_empty() {
+        return Err(ConfigError::invalid(
+            key,
+            "is not set: the payment provider's secret is required (set it through the environment)",
+        ));
+    }
+    if value.len() < PAYMENT_SECRET_MIN_LEN {
+        return Err(ConfigError::invalid(
+            key,
+            format!("must be at least {PAYMENT_SECRET_MIN_LEN} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+impl Validate for PaymentSettings {
+    fn validate(&self, p: &str) -> Result<(), ConfigError> {
+        check_url(
+            &format!("{p}.provider_url"),
+            &self.provider_url,
+            &["http", "https"],
+        )?;
+        check_secret(&format!("{p}.api_key"), &self.api_key)?;
+        check_secret(&format!("{p}.webhook_secret"), &self.webhook_secret)?;
+        if !self.notify_url.is_empty() {
+            check_url(
+                &format!("{p}.notify_url"),
+                &self.notify_url,
+                &["http", "https"],
+            )?;
+        }
+        check_currency(&self.currency)
+            .map_err(|why| ConfigError::invalid(format!("{p}.currency"), why))?;
+        check_range(
+            &format!("{p}.call_timeout_ms"),
+            self.call_timeout_ms,
+            10,
+            60_000,
+        )?;
+        check_range(
+            &format!("{p}.notification_tolerance_ms"),
+            self.notification_tolerance_ms,
+            1_000,
+            86_400_000,
+        )?;
+        check_range(
+            &format!("{p}.refund_max_attempts"),
+            self.refund_max_attempts,
+            1,
+            100,
+        )?;
+        check_range(
+            &format!("{p}.refund_retry_base_ms"),
+            self.refund_retry_base_ms,
+            10,
+            600_000,
+        )?;
+        check_range(
+            &format!("{p}.refund_sweep_interval_ms"),
+            self.refund_sweep_interval_ms,
+            10,
+            3_600_000,
+        )
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         let c = CommonSettings::local(50052, 9102, "flashsale_orders");
@@ -146,6 +295,7 @@ impl Default for Settings {
             amqp: AmqpConfig::default(),
             upstream: UpstreamSettings::default(),
             saga: SagaSettings::default(),
+            payment: PaymentSettings::default(),
         }
     }
 }
@@ -164,7 +314,8 @@ impl Validate for Settings {
             .validate()
             .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;
         self.upstream.validate(&format!("{p}.upstream"))?;
-        self.saga.validate(&format!("{p}.saga"))
+        self.saga.validate(&format!("{p}.saga"))?;
+        self.payment.validate(&format!("{p}.payment"))
     }
 }
 
@@ -214,9 +365,78 @@ mod tests {
                 s.upstream.product_stock_url = "ftp://x".into()
             }),
         ];
-        assert!(Settings::default().validate(SERVICE_KEY).is_ok());
+        assert!(valid().validate(SERVICE_KEY).is_ok());
         for (key, mutate) in cases {
-            let mut s = Settings::default();
+            let mut s = valid();
+            mutate(&mut s);
+            let e = s
+                .validate(SERVICE_KEY)
+                .map(|()| String::new())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains(key), "`{e}` does not name {key}");
+        }
+    }
+
+    /// Settings that pass: the defaults with the secrets a deployment must set.
+    fn valid() -> Settings {
+        let mut s = Settings::default();
+        s.payment.api_key = "k".repeat(32);
+        s.payment.webhook_secret = "w".repeat(32);
+        s
+    }
+
+    #[test]
+    fn bad_payment_values_name_their_key() {
+        type Case = (&'static str, fn(&mut Settings));
+        let cases: [Case; 16] = [
+            ("order.payment.provider_url", |s| {
+                s.payment.provider_url = "not a url".into()
+            }),
+            ("order.payment.provider_url", |s| {
+                s.payment.provider_url = "ftp://pay".into()
+            }),
+            ("order.payment.api_key", |s| s.payment.api_key.clear()),
+            ("order.payment.api_key", |s| {
+                s.payment.api_key = "short".into()
+            }),
+            ("order.payment.webhook_secret", |s| {
+                s.payment.webhook_secret.clear()
+            }),
+            ("order.payment.webhook_secret", |s| {
+                s.payment.webhook_secret = "x".repeat(31)
+            }),
+            ("order.payment.notify_url", |s| {
+                s.payment.notify_url = "127.0.0.1:50052".into()
+            }),
+            ("order.payment.currency", |s| {
+                s.payment.currency = "eur".into()
+            }),
+            ("order.payment.currency", |s| s.payment.currency.clear()),
+            ("order.payment.call_timeout_ms", |s| {
+                s.payment.call_timeout_ms = 0
+            }),
+            ("order.payment.notification_tolerance_ms", |s| {
+                s.payment.notification_tolerance_ms = 999
+            }),
+            ("order.payment.refund_max_attempts", |s| {
+                s.payment.refund_max_attempts = 0
+            }),
+            ("order.payment.refund_max_attempts", |s| {
+                s.payment.refund_max_attempts = 101
+            }),
+            ("order.payment.refund_retry_base_ms", |s| {
+                s.payment.refund_retry_base_ms = 600_001
+            }),
+            ("order.payment.refund_sweep_interval_ms", |s| {
+                s.payment.refund_sweep_interval_ms = 0
+            }),
+            ("order.payment.refund_sweep_interval_ms", |s| {
+                s.payment.refund_sweep_interval_ms = 3_600_001
+            }),
+        ];
+        assert!(valid().validate(SERVICE_KEY).is_ok());
+        for (key, mutate) in cases {
+            let mut s = valid();
             mutate(&mut s);
             let e = s
                 .validate(SERVICE_KEY)
@@ -227,13 +447,26 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_payment_secret_is_refused_with_its_key_and_never_printed() {
+        let mut s = valid();
+        s.payment.webhook_secret.clear();
+        let e = s.validate(SERVICE_KEY).unwrap_err().to_string();
+        assert!(e.contains("order.payment.webhook_secret"), "{e}");
+        assert!(e.contains("not set"), "{e}");
+        let shown = format!("{:?}", valid().payment);
+        assert!(!shown.contains(&"w".repeat(32)) && !shown.contains(&"k".repeat(32)));
+    }
+
+    #[test]
     fn a_config_with_the_old_redis_section_still_loads() {
         let dir = std::env::temp_dir().join(format!("fs-order-config-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
             dir.join("default.toml"),
             "[order.redis]\nurl = \"redis://127.0.0.1:6379\"\npool_size = 32\n\n\
-             [order.saga]\nmax_quantity = 7\n",
+             [order.saga]\nmax_quantity = 7\n\n\
+             [order.payment]\napi_key = \"kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk\"\n\
+             webhook_secret = \"wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww\"\n",
         )
         .unwrap();
         let env = config::Environment::with_prefix("FLASHSALE")

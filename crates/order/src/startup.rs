@@ -1,6 +1,6 @@
-//! Builds the order service from its settings: database, the product-stock client, broker,
-//! outbox relay, saga consumer, deadline sweeper, stuck-order gauge, inbox purger, change
-//! listener and the gRPC services.
+//! Builds the order service from its settings: database, the product-stock client, the payment
+//! provider, broker, outbox relay, saga consumer, deadline sweeper, refund worker, stuck-order
+//! gauge, inbox purger, change listener and the gRPC services.
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,15 +12,19 @@ use flashsale_platform::{
 };
 use flashsale_proto::{
     admin::v1::dead_letter_service_server::DeadLetterServiceServer,
-    order::v1::order_service_server::OrderServiceServer,
+    order::v1::{
+        order_service_server::OrderServiceServer,
+        payment_notification_service_server::PaymentNotificationServiceServer,
+    },
 };
 use tonic::service::interceptor::InterceptedService;
 
 use crate::{
-    api::{amqp, grpc::OrderApi},
-    app::{Checkout, Intake, Queries, Saga, Stuck},
+    api::{amqp, grpc::OrderApi, payment::PaymentNotifications},
+    app::{Checkout, Intake, Payments, Queries, Refunds, Saga, Stuck},
     config::Settings,
-    infra::{changes::OrderChanges, stock::GrpcStock},
+    domain::PaymentProvider,
+    infra::{changes::OrderChanges, payment::GrpcPaymentProvider, stock::GrpcStock},
     migration::Migrator,
 };
 
@@ -59,7 +63,27 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         &settings.saga,
         failpoints.clone(),
     );
-    let checkout = Checkout::new(f.db.clone());
+    if settings.payment.uses_development_secrets() {
+        tracing::warn!(
+            "!!! payment.webhook_secret or payment.api_key is the PUBLIC development value: \
+             anyone can sign payment notifications. Set FLASHSALE_ORDER__PAYMENT__WEBHOOK_SECRET \
+             and FLASHSALE_ORDER__PAYMENT__API_KEY in production !!!"
+        );
+    }
+    let provider: Arc<dyn PaymentProvider> = Arc::new(GrpcPaymentProvider::new(&settings.payment)?);
+    let notify_url = notify_url(&settings, f.runner.grpc_port())?;
+    let checkout = Checkout::new(
+        f.db.clone(),
+        provider.clone(),
+        &settings.payment.currency,
+        &notify_url,
+    );
+    let payments = Payments::new(
+        f.db.clone(),
+        &settings.payment.webhook_secret,
+        settings.payment.notification_tolerance_ms,
+    );
+    let refunds = Refunds::new(f.db.clone(), provider, &settings.payment);
     let saga = Saga::new(f.db.clone(), timeout_queue.clone(), &settings.saga);
     let queries = Queries::new(f.db.clone(), changes.clone());
     let stuck = Stuck::new(f.db.clone(), &settings.saga);
@@ -87,6 +111,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let shutdown = f.runner.shutdown();
     f.runner.spawn(saga.run_sweeper(shutdown.clone()));
     f.runner.spawn(stuck.clone().run_gauge(shutdown.clone()));
+    f.runner.spawn(refunds.clone().run(shutdown.clone()));
     f.runner.spawn(flashsale_messaging::inbox::run_purger(
         f.db.clone(),
         settings.amqp.inbox_purge(),
@@ -114,11 +139,17 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
-            OrderServiceServer::new(OrderApi::new(intake, checkout, queries, stuck))
+            OrderServiceServer::new(OrderApi::new(intake, checkout, queries, stuck, refunds))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             f.auth.clone(),
         ))
+        // No bearer-token interceptor: the provider's signature authenticates a notification.
+        .with_service(
+            PaymentNotificationServiceServer::new(PaymentNotifications::new(payments))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
         .with_service(InterceptedService::new(
             DeadLetterServiceServer::new(dead_letters)
                 .max_decoding_message_size(max)
@@ -126,4 +157,43 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
             f.auth.clone(),
         ));
     Ok(Application::new(f, routes))
+}
+
+/// Where the provider sends notifications: `payment.notify_url`, or this server's gRPC address
+/// (`port`, the one bound) with an unspecified host read as 127.0.0.1.
+fn notify_url(settings: &Settings, port: u16) -> anyhow::Result<String> {
+    if !settings.payment.notify_url.is_empty() {
+        return Ok(settings.payment.notify_url.clone());
+    }
+    let addr: std::net::SocketAddr = settings
+        .grpc
+        .addr
+        .parse()
+        .map_err(|e| anyhow::anyhow!("parse grpc.addr `{}`: {e}", settings.grpc.addr))?;
+    let host = match addr.ip() {
+        ip if ip.is_unspecified() => "127.0.0.1".to_owned(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    Ok(format!("http://{host}:{port}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_notify_url_defaults_to_this_servers_address() {
+        let mut s = Settings::default();
+        s.grpc.addr = "0.0.0.0:50052".into();
+        assert_eq!(notify_url(&s, 50052).unwrap(), "http://127.0.0.1:50052");
+        s.grpc.addr = "127.0.0.1:0".into();
+        assert_eq!(notify_url(&s, 41234).unwrap(), "http://127.0.0.1:41234");
+        s.grpc.addr = "[::]:50052".into();
+        assert_eq!(notify_url(&s, 50052).unwrap(), "http://127.0.0.1:50052");
+        s.grpc.addr = "10.1.2.3:50052".into();
+        assert_eq!(notify_url(&s, 50052).unwrap(), "http://10.1.2.3:50052");
+        s.payment.notify_url = "https://orders.example:443".into();
+        assert_eq!(notify_url(&s, 50052).unwrap(), "https://orders.example:443");
+    }
 }

@@ -30,6 +30,12 @@ pub mod outbound {
     }
 }
 
+pub mod payment {
+    pub mod v1 {
+        tonic::include_proto!("flashsale.payment.v1");
+    }
+}
+
 pub mod admin {
     pub mod v1 {
         tonic::include_proto!("flashsale.admin.v1");
@@ -47,6 +53,8 @@ pub mod events {
 pub const SERVICE_NAMES: &[&str] = &[
     "flashsale.product.v1.ProductStockService",
     "flashsale.order.v1.OrderService",
+    "flashsale.order.v1.PaymentNotificationService",
     "flashsale.outbound.v1.OutboundService",
     "flashsale.admin.v1.DeadLetterService",
+    "flashsale.payment.v1.PaymentProviderService",
 ];

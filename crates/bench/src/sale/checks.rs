@@ -159,9 +159,11 @@ pub(super) fn conserved(lines: &[Line], product: Option<&Product>, stock: i64) -
 }
 
 /// Every order the sale paid that ended cancelled (failed shipment, late payment) has its
-/// refund recorded once, for its total; no other order has a refund.
+/// refund recorded once, for its total (requested from the provider or paid back; one the
+/// provider kept refusing, parked FAILED, fails the check); no other order has a refund.
 pub(super) fn refunds(lines: &[Line]) -> Check {
     let (mut failed_shipments, mut late, mut wrong) = (0, 0, Vec::new());
+    let mut paid_back = 0;
     for l in lines {
         let Some(o) = &l.order else { continue };
         let cancelled = status_is(o, OrderStatus::Cancelled);
@@ -172,6 +174,9 @@ pub(super) fn refunds(lines: &[Line]) -> Check {
         let expected = (l.outcome.took_money() && cancelled) || failed;
         let recorded = o.refund_status == RefundStatus::Recorded as i32
             || o.refund_status == RefundStatus::Completed as i32;
+        if o.refund_status == RefundStatus::Completed as i32 {
+            paid_back += 1;
+        }
         if failed {
             failed_shipments += 1;
         } else if expected {
@@ -192,8 +197,8 @@ pub(super) fn refunds(lines: &[Line]) -> Check {
     }
     let detail = if wrong.is_empty() {
         format!(
-            "{} refunds, each recorded once: {failed_shipments} failed shipments, {late} payments \
-             after cancellation",
+            "{} refunds, each recorded once ({paid_back} paid back by the provider so far): \
+             {failed_shipments} failed shipments, {late} payments after cancellation",
             failed_shipments + late
         )
     } else {

@@ -10,6 +10,7 @@ use std::{
 
 use flashsale_proto::{
     order::v1::{CancelOrderRequest, Order, OrderStatus, PayOrderRequest},
+    payment::v1::PayCheckoutRequest,
     product::v1::Product,
 };
 use tokio::{
@@ -398,41 +399,66 @@ impl Tracked {
 }
 
 impl Outcome {
-    /// Whether the sale's payment took money: accepted, or refused because the order was
-    /// cancelled first (the sale pays only orders it saw awaiting payment).
+    /// Whether the sale's payment took money: the buyer paid at the provider (a refused
+    /// PayOrder started no payment, so it took nothing).
     pub fn took_money(&self) -> bool {
-        match self {
-            Outcome::Paid => true,
-            Outcome::PayRefused(reason) => reason == "ORDER_NOT_PAYABLE",
-            _ => false,
-        }
+        matches!(self, Outcome::Paid)
     }
 }
 
-/// Pays `order` in full as its buyer (retried with the same payment id on transient errors).
-async fn pay(ctx: &Ctx, buyer: usize, order: &Order) -> Outcome {
-    let payment_id = uuid::Uuid::new_v4().to_string();
+/// Starts paying `order` as its buyer (PayOrder, idempotent per order, so retried on transient
+/// errors): the provider's payment id, or what came of it.
+async fn start(ctx: &Ctx, buyer: usize, order: &Order) -> Result<String, Outcome> {
     let answer = retrying(|| {
         let mut client = ctx.orders.clone();
         let req = PayOrderRequest {
             order_id: order.order_id.clone(),
-            payment_id: payment_id.clone(),
-            amount_cents: order.total_cents,
+            ..Default::default()
         };
         let req = request(req, &ctx.tokens[buyer]);
         async move { client.pay_order(req?).await }
     })
     .await;
     match answer {
-        Ok(_) => Outcome::Paid,
-        Err(s) => match flashsale_platform::error::reason_of(&s) {
+        Ok(r) => r
+            .into_inner()
+            .checkout
+            .map(|c| c.provider_payment_id)
+            .ok_or_else(|| Outcome::PayFailed("PayOrder answered no checkout".into())),
+        Err(s) => Err(match flashsale_platform::error::reason_of(&s) {
             Some(r) if s.code() == tonic::Code::FailedPrecondition => Outcome::PayRefused(r),
             _ => Outcome::PayFailed(format!("{:?}", s.code())),
-        },
+        }),
     }
 }
 
-/// Pays after the order's payment deadline, once the service has cancelled it.
+/// The buyer pays `payment_id` on the provider's checkout; the provider then notifies the
+/// order service.
+async fn checkout(ctx: &Ctx, payment_id: &str) -> Outcome {
+    let answer = retrying(|| {
+        let mut provider = ctx.provider.clone();
+        let req = PayCheckoutRequest {
+            payment_id: payment_id.to_owned(),
+        };
+        async move { provider.pay_checkout(req).await }
+    })
+    .await;
+    match answer {
+        Ok(_) => Outcome::Paid,
+        Err(s) => Outcome::PayFailed(format!("checkout: {:?}", s.code())),
+    }
+}
+
+/// Pays `order` in full as its buyer, through the provider.
+async fn pay(ctx: &Ctx, buyer: usize, order: &Order) -> Outcome {
+    match start(ctx, buyer, order).await {
+        Ok(payment_id) => checkout(ctx, &payment_id).await,
+        Err(outcome) => outcome,
+    }
+}
+
+/// Starts paying in time, then pays at the provider after the order's payment deadline, once
+/// the service has cancelled the order: the payment is refunded.
 async fn pay_late(ctx: &Arc<Ctx>, buyer: usize, order: &Order, gate: &Semaphore) -> Outcome {
     let Some(deadline) = deadline_of(order) else {
         return Outcome::Skipped("the order has no payment deadline");
@@ -441,6 +467,14 @@ async fn pay_late(ctx: &Arc<Ctx>, buyer: usize, order: &Order, gate: &Semaphore)
     if target >= ctx.work_deadline {
         return Outcome::Skipped("its payment deadline lies beyond the time bound");
     }
+    let started = {
+        let _permit = gate.acquire().await;
+        start(ctx, buyer, order).await
+    };
+    let payment_id = match started {
+        Ok(id) => id,
+        Err(outcome) => return outcome,
+    };
     sleep_until(target).await;
     let give_up = (target + LATE_PATIENCE).min(ctx.work_deadline);
     let _permit = gate.acquire().await;
@@ -455,7 +489,7 @@ async fn pay_late(ctx: &Arc<Ctx>, buyer: usize, order: &Order, gate: &Semaphore)
         }
         sleep_until((Instant::now() + POLL).min(give_up)).await;
     }
-    pay(ctx, buyer, order).await
+    checkout(ctx, &payment_id).await
 }
 
 /// Cancels `order` as its buyer (idempotent, so retried on transient errors).

@@ -26,6 +26,7 @@ use flashsale_platform::auth::Role;
 use flashsale_proto::{
     order::v1::order_service_client::OrderServiceClient,
     outbound::v1::outbound_service_client::OutboundServiceClient,
+    payment::v1::payment_provider_service_client::PaymentProviderServiceClient,
     product::v1::{
         CreateProductRequest, DeductionPolicy,
         product_stock_service_client::ProductStockServiceClient,
@@ -66,6 +67,14 @@ pub struct Args {
         default_value = "http://127.0.0.1:50053"
     )]
     outbound_url: String,
+    /// The payment provider the order service uses (`flashsale-payment-sim`): paying buyers
+    /// pay on its checkout after PayOrder started their payment.
+    #[arg(
+        long,
+        env = "FLASHSALE_PAYMENT_SIM_URL",
+        default_value = "http://127.0.0.1:50054"
+    )]
+    payment_sim_url: String,
     /// The product to create and sell; `SALE-<8 random hex>` when unset. With `--products N`
     /// above 1, the products are `<sku>-1` … `<sku>-N`.
     #[arg(long, value_parser = sku_arg)]
@@ -105,13 +114,15 @@ pub struct Args {
     /// CreateOrder calls in flight at once.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     concurrency: u32,
-    /// Share of the winners that pay at once (0..=1).
+    /// Share of the winners that pay at once (0..=1): PayOrder starts the payment and the buyer
+    /// pays on the provider's checkout; the provider's notification pays the order.
     #[arg(long, default_value_t = 0.7, value_parser = share)]
     pay: f64,
     /// Share of the winners that never pay: the payment timeout cancels them (0..=1).
     #[arg(long, default_value_t = 0.2, value_parser = share)]
     never_pay: f64,
-    /// Share of the winners that pay after their payment deadline: refused and refunded (0..=1).
+    /// Share of the winners that start paying in time but pay at the provider after their
+    /// payment deadline: the order is cancelled and the payment refunded (0..=1).
     /// The winners not in --pay, --never-pay or --pay-late cancel their order.
     #[arg(long, default_value_t = 0.1, value_parser = share)]
     pay_late: f64,
@@ -226,6 +237,8 @@ pub(crate) struct Ctx {
     pub stock: ProductStockServiceClient<Channel>,
     pub orders: OrderServiceClient<Channel>,
     pub outbound: OutboundServiceClient<Channel>,
+    /// The payment provider's checkout, where the buyers pay.
+    pub provider: PaymentProviderServiceClient<Channel>,
     /// An admin token, for reading everything back.
     pub admin: String,
     /// Buyer names and their user tokens, by buyer index.
@@ -278,6 +291,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             ),
             orders: OrderServiceClient::new(connect(&args.order_url, CALL_TIMEOUT).await?),
             outbound: OutboundServiceClient::new(connect(&args.outbound_url, CALL_TIMEOUT).await?),
+            // Connected on first use: a sale where nobody pays needs no provider.
+            provider: PaymentProviderServiceClient::new(
+                flashsale_platform::grpc::lazy_channel(&args.payment_sim_url, CALL_TIMEOUT)
+                    .context("--payment-sim-url")?,
+            ),
             admin: args.secret.mint("sale", Role::Admin, ttl)?,
             buyers,
             tokens,

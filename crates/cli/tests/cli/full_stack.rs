@@ -1,6 +1,6 @@
 //! All three services in-process — product-stock, order and outbound — each with its own
-//! database and queues on one shared test exchange, with a short payment timeout so a sale's
-//! late and missing payments play out within a test.
+//! database and queues on one shared test exchange, and the payment provider simulator, with a
+//! short payment timeout so a sale's late and missing payments play out within a test.
 
 use flashsale_platform::shutdown::Shutdown;
 use flashsale_test_support::{TestDatabase, unique_name};
@@ -15,6 +15,9 @@ pub struct FullStack {
     pub stock_url: String,
     pub order_url: String,
     pub outbound_url: String,
+    /// The payment provider simulator the order service uses.
+    pub payment_sim_url: String,
+    _sim: flashsale_payment_sim::Running,
     /// The order service's database.
     pub order_db_url: String,
     /// The order service's Prometheus endpoint.
@@ -38,8 +41,22 @@ impl FullStack {
         let (stock_port, stock_stop, stock_db) = spawn_stock(&exchange).await;
         let stock_url = format!("http://127.0.0.1:{stock_port}");
 
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sim = flashsale_payment_sim::start(
+            flashsale_payment_sim::SimConfig {
+                notify_delay: std::time::Duration::from_millis(10),
+                ..Default::default()
+            },
+            listener,
+        )
+        .await
+        .unwrap();
         let order_db = TestDatabase::create().await.unwrap();
         let mut o = flashsale_order::config::Settings::default();
+        crate::helpers::dev_payment_secrets(&mut o);
+        o.payment.provider_url = sim.url();
+        o.payment.refund_retry_base_ms = 50;
+        o.payment.refund_sweep_interval_ms = 100;
         o.grpc.addr = "127.0.0.1:0".into();
         o.metrics.addr = "127.0.0.1:0".into();
         o.database.url = order_db.url.clone();
@@ -71,6 +88,8 @@ impl FullStack {
         Self {
             stock_url,
             order_url: format!("http://127.0.0.1:{order_port}"),
+            payment_sim_url: sim.url(),
+            _sim: sim,
             outbound_url: format!("http://127.0.0.1:{outbound_port}"),
             order_db_url: order_db.url.clone(),
             order_metrics_url: format!("http://127.0.0.1:{order_metrics_port}/metrics"),
@@ -85,7 +104,8 @@ impl FullStack {
         cmd.args(args)
             .env("FLASHSALE_PRODUCT_STOCK_URL", &self.stock_url)
             .env("FLASHSALE_ORDER_URL", &self.order_url)
-            .env("FLASHSALE_OUTBOUND_URL", &self.outbound_url);
+            .env("FLASHSALE_OUTBOUND_URL", &self.outbound_url)
+            .env("FLASHSALE_PAYMENT_SIM_URL", &self.payment_sim_url);
         output(cmd).await
     }
 

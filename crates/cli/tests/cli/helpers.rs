@@ -1,6 +1,6 @@
 //! Running the real binary, and the services it talks to in-process: `product_stock` alone, or
-//! a `Stack` of product-stock and order, each with its own database and queues, sharing one test
-//! exchange as in production.
+//! a `Stack` of product-stock and order (with the payment provider simulator), each with its
+//! own database and queues, sharing one test exchange as in production.
 
 use std::{process::Stdio, time::Duration};
 
@@ -119,6 +119,8 @@ pub struct Stack {
     pub stock_db: String,
     pub stock_order_queue: String,
     order_port: u16,
+    /// The payment provider the order service uses.
+    pub sim: flashsale_payment_sim::Running,
     stops: Vec<Shutdown>,
     _dbs: Vec<TestDatabase>,
 }
@@ -144,14 +146,26 @@ impl Stack {
             .port();
         let (stock_port, stock_stop, stock_db, stock_amqp) =
             spawn_stock_with(&exchange, Some(order_port)).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sim = flashsale_payment_sim::start(
+            flashsale_payment_sim::SimConfig {
+                notify_delay: Duration::from_millis(10),
+                ..Default::default()
+            },
+            listener,
+        )
+        .await
+        .unwrap();
         let db = TestDatabase::create().await.unwrap();
         let mut s = flashsale_order::config::Settings::default();
+        s.payment.provider_url = sim.url();
         s.grpc.addr = format!("127.0.0.1:{order_port}");
         s.metrics.addr = "127.0.0.1:0".into();
         s.database.url = db.url.clone();
         s.amqp = amqp(&exchange);
         s.upstream.product_stock_url = format!("http://127.0.0.1:{stock_port}");
         s.saga.sweep_interval_ms = 200;
+        dev_payment_secrets(&mut s);
         let order_queue = flashsale_order::api::amqp::topology(&s.amqp)
             .queue()
             .to_owned();
@@ -167,6 +181,7 @@ impl Stack {
             stock_order_queue: stock_amqp
                 .queue_name(flashsale_product_stock::api::amqp::ORDER_EVENTS_QUEUE),
             order_port,
+            sim,
             stops: vec![order_stop, stock_stop],
             _dbs: vec![db, stock_db],
         }
@@ -215,6 +230,19 @@ impl Stack {
         output(self.order_command(user, args)).await
     }
 
+    /// The buyer pays `payment_id` on the provider's checkout.
+    pub async fn buyer_pays(&self, payment_id: &str) {
+        use flashsale_proto::payment::v1::{
+            PayCheckoutRequest, payment_provider_service_client::PaymentProviderServiceClient,
+        };
+        PaymentProviderServiceClient::new(channel(self.sim.port).await.unwrap())
+            .pay_checkout(PayCheckoutRequest {
+                payment_id: payment_id.into(),
+            })
+            .await
+            .unwrap();
+    }
+
     /// `order create` of `quantity` × `sku` by `user`; the new order's id.
     pub async fn place(&self, user: &str, sku: &str, quantity: i64) -> String {
         let q = quantity.to_string();
@@ -254,4 +282,11 @@ impl Stack {
 pub fn piped(mut cmd: tokio::process::Command) -> tokio::process::Child {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd.spawn().unwrap()
+}
+
+/// The payment provider simulator's development secrets, which a simulator started with its
+/// defaults expects.
+pub fn dev_payment_secrets(s: &mut flashsale_order::config::Settings) {
+    s.payment.api_key = flashsale_contract::payment::DEV_PAYMENT_API_KEY.into();
+    s.payment.webhook_secret = flashsale_contract::payment::DEV_WEBHOOK_SECRET.into();
 }

@@ -141,7 +141,7 @@ async fn order_watch_prints_each_update_until_the_order_is_cancelled() {
 }
 
 #[tokio::test]
-async fn order_pay_refuses_a_wrong_amount_and_pays_the_total() {
+async fn order_pay_refuses_a_wrong_amount_and_starts_the_payment_the_provider_confirms() {
     let stack = Stack::spawn().await;
     stack.product("ORD-P", 1250, 5).await;
     let id = stack.place("ann", "ORD-P", 2).await;
@@ -169,23 +169,32 @@ async fn order_pay_refuses_a_wrong_amount_and_pays_the_total() {
         wrong.stderr
     );
 
-    let paid = stack
-        .order(
-            "ann",
-            &["pay", &id, "--amount-cents", "2500", "--payment-id", "p-1"],
-        )
+    // Paying starts the payment at the provider and prints where to pay; the provider's
+    // notification, once the buyer paid there, pays the order.
+    let started = stack
+        .order("ann", &["pay", &id, "--amount-cents", "2500"])
         .await
         .json();
-    assert_eq!(paid["order"]["status"], "ORDER_STATUS_PAID", "{paid}");
-    assert_eq!(paid["order"]["paymentId"], "p-1");
-    let again = stack
-        .order(
-            "ann",
-            &["pay", &id, "--amount-cents", "2500", "--payment-id", "p-1"],
-        )
-        .await
-        .json();
+    assert_eq!(
+        started["order"]["status"], "ORDER_STATUS_AWAITING_PAYMENT",
+        "{started}"
+    );
+    let payment_id = started["checkout"]["providerPaymentId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        started["checkout"]["checkoutUrl"]
+            .as_str()
+            .is_some_and(|u| u.contains(&payment_id)),
+        "{started}"
+    );
+    let again = stack.order("ann", &["pay", &id]).await.json();
     assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["checkout"]["providerPaymentId"], payment_id.as_str());
+    stack.buyer_pays(&payment_id).await;
+    let paid = stack.wait_status("ann", &id, OrderStatus::Paid).await;
+    assert_eq!(paid.payment_id, payment_id);
 
     let listed = stack
         .order("ann", &["list", "--status", "paid"])
@@ -242,5 +251,49 @@ async fn order_commands_report_the_servers_refusal() {
             && sold.stderr.contains("INSUFFICIENT_STOCK"),
         "{}",
         sold.stderr
+    );
+}
+
+#[tokio::test]
+async fn order_refunds_lists_and_retries_refunds_for_an_admin_and_reports_bad_input() {
+    let stack = Stack::spawn().await;
+    let failed = stack
+        .order("ops", &["refunds", "--status", "failed"])
+        .await
+        .json();
+    assert!(
+        failed
+            .get("refunds")
+            .is_none_or(|r| r.as_array().is_some_and(Vec::is_empty)),
+        "{failed}"
+    );
+    let bad = stack.order("ops", &["refunds", "--page-size", "-1"]).await;
+    assert!(
+        !bad.ok && bad.stderr.contains("InvalidArgument") && bad.stderr.contains("page_size"),
+        "{}",
+        bad.stderr
+    );
+    let unknown = stack.order("ops", &["refunds", "--status", "lost"]).await;
+    assert!(
+        !unknown.ok && unknown.stderr.contains("--status"),
+        "{}",
+        unknown.stderr
+    );
+    let missing = stack
+        .order(
+            "ops",
+            &["refund-retry", "9b2f0c4e-58c1-4b8e-a0d6-2f64c1f9e7a3"],
+        )
+        .await;
+    assert!(
+        !missing.ok && missing.stderr.contains("NotFound"),
+        "{}",
+        missing.stderr
+    );
+    let bad = stack.order("ops", &["refund-retry", "nope"]).await;
+    assert!(
+        !bad.ok && bad.stderr.contains("InvalidArgument") && bad.stderr.contains("order_id"),
+        "{}",
+        bad.stderr
     );
 }

@@ -95,15 +95,14 @@ async fn a_small_sale_sells_exactly_its_stock_and_refunds_late_payments() {
         );
     }
     for o in &late {
+        // Started in time, paid at the provider after the deadline: cancelled and refunded
+        // (requested from the provider, or already paid back).
         assert_eq!(
-            (&o["status"], &o["refundStatus"], &o["outcome"]),
-            (
-                &Value::from("CANCELLED"),
-                &Value::from("RECORDED"),
-                &Value::from("payment refused: ORDER_NOT_PAYABLE")
-            ),
+            (&o["status"], &o["outcome"]),
+            (&Value::from("CANCELLED"), &Value::from("paid")),
             "{o}"
         );
+        assert!(refunded(o), "{o}");
         assert_eq!(o["refundCents"], 1999, "{o}");
     }
     assert_eq!(r["totals"]["shippedUnits"], 10, "{r}");
@@ -154,18 +153,17 @@ async fn a_sale_whose_shipments_all_fail_refunds_every_payment_and_still_passes(
                 &o["status"],
                 &o["cancelReason"],
                 &o["shipment"],
-                &o["refundStatus"],
                 &o["refundCents"]
             ),
             (
                 &Value::from("CANCELLED"),
                 &Value::from("OUTBOUND_FAILED"),
                 &Value::from("FAILED"),
-                &Value::from("RECORDED"),
                 &Value::from(500)
             ),
             "{o}"
         );
+        assert!(refunded(o), "{o}");
     }
     assert_eq!(r["totals"]["shipments"]["FAILED"], 6, "{r}");
     assert_eq!(r["totals"]["shippedUnits"], 0, "{r}");
@@ -446,4 +444,9 @@ async fn a_sale_that_cannot_finish_within_its_bound_stops_by_itself_and_fails() 
     assert_eq!(r["pass"], false, "{r}");
     assert!(r["elapsedSecs"].as_f64().unwrap() <= 2.5, "{r}");
     assert!(wall.as_secs() < 15, "the sale took {wall:?}");
+}
+
+/// A refund recorded and requested from the provider, or already paid back by it.
+fn refunded(o: &Value) -> bool {
+    o["refundStatus"] == "RECORDED" || o["refundStatus"] == "COMPLETED"
 }

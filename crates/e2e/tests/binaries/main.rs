@@ -1,6 +1,7 @@
 //! The three service binaries behave like command-line tools: `--help` and `--version` answer
 //! and exit 0, bad input exits non-zero with clap's message, and `migrate` applies the service's
-//! migrations to its database and exits, as often as it is run.
+//! migrations to its database and exits, as often as it is run. The order service refuses to
+//! start without its payment secrets; the payment simulator refuses bad options.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -34,6 +35,7 @@ const SERVICES: [(&str, &str, &[&str]); 3] = [
             "order_status_history",
             "payments",
             "refunds",
+            "provider_payments",
         ],
     ),
     (
@@ -166,5 +168,67 @@ async fn migrate_fails_when_the_database_is_unreachable() {
             "{name} migrate: {}",
             text(&out.stderr)
         );
+    }
+}
+
+#[tokio::test]
+async fn the_order_service_refuses_to_start_without_its_payment_secrets() {
+    for (key, value, says) in [
+        ("WEBHOOK_SECRET", "", "not set"),
+        ("API_KEY", "", "not set"),
+        ("WEBHOOK_SECRET", "too short", "at least 32 bytes"),
+        (
+            "PROVIDER_URL",
+            "pay.example:443",
+            "order.payment.provider_url",
+        ),
+        ("CURRENCY", "euro", "ISO 4217"),
+    ] {
+        let env = [(format!("FLASHSALE_ORDER__PAYMENT__{key}"), value.to_owned())];
+        let out = run("order", &["serve"], &env).await;
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{key}={value:?}: {out:?}");
+        assert!(
+            stderr.contains(&format!("order.payment.{}", key.to_lowercase()))
+                && stderr.contains(says),
+            "{key}={value:?}: {stderr}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_payment_simulator_answers_help_and_refuses_bad_options() {
+    let sim = bin_dir().unwrap().join("flashsale-payment-sim");
+    let run = |args: &'static [&'static str]| {
+        let sim = sim.clone();
+        async move {
+            tokio::process::Command::new(sim)
+                .args(args)
+                .env("RUST_LOG", "warn")
+                .kill_on_drop(true)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let help = run(&["--help"]).await;
+    assert!(help.status.success(), "{help:?}");
+    assert!(text(&help.stdout).contains("--duplicate-fraction"));
+    for (args, says) in [
+        (
+            &["--duplicate-fraction", "2", "--addr", "127.0.0.1:0"][..],
+            "--duplicate-fraction",
+        ),
+        (
+            &["--webhook-secret", "short", "--addr", "127.0.0.1:0"],
+            "--webhook-secret",
+        ),
+        (&["--refund-failures", "often"], "often"),
+        (&["--addr", "nowhere"], "--addr"),
+    ] {
+        let out = run(args).await;
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {out:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
 }

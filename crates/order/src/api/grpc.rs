@@ -13,17 +13,21 @@ use flashsale_platform::{
 use flashsale_proto::order::v1::{
     self as pb, CancelOrderRequest, CancelOrderResponse, CreateOrderRequest, CreateOrderResponse,
     GetOrderRequest, GetOrderResponse, ListOrdersRequest, ListOrdersResponse,
-    ListPendingOrdersRequest, ListPendingOrdersResponse, ListStuckOrdersRequest,
-    ListStuckOrdersResponse, LookupOrdersRequest, LookupOrdersResponse, PayOrderRequest,
-    PayOrderResponse, WatchOrderRequest, WatchOrderResponse, order_service_server::OrderService,
+    ListPendingOrdersRequest, ListPendingOrdersResponse, ListRefundsRequest, ListRefundsResponse,
+    ListStuckOrdersRequest, ListStuckOrdersResponse, LookupOrdersRequest, LookupOrdersResponse,
+    PayOrderRequest, PayOrderResponse, RetryRefundRequest, RetryRefundResponse, WatchOrderRequest,
+    WatchOrderResponse, order_service_server::OrderService,
 };
 use tonic::{Request, Response, Status};
 
+use super::payment::{checkout_to_proto, list_refunds, refund_status, retry_refund};
 use crate::{
-    app::{Checkout, Intake, Queries, Stuck, StuckOrder, reason_to_proto, status_to_proto},
+    app::{
+        Checkout, Intake, Queries, Refunds, Stuck, StuckOrder, reason_to_proto, status_to_proto,
+    },
     domain::{
-        Order, OrderError, Payment, PlaceOrder, Status as OrderStatus, parse_order_id,
-        parse_order_ids,
+        Order, OrderError, PlaceOrder, ProviderError, StartPayment, Status as OrderStatus,
+        parse_order_id, parse_order_ids,
     },
 };
 
@@ -34,26 +38,34 @@ pub struct OrderApi {
     checkout: Checkout,
     queries: Queries,
     stuck: Stuck,
+    refunds: Refunds,
 }
 
 impl OrderApi {
-    pub fn new(intake: Intake, checkout: Checkout, queries: Queries, stuck: Stuck) -> Self {
+    pub fn new(
+        intake: Intake,
+        checkout: Checkout,
+        queries: Queries,
+        stuck: Stuck,
+        refunds: Refunds,
+    ) -> Self {
         Self {
             intake,
             checkout,
             queries,
             stuck,
+            refunds,
         }
     }
 }
 
 const BUYER: &[Role] = &[Role::User];
 const BUYER_OR_ADMIN: &[Role] = &[Role::User, Role::Admin];
-const ADMIN: &[Role] = &[Role::Admin];
+pub(super) const ADMIN: &[Role] = &[Role::Admin];
 /// Product-stock's questions about orders (the hold sweeper, the gate rebuild).
 const SERVICE: &[Role] = &[Role::Service];
 
-fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
+pub(super) fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
     let caller = Caller::of(req)?;
     caller.require(roles)?;
     Ok(caller)
@@ -62,8 +74,7 @@ fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
 pub fn order_to_proto(o: Order) -> pb::Order {
     let (refund_status, refund_cents) = match &o.refund {
         None => (pb::RefundStatus::None, 0),
-        Some(r) if r.completed => (pb::RefundStatus::Completed, r.amount_cents),
-        Some(r) => (pb::RefundStatus::Recorded, r.amount_cents),
+        Some(r) => (refund_status(r.state), r.amount_cents),
     };
     pb::Order {
         order_id: o.order_id.to_string(),
@@ -155,12 +166,27 @@ impl From<OrderError> for ApiError {
                 reason: "STOCK_GATE_UNAVAILABLE",
                 message,
             },
+            OrderError::Unauthenticated(m) => ApiError::Unauthenticated(m),
+            OrderError::UnknownPayment(_) => ApiError::NotFound(message),
+            OrderError::PaymentMismatch(_) => {
+                ApiError::failed_precondition("PAYMENT_MISMATCH", message)
+            }
+            OrderError::Provider(ProviderError::Unavailable(_)) => ApiError::Unavailable {
+                reason: "PAYMENT_PROVIDER_UNAVAILABLE",
+                message,
+            },
+            OrderError::Provider(ProviderError::Refused(_)) => {
+                ApiError::failed_precondition("PAYMENT_PROVIDER_REFUSED", message)
+            }
+            OrderError::RefundCompleted(_) => {
+                ApiError::failed_precondition("REFUND_COMPLETED", message)
+            }
             OrderError::Internal(e) => ApiError::Internal(e),
         }
     }
 }
 
-fn status(e: OrderError) -> Status {
+pub(super) fn status(e: OrderError) -> Status {
     ApiError::from(e).into()
 }
 
@@ -240,11 +266,17 @@ impl OrderService for OrderApi {
     ) -> Result<Response<PayOrderResponse>, Status> {
         let caller = authorize(&req, BUYER)?;
         let r = req.into_inner();
-        let payment = Payment::new(&r.order_id, &r.payment_id, r.amount_cents).map_err(status)?;
-        let (order, replayed) = self.checkout.pay(&caller, payment).await.map_err(status)?;
+        let start =
+            StartPayment::new(&r.order_id, &r.payment_id, r.amount_cents).map_err(status)?;
+        let started = self
+            .checkout
+            .start_payment(&caller, start)
+            .await
+            .map_err(status)?;
         Ok(Response::new(PayOrderResponse {
-            order: Some(order_to_proto(order)),
-            replayed,
+            order: Some(order_to_proto(started.order)),
+            replayed: started.replayed,
+            checkout: Some(checkout_to_proto(started.payment)),
         }))
     }
 
@@ -310,5 +342,19 @@ impl OrderService for OrderApi {
             next_page_token: page.next_page_token,
             older_than_ms: i64::try_from(page.older_than.as_millis()).unwrap_or(i64::MAX),
         }))
+    }
+
+    async fn list_refunds(
+        &self,
+        req: Request<ListRefundsRequest>,
+    ) -> Result<Response<ListRefundsResponse>, Status> {
+        list_refunds(&self.refunds, req).await
+    }
+
+    async fn retry_refund(
+        &self,
+        req: Request<RetryRefundRequest>,
+    ) -> Result<Response<RetryRefundResponse>, Status> {
+        retry_refund(&self.refunds, req).await
     }
 }

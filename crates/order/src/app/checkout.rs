@@ -1,7 +1,11 @@
-//! PayOrder and CancelOrder: compare-and-set transitions that race the payment timeout with
-//! exactly one winner; a payment that loses is refused and refunded. The cancellation and the
-//! refund are shared with the saga's consumers.
+//! PayOrder and CancelOrder. PayOrder starts a payment at the provider (it never makes an order
+//! PAID: only the provider's signed notification does, in `payments`); CancelOrder is a
+//! compare-and-set that races the payment timeout with exactly one winner. The cancellation
+//! and the refund are shared with the saga's consumers and the notifications.
 
+use std::sync::Arc;
+
+use chrono::Utc;
 use flashsale_messaging::{envelope, outbox};
 use flashsale_platform::auth::{Caller, Role};
 use flashsale_proto::events::v1::{Envelope, OrderPaid, OrderRefunded, envelope::Payload};
@@ -10,14 +14,34 @@ use uuid::Uuid;
 
 use super::{PRODUCER, cancelled_event, reason_to_proto};
 use crate::{
-    domain::{CancelReason, Order, OrderError, Payment, Status},
-    infra::db::{self, Change},
+    domain::{
+        CancelReason, NewPayment, Order, OrderError, PaymentProvider, ProviderError,
+        ProviderPayment, StartPayment, Status,
+    },
+    infra::{
+        db::{self, Change},
+        payment_store,
+    },
 };
 
 /// PayOrder and CancelOrder. Cheap to clone.
 #[derive(Clone)]
 pub struct Checkout {
     db: DatabaseConnection,
+    provider: Arc<dyn PaymentProvider>,
+    /// The currency of every price (`payment.currency`).
+    currency: String,
+    /// Where the provider sends this service's notifications.
+    notify_url: String,
+}
+
+/// What PayOrder answers: the order as it is, its payment at the provider, and whether that
+/// payment had been started before.
+#[derive(Clone, Debug)]
+pub struct Started {
+    pub order: Order,
+    pub payment: ProviderPayment,
+    pub replayed: bool,
 }
 
 /// The order, locked, if `caller` may act on it (a user only on their own: others' orders are
@@ -34,105 +58,96 @@ pub(super) async fn owned(
 }
 
 impl Checkout {
-    pub fn new(db: DatabaseConnection) -> Self {
-        Self { db }
+    pub fn new(
+        db: DatabaseConnection,
+        provider: Arc<dyn PaymentProvider>,
+        currency: &str,
+        notify_url: &str,
+    ) -> Self {
+        Self {
+            db,
+            provider,
+            currency: currency.to_owned(),
+            notify_url: notify_url.to_owned(),
+        }
     }
 
-    /// Pays an order awaiting payment; `(order, replayed)`.
+    /// Starts paying an order awaiting payment: the provider creates (or returns) the order's
+    /// one payment, and the buyer is sent to its checkout. The order stays AWAITING_PAYMENT.
     #[tracing::instrument(skip_all, fields(order_id = %p.order_id))]
-    pub async fn pay(&self, caller: &Caller, p: Payment) -> Result<(Order, bool), OrderError> {
+    pub async fn start_payment(
+        &self,
+        caller: &Caller,
+        p: StartPayment,
+    ) -> Result<Started, OrderError> {
         let txn = self.db.begin().await?;
-        if let Some((order_id, amount, accepted)) = db::payment(&txn, &p.payment_id).await? {
-            if order_id != p.order_id || amount != p.amount_cents {
-                return Err(OrderError::IdempotencyKeyReused("payment_id"));
-            }
-            let order = owned(&txn, caller, order_id).await?;
-            txn.commit().await?;
-            return if accepted {
-                Ok((order, true))
-            } else {
-                Err(OrderError::NotPayable(order.status))
-            };
-        }
         let order = owned(&txn, caller, p.order_id).await?;
         if order.user_id != caller.subject {
             return Err(OrderError::PermissionDenied(
                 "only the buyer pays an order".into(),
             ));
         }
-        if p.amount_cents != order.total_cents {
+        if p.amount_cents != 0 && p.amount_cents != order.total_cents {
             return Err(OrderError::WrongAmount(order.total_cents));
         }
-        let overdue = order
-            .payment_deadline
-            .is_some_and(|d| d <= chrono::Utc::now());
-        if order.status == Status::AwaitingPayment && overdue {
-            // The deadline is strict: the timeout wins even if its message is late.
-            cancel_in(&txn, &order, CancelReason::PaymentTimeout, None).await?;
-            db::record_payment(&txn, &p.payment_id, order.order_id, p.amount_cents, false).await?;
-            refund(
-                &txn,
-                &order,
-                &p.payment_id,
-                p.amount_cents,
-                CancelReason::PaymentTimeout,
-                None,
-            )
-            .await?;
-            txn.commit().await?;
-            return Err(OrderError::NotPayable(Status::Cancelled));
+        let started = payment_store::payment_of_order(&txn, order.order_id).await?;
+        let overdue = order.payment_deadline.is_some_and(|d| d <= Utc::now());
+        match (order.status, started) {
+            (Status::AwaitingPayment, _) if overdue => {
+                // The deadline is strict: the timeout wins even if its message is late.
+                cancel_in(&txn, &order, CancelReason::PaymentTimeout, None).await?;
+                txn.commit().await?;
+                return Err(OrderError::NotPayable(Status::Cancelled));
+            }
+            (Status::AwaitingPayment | Status::Paid | Status::Shipped, Some(s)) => {
+                txn.commit().await?;
+                return Ok(Started {
+                    order,
+                    payment: s.payment,
+                    replayed: true,
+                });
+            }
+            (Status::AwaitingPayment, None) => {}
+            (other, _) => return Err(OrderError::NotPayable(other)),
         }
+        // The provider is called with no lock held; it answers the same payment for the same
+        // order, so a concurrent or retried PayOrder ends with the one payment.
+        txn.rollback().await?;
+        let Some(deadline) = order.payment_deadline else {
+            return Err(OrderError::NotPayable(order.status));
+        };
+        let created = self
+            .provider
+            .create_payment(&NewPayment {
+                order_id: order.order_id,
+                amount_cents: order.total_cents,
+                currency: self.currency.clone(),
+                notify_url: self.notify_url.clone(),
+                expires_at: deadline,
+            })
+            .await?;
+        if created.amount_cents != order.total_cents || created.currency != self.currency {
+            return Err(ProviderError::Refused(format!(
+                "the provider created a payment of {} {} for an order of {} {}",
+                created.amount_cents, created.currency, order.total_cents, self.currency
+            ))
+            .into());
+        }
+        let txn = self.db.begin().await?;
+        // Recorded whatever the order became meanwhile, so the provider's notification can be
+        // matched (and a payment the buyer makes anyway refunded).
+        payment_store::insert_payment(&txn, order.order_id, &created).await?;
+        let order = owned(&txn, caller, order.order_id).await?;
+        let stored = payment_store::payment_of_order(&txn, order.order_id)
+            .await?
+            .ok_or_else(|| OrderError::Internal(anyhow::anyhow!("payment vanished")))?;
+        txn.commit().await?;
         match order.status {
-            Status::AwaitingPayment => {
-                let change = Change {
-                    payment_id: Some(&p.payment_id),
-                    note: "PayOrder",
-                    ..Change::default()
-                };
-                if !db::transition(
-                    &txn,
-                    order.order_id,
-                    Status::AwaitingPayment,
-                    Status::Paid,
-                    change,
-                )
-                .await?
-                {
-                    return Err(OrderError::Internal(anyhow::anyhow!(
-                        "order changed under its row lock"
-                    )));
-                }
-                db::record_payment(&txn, &p.payment_id, order.order_id, p.amount_cents, true)
-                    .await?;
-                let ev = OrderPaid {
-                    order_id: order.order_id.to_string(),
-                    user_id: order.user_id.clone(),
-                    sku: order.sku.clone(),
-                    quantity: order.quantity,
-                    payment_id: p.payment_id.clone(),
-                    amount_cents: p.amount_cents,
-                    deduction_policy: order.policy.as_proto(),
-                };
-                let env = envelope::new(
-                    Payload::OrderPaid(ev),
-                    order.order_id.to_string(),
-                    "",
-                    PRODUCER,
-                );
-                outbox::enqueue(&txn, &env).await?;
-                txn.commit().await?;
-                metrics::counter!("flashsale_orders_paid_total").increment(1);
-                Ok((super::load(&self.db, order.order_id).await?, false))
-            }
-            Status::Cancelled => {
-                // The payment lost the race (timeout, cancel): the money goes back, once per order.
-                db::record_payment(&txn, &p.payment_id, order.order_id, p.amount_cents, false)
-                    .await?;
-                let reason = order.cancel_reason.unwrap_or(CancelReason::PaymentTimeout);
-                refund(&txn, &order, &p.payment_id, p.amount_cents, reason, None).await?;
-                txn.commit().await?;
-                Err(OrderError::NotPayable(Status::Cancelled))
-            }
+            Status::AwaitingPayment | Status::Paid | Status::Shipped => Ok(Started {
+                order,
+                payment: stored.payment,
+                replayed: false,
+            }),
             other => Err(OrderError::NotPayable(other)),
         }
     }
@@ -157,7 +172,8 @@ impl Checkout {
     }
 }
 
-/// Records the order's refund (once) with `order.refunded`.
+/// Records the order's refund (once) with `order.refunded`; the refund worker then asks the
+/// provider to pay it (`refunds`).
 pub(super) async fn refund(
     txn: &DatabaseTransaction,
     order: &Order,
@@ -183,6 +199,25 @@ pub(super) async fn refund(
     outbox::enqueue(txn, &env).await?;
     metrics::counter!("flashsale_refunds_total", "reason" => reason.as_db()).increment(1);
     Ok(())
+}
+
+/// `order.paid` for `order`, paid by the provider's payment `payment_id`.
+pub(super) fn paid_event(order: &Order, payment_id: &str, amount_cents: i64) -> Envelope {
+    let ev = OrderPaid {
+        order_id: order.order_id.to_string(),
+        user_id: order.user_id.clone(),
+        sku: order.sku.clone(),
+        quantity: order.quantity,
+        payment_id: payment_id.to_owned(),
+        amount_cents,
+        deduction_policy: order.policy.as_proto(),
+    };
+    envelope::new(
+        Payload::OrderPaid(ev),
+        order.order_id.to_string(),
+        "",
+        PRODUCER,
+    )
 }
 
 /// Moves `order` (locked in `txn`) to CANCELLED with `reason` and publishes

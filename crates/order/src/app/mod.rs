@@ -1,5 +1,6 @@
 //! The order use cases, one small handle per group: [`Intake`] (CreateOrder), [`Checkout`]
-//! (PayOrder, CancelOrder), [`Saga`] (the consumers and the deadline sweeper) and [`Queries`]
+//! (PayOrder, CancelOrder), [`Payments`] (the provider's notifications), [`Refunds`] (the
+//! refund worker and ListRefunds), [`Saga`] (the consumers and the deadline sweeper) and [`Queries`]
 //! (GetOrder, ListOrders, WatchOrder) and [`Stuck`] (ListStuckOrders and the stuck-order
 //! gauge). The gRPC API and the event consumers call these; nothing
 //! here knows about tonic or lapin.
@@ -19,18 +20,24 @@ use crate::{
 mod checkout;
 mod intake;
 mod page;
+mod payments;
 mod queries;
+mod refunds;
 mod saga;
 mod saga_batch;
 mod sold_out;
 mod stuck;
 
-pub use checkout::Checkout;
+pub use checkout::{Checkout, Started};
 pub use intake::{
     FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, Written, write_pending,
     write_pending_batch, write_pending_batch_with,
 };
+pub use payments::{Applied, Payments, SignedNotice};
 pub use queries::Queries;
+pub use refunds::{
+    DEFAULT_REFUND_PAGE_SIZE, MAX_REFUND_PAGE_SIZE, REFUNDS_GAUGE, RefundPage, Refunds,
+};
 pub use saga::Saga;
 pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
 pub use sold_out::{Load, SoldOutCache, Verdict};

@@ -31,6 +31,20 @@ pub enum OrderError {
     PermissionDenied(String),
     #[error("a dependency is unavailable: {0}")]
     Unavailable(String),
+    /// A notification whose signature or timestamp does not hold.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// No payment with this provider id was started here.
+    #[error("no payment {0}")]
+    UnknownPayment(String),
+    /// A notification that does not match the payment started for its order.
+    #[error("{0}")]
+    PaymentMismatch(String),
+    #[error(transparent)]
+    Provider(#[from] super::ProviderError),
+    /// The provider paid this order's refund back already.
+    #[error("the refund of order {0} was paid back already")]
+    RefundCompleted(Uuid),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }

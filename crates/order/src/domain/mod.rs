@@ -8,11 +8,16 @@ use flashsale_contract::{REQUEST_ID_MAX_LEN, check_sku, parse_canonical_uuid};
 use uuid::Uuid;
 
 mod error;
+mod payment;
 
 pub use error::OrderError;
 /// When product-stock deducts on_hand (carried on the order's events) and why the gate refuses
 /// a reservation: the contract's own types.
 pub use flashsale_contract::{Policy, Refusal};
+pub use payment::{
+    NewPayment, Notice, PaymentProvider, ProviderError, ProviderPayment, RefundCall, RefundState,
+    StartPayment, refund_backoff,
+};
 
 /// Where an order is in the saga (docs/architecture.md#the-order-saga).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -106,7 +111,23 @@ impl CancelReason {
 pub struct Refund {
     pub payment_id: String,
     pub amount_cents: i64,
-    pub completed: bool,
+    pub state: RefundState,
+}
+
+/// A refund with its attempts at the provider, as ListRefunds shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundRecord {
+    pub order_id: Uuid,
+    pub payment_id: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub reason: Option<CancelReason>,
+    pub state: RefundState,
+    pub attempts: i32,
+    pub last_error: String,
+    pub next_attempt_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
 }
 
 /// An order as stored.
@@ -226,40 +247,6 @@ pub fn parse_order_ids(raw: &[String]) -> Result<Vec<Uuid>, OrderError> {
         Ok(ids)
     } else {
         Err(OrderError::Invalid(bad))
-    }
-}
-
-/// A validated PayOrder.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Payment {
-    pub order_id: Uuid,
-    pub payment_id: String,
-    pub amount_cents: i64,
-}
-
-impl Payment {
-    pub fn new(order_id: &str, payment_id: &str, amount_cents: i64) -> Result<Self, OrderError> {
-        let mut bad = Vec::new();
-        let id = parse_order_id(order_id)
-            .map_err(|e| bad.extend(e.violations()))
-            .ok();
-        if payment_id.is_empty() || payment_id.chars().count() > REQUEST_ID_MAX_LEN {
-            bad.push((
-                "payment_id".to_owned(),
-                format!("must be 1..={REQUEST_ID_MAX_LEN} characters"),
-            ));
-        }
-        if amount_cents < 0 {
-            bad.push(("amount_cents".to_owned(), "must not be negative".to_owned()));
-        }
-        match id {
-            Some(order_id) if bad.is_empty() => Ok(Self {
-                order_id,
-                payment_id: payment_id.to_owned(),
-                amount_cents,
-            }),
-            _ => Err(OrderError::Invalid(bad)),
-        }
     }
 }
 

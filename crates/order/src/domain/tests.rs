@@ -49,7 +49,9 @@ fn bad_orders_and_payments_name_every_field() {
     assert_eq!(fields, ["request_id", "sku", "quantity"]);
     assert!(PlaceOrder::new("u", &"k".repeat(65), "S", 1, 10).is_err());
     assert!(PlaceOrder::new("u", "k", "S", 11, 10).is_err());
-    let e = Payment::new("x", "", -1).unwrap_err().violations();
+    let e = StartPayment::new("x", &"p".repeat(65), -1)
+        .unwrap_err()
+        .violations();
     let fields: Vec<_> = e.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(fields, ["order_id", "payment_id", "amount_cents"]);
 }

@@ -6,9 +6,11 @@ use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement, Value};
 use uuid::Uuid;
 
-use crate::domain::{CancelReason, Order, OrderError, PlaceOrder, Policy, Refund, Status};
+use crate::domain::{
+    CancelReason, Order, OrderError, PlaceOrder, Policy, Refund, RefundState, Status,
+};
 
-fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
+pub(crate) fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
     Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
 }
 
@@ -18,7 +20,7 @@ impl From<sea_orm::DbErr> for OrderError {
     }
 }
 
-fn corrupt(what: &str, value: &str) -> OrderError {
+pub(crate) fn corrupt(what: &str, value: &str) -> OrderError {
     OrderError::Internal(anyhow::anyhow!(
         "unexpected {what} in the database: `{value}`"
     ))
@@ -52,11 +54,12 @@ impl TryFrom<OrderRow> for Order {
             None => None,
             Some(s) => Some(CancelReason::from_db(s).ok_or_else(|| corrupt("cancel_reason", s))?),
         };
-        let refund = match (r.refund_payment_id, r.refund_cents) {
-            (Some(payment_id), Some(amount_cents)) => Some(Refund {
+        let refund = match (r.refund_payment_id, r.refund_cents, r.refund_status) {
+            (Some(payment_id), Some(amount_cents), Some(status)) => Some(Refund {
                 payment_id,
                 amount_cents,
-                completed: r.refund_status.as_deref() == Some("COMPLETED"),
+                state: RefundState::from_db(&status)
+                    .ok_or_else(|| corrupt("refund status", &status))?,
             }),
             _ => None,
         };
@@ -380,42 +383,8 @@ pub struct Change<'a> {
     pub note: &'a str,
 }
 
-/// The first answer to a payment id: `(order_id, amount, accepted)`.
-pub async fn payment<C: ConnectionTrait>(
-    c: &C,
-    payment_id: &str,
-) -> Result<Option<(Uuid, i64, bool)>, OrderError> {
-    #[derive(FromQueryResult)]
-    struct Row {
-        order_id: Uuid,
-        amount_cents: i64,
-        accepted: bool,
-    }
-    Ok(Row::find_by_statement(stmt(
-        "SELECT order_id, amount_cents, accepted FROM payments WHERE payment_id = $1",
-        [payment_id.into()],
-    ))
-    .one(c)
-    .await?
-    .map(|r| (r.order_id, r.amount_cents, r.accepted)))
-}
-
-pub async fn record_payment<C: ConnectionTrait>(
-    c: &C,
-    payment_id: &str,
-    order_id: Uuid,
-    amount: i64,
-    accepted: bool,
-) -> Result<(), OrderError> {
-    c.execute_raw(stmt(
-        "INSERT INTO payments (payment_id, order_id, amount_cents, accepted) VALUES ($1, $2, $3, $4)",
-        [payment_id.into(), order_id.into(), amount.into(), accepted.into()],
-    ))
-    .await?;
-    Ok(())
-}
-
-/// Records the order's refund unless it has one; returns whether it recorded it.
+/// Records the order's refund (REQUESTED: the refund worker asks the provider) unless it has
+/// one; returns whether it recorded it.
 pub async fn record_refund<C: ConnectionTrait>(
     c: &C,
     order_id: Uuid,
@@ -425,9 +394,16 @@ pub async fn record_refund<C: ConnectionTrait>(
 ) -> Result<bool, OrderError> {
     let res = c
         .execute_raw(stmt(
-            "INSERT INTO refunds (order_id, payment_id, amount_cents, reason) VALUES ($1, $2, $3, $4) \
+            "INSERT INTO refunds (order_id, payment_id, amount_cents, reason, currency, status) \
+             SELECT $1, $2, $3, $4, COALESCE((SELECT currency FROM provider_payments \
+                 WHERE provider_payment_id = $2), ''), 'REQUESTED' \
              ON CONFLICT (order_id) DO NOTHING",
-            [order_id.into(), payment_id.into(), amount.into(), reason.into()],
+            [
+                order_id.into(),
+                payment_id.into(),
+                amount.into(),
+                reason.into(),
+            ],
         ))
         .await?;
     Ok(res.rows_affected() == 1)

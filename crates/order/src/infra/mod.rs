@@ -1,6 +1,8 @@
-//! What the order use cases call: the order database, product-stock's gate and the feed of
-//! order changes.
+//! What the order use cases call: the order database (orders; provider payments and refunds),
+//! product-stock's gate, the payment provider and the feed of order changes.
 
 pub mod changes;
 pub mod db;
+pub mod payment;
+pub mod payment_store;
 pub mod stock;

@@ -8,6 +8,7 @@ pub mod m0003_statement_notify;
 pub mod m0004_payment_id_partial;
 pub mod m0005_orders_unsettled;
 pub mod m0006_pending_by_sku;
+pub mod m0007_provider_payments;
 
 pub struct Migrator;
 
@@ -23,6 +24,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0004_payment_id_partial::Migration),
             Box::new(m0005_orders_unsettled::Migration),
             Box::new(m0006_pending_by_sku::Migration),
+            Box::new(m0007_provider_payments::Migration),
         ]
     }
 }

@@ -4,7 +4,7 @@
 
 use flashsale_proto::{
     events::v1::{Envelope, envelope::Payload},
-    order::v1::{OrderStatus, PayOrderRequest},
+    order::v1::OrderStatus,
 };
 use flashsale_test_support::fixtures;
 
@@ -97,21 +97,16 @@ async fn published_events_match_their_fixtures() {
         app.wait_status("alice", &o.order_id, OrderStatus::AwaitingPayment)
             .await;
     }
-    let pay = |o: &flashsale_proto::order::v1::Order, id: &str| PayOrderRequest {
-        order_id: o.order_id.clone(),
-        payment_id: id.into(),
-        amount_cents: o.total_cents,
-    };
-    c.pay_order(as_user("alice", pay(&paid, "p1")))
-        .await
-        .unwrap();
+    app.pay("alice", &paid.order_id).await;
+    // Started, then cancelled, then paid at the provider anyway: refunded.
+    let started = app.start_payment("alice", &late.order_id).await.unwrap();
     let cancel = flashsale_proto::order::v1::CancelOrderRequest {
         order_id: late.order_id.clone(),
     };
     c.cancel_order(as_user("alice", cancel)).await.unwrap();
-    c.pay_order(as_user("alice", pay(&late, "p2")))
-        .await
-        .unwrap_err(); // refunded
+    app.buyer_pays(&started.checkout.unwrap().provider_payment_id)
+        .await;
+    app.wait_count("SELECT COUNT(*) AS n FROM refunds", 1).await;
 
     let mut seen = std::collections::BTreeSet::new();
     for kind in [

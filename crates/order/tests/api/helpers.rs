@@ -1,17 +1,25 @@
-//! `spawn_stack`: product-stock and order in-process on free ports, each with its own database,
-//! sharing one test exchange (their own queues), as in production, each calling the other;
-//! `spawn_app` is order alone.
+//! `spawn_stack`: product-stock, order and the payment provider simulator in-process on free
+//! ports, product-stock and order each with its own database, sharing one test exchange (their
+//! own queues), as in production, each calling the other; `spawn_app` is order alone (its
+//! provider does not answer).
 
 use std::time::Duration;
 
+use flashsale_contract::payment::{DEV_PAYMENT_API_KEY, DEV_WEBHOOK_SECRET, sign};
 use flashsale_messaging::{Broker, Publisher, QueueType, envelope};
 use flashsale_order::config::Settings;
+use flashsale_payment_sim::{Running, SimConfig};
 use flashsale_platform::{auth::Role, failpoint::Failpoints, shutdown::Shutdown};
 use flashsale_proto::{
     events::v1::{Envelope, envelope::Payload},
     order::v1::{
-        CreateOrderRequest, GetOrderRequest, Order, OrderStatus,
-        order_service_client::OrderServiceClient,
+        CreateOrderRequest, GetOrderRequest, NotifyPaymentRequest, NotifyPaymentResponse, Order,
+        OrderStatus, PayOrderRequest, PayOrderResponse, order_service_client::OrderServiceClient,
+        payment_notification_service_client::PaymentNotificationServiceClient,
+    },
+    payment::v1::{
+        PayCheckoutRequest, PaymentEvent, PaymentEventType,
+        payment_provider_service_client::PaymentProviderServiceClient,
     },
     product::v1::{
         CreateProductRequest, DeductionPolicy, GetProductRequest, Product,
@@ -42,6 +50,8 @@ pub struct TestApp {
     pub stock_settings: Option<flashsale_product_stock::config::Settings>,
     stock_stop: Option<Shutdown>,
     _stock_db: Option<TestDatabase>,
+    /// The payment provider (`spawn_stack` only).
+    pub sim: Option<Running>,
     publisher: Publisher,
     _broker: Broker,
 }
@@ -77,7 +87,26 @@ pub fn test_settings(db: &TestDatabase, exchange: &str, stock_port: u16) -> Sett
     s.amqp = amqp_for_test(exchange);
     s.upstream.product_stock_url = format!("http://127.0.0.1:{stock_port}");
     s.saga.sweep_interval_ms = 200;
+    // Nothing answers here: `spawn_stack` points it at a simulator.
+    s.payment.provider_url = "http://127.0.0.1:1".into();
+    s.payment.api_key = DEV_PAYMENT_API_KEY.into();
+    s.payment.webhook_secret = DEV_WEBHOOK_SECRET.into();
+    s.payment.call_timeout_ms = 2_000;
+    s.payment.refund_retry_base_ms = 50;
+    s.payment.refund_sweep_interval_ms = 100;
     s
+}
+
+/// A payment provider simulator on a free port, quick to notify.
+pub async fn spawn_sim(tune: impl FnOnce(&mut SimConfig)) -> Running {
+    let mut c = SimConfig {
+        notify_delay: Duration::from_millis(10),
+        retry_base: Duration::from_millis(50),
+        ..SimConfig::default()
+    };
+    tune(&mut c);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    flashsale_payment_sim::start(c, listener).await.unwrap()
 }
 
 /// A port nothing listens on right now (the order service binds it next: product-stock must
@@ -133,6 +162,23 @@ pub async fn spawn_stack_with(
     tune: impl FnOnce(&mut Settings),
     tune_stock: impl FnOnce(&mut flashsale_product_stock::config::Settings),
 ) -> TestApp {
+    spawn_stack_full(tune, tune_stock, |_| {}).await
+}
+
+/// Both services and the provider simulator; `tune_sim` adjusts the simulator.
+pub async fn spawn_stack_paying(
+    tune: impl FnOnce(&mut Settings),
+    tune_sim: impl FnOnce(&mut SimConfig),
+) -> TestApp {
+    spawn_stack_full(tune, |_| {}, tune_sim).await
+}
+
+async fn spawn_stack_full(
+    tune: impl FnOnce(&mut Settings),
+    tune_stock: impl FnOnce(&mut flashsale_product_stock::config::Settings),
+    tune_sim: impl FnOnce(&mut SimConfig),
+) -> TestApp {
+    let sim = spawn_sim(tune_sim).await;
     let exchange = unique_name("fs_test_ex");
     let order_port = free_port();
     let (stock_port, stock_stop, stock_db, stock_settings) =
@@ -140,8 +186,10 @@ pub async fn spawn_stack_with(
     let db = TestDatabase::create().await.unwrap();
     let mut settings = test_settings(&db, &exchange, stock_port);
     settings.grpc.addr = format!("127.0.0.1:{order_port}");
+    settings.payment.provider_url = sim.url();
     tune(&mut settings);
     let mut app = spawn_order(settings, db).await;
+    app.sim = Some(sim);
     app.stock_stop = Some(stock_stop);
     app._stock_db = Some(stock_db);
     app.stock_settings = Some(stock_settings);
@@ -183,6 +231,7 @@ async fn spawn_order(settings: Settings, db: TestDatabase) -> TestApp {
         stock_settings: None,
         stock_stop: None,
         _stock_db: None,
+        sim: None,
         publisher: Publisher::new(&broker),
         _broker: broker,
     }
@@ -213,6 +262,60 @@ pub fn create_req(request_id: &str, sku: &str, quantity: i64) -> CreateOrderRequ
 impl TestApp {
     pub async fn client(&self) -> Client {
         OrderServiceClient::new(channel(self.grpc_port).await.unwrap())
+    }
+
+    /// PayOrder as `user`: the payment started at the provider.
+    pub async fn start_payment(
+        &self,
+        user: &str,
+        order_id: &str,
+    ) -> Result<PayOrderResponse, tonic::Status> {
+        let req = PayOrderRequest {
+            order_id: order_id.into(),
+            ..Default::default()
+        };
+        self.client()
+            .await
+            .pay_order(as_user(user, req))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// The buyer pays `payment_id` on the provider's checkout (`spawn_stack` only).
+    pub async fn buyer_pays(&self, payment_id: &str) {
+        let port = self.sim.as_ref().expect("spawn_stack").port;
+        PaymentProviderServiceClient::new(channel(port).await.unwrap())
+            .pay_checkout(tonic::Request::new(PayCheckoutRequest {
+                payment_id: payment_id.into(),
+            }))
+            .await
+            .unwrap();
+    }
+
+    /// Pays the order through the provider, as its buyer, and waits until it is PAID.
+    pub async fn pay(&self, user: &str, order_id: &str) -> Order {
+        let started = self.start_payment(user, order_id).await.unwrap();
+        self.buyer_pays(&started.checkout.unwrap().provider_payment_id)
+            .await;
+        self.wait_status(user, order_id, OrderStatus::Paid).await
+    }
+
+    /// NotifyPayment on this service, with `token` as a bearer if given.
+    pub async fn notify(
+        &self,
+        req: NotifyPaymentRequest,
+        token: Option<&str>,
+    ) -> Result<NotifyPaymentResponse, tonic::Status> {
+        let mut client =
+            PaymentNotificationServiceClient::new(channel(self.grpc_port).await.unwrap());
+        let req = match token {
+            Some(t) => with_token(req, t),
+            None => tonic::Request::new(req),
+        };
+        client
+            .notify_payment(req)
+            .await
+            .map(tonic::Response::into_inner)
     }
 
     pub async fn stock(&self) -> ProductStockServiceClient<Channel> {
@@ -381,4 +484,33 @@ pub async fn migrated_orders_db() -> (
         .await
         .unwrap();
     (db, conn)
+}
+
+/// A SUCCEEDED event of `payment_id` for `order_id`.
+pub fn succeeded(payment_id: &str, order_id: &str, amount: i64, currency: &str) -> PaymentEvent {
+    PaymentEvent {
+        event_id: format!("evt_{}", uuid::Uuid::new_v4().simple()),
+        r#type: PaymentEventType::Succeeded as i32,
+        payment_id: payment_id.into(),
+        merchant_reference: order_id.into(),
+        amount_cents: amount,
+        currency: currency.into(),
+        create_time: None,
+    }
+}
+
+/// `ev` signed with `secret` at `timestamp`, as the provider sends it.
+pub fn signed(ev: &PaymentEvent, secret: &str, timestamp: i64) -> NotifyPaymentRequest {
+    use prost::Message as _;
+    let payload = ev.encode_to_vec();
+    NotifyPaymentRequest {
+        signature: sign(secret.as_bytes(), timestamp, &payload),
+        payload,
+        timestamp,
+    }
+}
+
+/// `ev` signed now with the test provider's secret.
+pub fn signed_now(ev: &PaymentEvent) -> NotifyPaymentRequest {
+    signed(ev, DEV_WEBHOOK_SECRET, chrono::Utc::now().timestamp())
 }
