@@ -64,6 +64,8 @@ pub struct Seen {
     pub refused: u32,
     /// Buyers who got neither an order nor a refusal before giving up.
     pub gave_up: u32,
+    /// CreateOrder answers that made a buyer try again, by status code.
+    pub retried: std::collections::BTreeMap<String, u32>,
 }
 
 /// The clients and tokens of a sale.
@@ -182,7 +184,7 @@ pub async fn run(c: Clients, sale: Sale) -> Seen {
         };
         let (c, sale, seen) = (c.clone(), sale.clone(), seen.clone());
         tasks.push(tokio::spawn(async move {
-            let order = buy(&c, &sale, i).await;
+            let order = buy(&c, &sale, i, &seen).await;
             drop(permit);
             let user = format!("buyer-{i}");
             match order {
@@ -228,6 +230,7 @@ fn clone_seen(s: &Seen) -> Seen {
         paid: s.paid.clone(),
         refused: s.refused,
         gave_up: s.gave_up,
+        retried: s.retried.clone(),
     }
 }
 
@@ -237,7 +240,7 @@ enum Bought {
     GaveUp,
 }
 
-async fn buy(c: &Clients, sale: &Sale, i: u32) -> Bought {
+async fn buy(c: &Clients, sale: &Sale, i: u32, seen: &Mutex<Seen>) -> Bought {
     let user = format!("buyer-{i}");
     let deadline = Instant::now() + CREATE_RETRY_FOR;
     loop {
@@ -259,6 +262,9 @@ async fn buy(c: &Clients, sale: &Sale, i: u32) -> Bought {
             },
             Err(s) if s.code() == Code::FailedPrecondition => return Bought::Refused,
             Err(s) if transient(s.code()) && Instant::now() < deadline => {
+                if let Ok(mut seen) = seen.lock() {
+                    *seen.retried.entry(format!("{:?}", s.code())).or_default() += 1;
+                }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
             Err(_) => return Bought::GaveUp,

@@ -60,7 +60,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         failpoints.clone(),
     );
     let checkout = Checkout::new(f.db.clone());
-    let saga = Saga::new(f.db.clone(), timeout_queue.clone(), &settings.saga);
+    let saga = Saga::new(f.db.clone(), timeout_queue.clone(), &settings.saga)
+        .with_failpoints(failpoints.clone());
     let queries = Queries::new(f.db.clone(), changes.clone());
     let stuck = Stuck::new(f.db.clone(), &settings.saga);
     let s = saga.clone();

@@ -155,6 +155,10 @@ impl From<OrderError> for ApiError {
                 reason: "STOCK_GATE_UNAVAILABLE",
                 message,
             },
+            OrderError::DatabaseUnavailable(_) => ApiError::Unavailable {
+                reason: "DATABASE_UNAVAILABLE",
+                message,
+            },
             OrderError::Internal(e) => ApiError::Internal(e),
         }
     }

@@ -31,6 +31,9 @@ pub enum OrderError {
     PermissionDenied(String),
     #[error("a dependency is unavailable: {0}")]
     Unavailable(String),
+    /// The order database could not be reached (worth retrying later).
+    #[error("the order database is unavailable: {0}")]
+    DatabaseUnavailable(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
