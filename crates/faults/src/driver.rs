@@ -79,6 +79,8 @@ pub struct Seen {
     /// The payment provider of the sale, kept running while the scenario holds this (refunds
     /// are paid back after the buyers are done).
     pub provider: Provider,
+    /// CreateOrder answers that made a buyer try again, by status code.
+    pub retried: std::collections::BTreeMap<String, u32>,
 }
 
 /// The payment provider simulator a sale runs (none when another process already served the
@@ -244,7 +246,7 @@ pub async fn run(c: Clients, sale: Sale) -> Seen {
         };
         let (c, sale, seen) = (c.clone(), sale.clone(), seen.clone());
         tasks.push(tokio::spawn(async move {
-            let order = buy(&c, &sale, i).await;
+            let order = buy(&c, &sale, i, &seen).await;
             drop(permit);
             let user = format!("buyer-{i}");
             match order {
@@ -293,6 +295,7 @@ fn clone_seen(s: &Seen) -> Seen {
         refused: s.refused,
         gave_up: s.gave_up,
         provider: Provider::default(),
+        retried: s.retried.clone(),
     }
 }
 
@@ -302,7 +305,7 @@ enum Bought {
     GaveUp,
 }
 
-async fn buy(c: &Clients, sale: &Sale, i: u32) -> Bought {
+async fn buy(c: &Clients, sale: &Sale, i: u32, seen: &Mutex<Seen>) -> Bought {
     let user = format!("buyer-{i}");
     let deadline = Instant::now() + CREATE_RETRY_FOR;
     loop {
@@ -324,6 +327,9 @@ async fn buy(c: &Clients, sale: &Sale, i: u32) -> Bought {
             },
             Err(s) if s.code() == Code::FailedPrecondition => return Bought::Refused,
             Err(s) if transient(s.code()) && Instant::now() < deadline => {
+                if let Ok(mut seen) = seen.lock() {
+                    *seen.retried.entry(format!("{:?}", s.code())).or_default() += 1;
+                }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
             Err(_) => return Bought::GaveUp,

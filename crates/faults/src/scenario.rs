@@ -37,6 +37,21 @@ pub const ALL: &[&str] = &[
     "gate_drift_reconcile",
     "fp_outbound_after_warehouse",
     "fp_order_after_batch_write",
+    "fp_order_reserved_before_commit",
+    "fp_order_reserved_after_commit",
+    "fp_order_timeout_before_commit",
+    "fp_order_timeout_after_commit",
+    "fp_order_outbound_result_before_commit",
+    "fp_order_outbound_result_after_commit",
+    "fp_outbound_consumer_before_commit",
+    "fp_stock_cancel_consumer_before_commit",
+    "broker_kill",
+    "broker_unreachable_30s",
+    "net_cut_to_postgres",
+    "net_cut_stock_to_redis",
+    "net_cut_to_broker",
+    "sigstop_order",
+    "sigstop_outbound",
 ];
 
 /// How long a gate hold may wait for its order to be persisted when a scenario wants a broker
@@ -73,6 +88,55 @@ impl Default for Size {
     }
 }
 
+/// A server the services reach, for a [`Link`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Server {
+    Postgres,
+    Redis,
+    Broker,
+}
+
+/// A proxy between one service and one server.
+pub struct Link {
+    pub from: Kind,
+    pub to: Server,
+    pub proxy: Proxy,
+}
+
+/// The same URL with the loopback port `127.0.0.1:<port>` replaced by `port`, and the port it
+/// named.
+fn via_port(url: &str, port: u16) -> anyhow::Result<(String, u16)> {
+    const HOST: &str = "127.0.0.1:";
+    let at = url
+        .find(HOST)
+        .map(|i| i + HOST.len())
+        .ok_or_else(|| anyhow::anyhow!("{url} is not a loopback URL"))?;
+    let digits = url[at..].bytes().take_while(u8::is_ascii_digit).count();
+    let upstream: u16 = url[at..at + digits].parse()?;
+    Ok((
+        format!("{}{port}{}", &url[..at], &url[at + digits..]),
+        upstream,
+    ))
+}
+
+/// `url` itself, or (when `on`) the URL of a new proxy to it, recorded in `links`.
+async fn link(
+    links: &mut Vec<Link>,
+    on: bool,
+    from: Kind,
+    to: Server,
+    url: String,
+) -> anyhow::Result<String> {
+    if !on {
+        return Ok(url);
+    }
+    let (_, upstream) = via_port(&url, 0)?;
+    let proxy = Proxy::start(upstream).await?;
+    let (url, _) = via_port(&url, proxy.port)?;
+    links.push(Link { from, to, proxy });
+    Ok(url)
+}
+
 /// A broker several scenarios share (starting a node takes seconds); scenarios that stop the
 /// broker start one of their own.
 pub struct SharedBroker(pub Arc<tokio::sync::Mutex<Rabbit>>);
@@ -99,6 +163,8 @@ pub struct World {
     pub outbound: Service,
     /// Between order and product-stock.
     pub proxy: Proxy,
+    /// Between each service and each server it uses (only when the scenario asked for them).
+    pub links: Vec<Link>,
     pub tap: Tap,
     pub stores: Stores,
     pub sale: Sale,
@@ -119,14 +185,23 @@ pub struct Failpoints {
     pub outbound: Option<String>,
 }
 
+/// How a scenario's world is wired beyond its defaults.
+#[derive(Default, Clone)]
+pub struct Wiring {
+    pub failpoints: Failpoints,
+    /// Every service reaches PostgreSQL, Redis and RabbitMQ through a proxy of its own.
+    pub links: bool,
+}
+
 impl World {
     pub async fn start(
         name: &str,
         seed: u64,
         size: Size,
         broker: Option<&SharedBroker>,
-        fp: Failpoints,
+        wiring: Wiring,
     ) -> anyhow::Result<Self> {
+        let fp = wiring.failpoints;
         let dir = TempDir::new("fs_faults")?;
         let pg = Postgres::start().await?;
         let redis = Redis::start().await?;
@@ -146,11 +221,36 @@ impl World {
         // Wait for the tap to declare the exchange and bind, so it sees the first message.
         tokio::time::sleep(Duration::from_millis(300)).await;
 
-        let common = |db: &str| -> Vec<(String, String)> {
+        // The proxies a scenario cuts: one per (service, server) when asked for.
+        let mut links = Vec::new();
+        let on = wiring.links;
+        let mut wired = Vec::new();
+        for (kind, db) in [
+            (Kind::ProductStock, "fs_product"),
+            (Kind::Order, "fs_orders"),
+            (Kind::Outbound, "fs_outbound"),
+        ] {
+            wired.push((
+                link(&mut links, on, kind, Server::Postgres, pg.url(db)).await?,
+                link(&mut links, on, kind, Server::Broker, amqp_url.clone()).await?,
+            ));
+        }
+        let ps_redis = link(
+            &mut links,
+            on,
+            Kind::ProductStock,
+            Server::Redis,
+            redis.url(),
+        )
+        .await?;
+        let [ps_urls, order_urls, outbound_urls]: [(String, String); 3] = wired
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("three services"))?;
+        let common = |(db_url, amqp): &(String, String)| -> Vec<(String, String)> {
             vec![
-                ("DATABASE__URL".into(), pg.url(db)),
+                ("DATABASE__URL".into(), db_url.clone()),
                 ("DATABASE__MAX_CONNECTIONS".into(), "8".into()),
-                ("AMQP__URL".into(), amqp_url.clone()),
+                ("AMQP__URL".into(), amqp.clone()),
                 ("AMQP__EXCHANGE".into(), exchange.clone()),
                 ("AMQP__QUEUE_PREFIX".into(), queue_prefix.clone()),
                 ("AMQP__QUEUE_TYPE".into(), "classic".into()),
@@ -165,13 +265,13 @@ impl World {
         // product-stock asks the order service about orders (its hold sweeper, a gate rebuild)
         // and starts first: the order service's port is chosen now.
         let order_port = crate::servers::free_port()?;
-        let mut ps = common("fs_product");
+        let mut ps = common(&ps_urls);
         ps.extend([
             (
                 "ORDER_SERVICE__URL".into(),
                 format!("http://127.0.0.1:{order_port}"),
             ),
-            ("REDIS__URL".into(), redis.url()),
+            ("REDIS__URL".into(), ps_redis),
             ("REDIS__KEY_PREFIX".into(), gate_prefix.clone()),
             (
                 "STOCK__HOLD_TTL_MS".into(),
@@ -183,7 +283,7 @@ impl World {
         product_stock.start(fp.product_stock.as_deref()).await?;
         let proxy = Proxy::start(product_stock.port).await?;
 
-        let mut os = common("fs_orders");
+        let mut os = common(&order_urls);
         os.extend([
             ("UPSTREAM__PRODUCT_STOCK_URL".into(), proxy.url()),
             (
@@ -196,7 +296,7 @@ impl World {
         let mut order = Service::on_port(Kind::Order, &dir.0, &os, order_port)?;
         order.start(fp.order.as_deref()).await?;
 
-        let mut ob = common("fs_outbound");
+        let mut ob = common(&outbound_urls);
         ob.extend([
             ("UPSTREAM__PRODUCT_STOCK_URL".into(), product_stock.url()),
             ("SHIPPING__STUCK_AFTER_MS".into(), "5000".into()),
@@ -236,6 +336,7 @@ impl World {
             order,
             outbound,
             proxy,
+            links,
             tap,
             stores,
             sale,
@@ -260,6 +361,13 @@ impl World {
             }
         }
         Ok(n)
+    }
+
+    /// Sets every proxy from a service to `to`.
+    pub fn set_links(&self, to: Server, mode: Mode) {
+        for l in self.links.iter().filter(|l| l.to == to) {
+            l.proxy.set(mode);
+        }
     }
 
     pub fn logs(&self) -> String {
@@ -312,6 +420,8 @@ struct Plan {
     size: Size,
     own_broker: bool,
     failpoints: Failpoints,
+    /// Proxies between every service and every server.
+    links: bool,
     /// Delay after the flood starts before the fault.
     at: Duration,
     inject: Inject,
@@ -322,6 +432,7 @@ fn plan(name: &str) -> Option<Plan> {
         size: Size::default(),
         own_broker: false,
         failpoints: Failpoints::default(),
+        links: false,
         at: Duration::from_millis(1500),
         inject,
     };
@@ -407,6 +518,89 @@ fn plan(name: &str) -> Option<Plan> {
                 ..Failpoints::default()
             },
         ),
+        "fp_order_reserved_before_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                order: Some("order.stock_reserved.before_commit=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_order_reserved_after_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                order: Some("consumer.after_handle_before_ack:stock.reserved=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_order_timeout_before_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                order: Some("order.payment_timeout.before_commit=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_order_timeout_after_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                order: Some("consumer.after_handle_before_ack:order.payment_timeout=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_order_outbound_result_before_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                order: Some("order.outbound_result.before_commit=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_order_outbound_result_after_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                order: Some("consumer.after_handle_before_ack:outbound.completed=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_outbound_consumer_before_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                outbound: Some("outbound.order_paid.before_commit=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_stock_cancel_consumer_before_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                product_stock: Some("stock.order_cancelled.before_commit=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "broker_kill" => Plan {
+            own_broker: true,
+            ..base(|w| Box::pin(broker_kill(w)))
+        },
+        "broker_unreachable_30s" => Plan {
+            links: true,
+            at: Duration::from_millis(1000),
+            size: Size {
+                flood: Duration::from_secs(10),
+                ..Size::default()
+            },
+            ..base(|w| Box::pin(broker_unreachable(w)))
+        },
+        "net_cut_to_postgres" => Plan {
+            links: true,
+            ..base(|w| Box::pin(net_cut_to(w, Server::Postgres)))
+        },
+        "net_cut_stock_to_redis" => Plan {
+            links: true,
+            ..base(|w| Box::pin(net_cut_to(w, Server::Redis)))
+        },
+        "net_cut_to_broker" => Plan {
+            links: true,
+            ..base(|w| Box::pin(net_cut_to(w, Server::Broker)))
+        },
+        "sigstop_order" => base(|w| Box::pin(sigstop_service(w, Kind::Order))),
+        "sigstop_outbound" => base(|w| Box::pin(sigstop_service(w, Kind::Outbound))),
         "fp_order_after_batch_write" => Plan {
             failpoints: Failpoints {
                 order: Some("order.create.after_batch_write=1*exit".into()),
@@ -426,7 +620,11 @@ pub async fn run(name: &str, seed: u64, broker: Option<&SharedBroker>) -> anyhow
     })?;
     let started = Instant::now();
     let broker = if p.own_broker { None } else { broker };
-    let mut w = World::start(name, seed, p.size, broker, p.failpoints.clone()).await?;
+    let wiring = Wiring {
+        failpoints: p.failpoints.clone(),
+        links: p.links,
+    };
+    let mut w = World::start(name, seed, p.size, broker, wiring).await?;
     let clients = w.clients()?;
     driver::create_product(&clients, &w.sale.sku, w.sale.units).await?;
     let sale = tokio::spawn(driver::run(clients, w.sale.clone()));
@@ -464,9 +662,10 @@ pub(crate) async fn conclude(
     println!("{}", f.line(label));
     println!("{}", f.detail(name));
     eprintln!(
-        "  {name}: refused={} gave_up={} paid={} restarts={} took={}s",
+        "  {name}: refused={} gave_up={} retried={:?} paid={} restarts={} took={}s",
         seen.refused,
         seen.gave_up,
+        seen.retried,
         seen.paid.len(),
         w.product_stock.restarts + w.order.restarts + w.outbound.restarts,
         started.elapsed().as_secs()
@@ -551,6 +750,54 @@ async fn net_cut(w: &mut World) -> anyhow::Result<u64> {
     w.proxy.set(Mode::Delay(Duration::from_millis(50)));
     tokio::time::sleep(Duration::from_millis(1000)).await;
     w.proxy.set(Mode::Pass);
+    Ok(0)
+}
+
+/// Every link from a service to `to` holds its bytes back for 3 s, then resets its
+/// connections for 0.5 s, then delays every chunk by 20 ms for 1.5 s.
+async fn net_cut_to(w: &mut World, to: Server) -> anyhow::Result<u64> {
+    w.set_links(to, Mode::Blackhole);
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    w.set_links(to, Mode::Reset);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.set_links(to, Mode::Delay(Duration::from_millis(20)));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    w.set_links(to, Mode::Pass);
+    Ok(0)
+}
+
+/// How long the broker is out of reach in `broker_unreachable_30s`.
+const UNREACHABLE_FOR: Duration = Duration::from_secs(30);
+
+/// Every service's connection to RabbitMQ reset, and every new one refused, for 30 s.
+async fn broker_unreachable(w: &mut World) -> anyhow::Result<u64> {
+    w.set_links(Server::Broker, Mode::Reset);
+    tokio::time::sleep(UNREACHABLE_FOR).await;
+    w.set_links(Server::Broker, Mode::Pass);
+    Ok(0)
+}
+
+/// RabbitMQ SIGKILLed under load and started again on its data 2 s later.
+async fn broker_kill(w: &mut World) -> anyhow::Result<u64> {
+    let Some(b) = w.own_broker.as_mut() else {
+        anyhow::bail!("broker_kill needs a broker of its own");
+    };
+    b.stop(true);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    b.start_again().await?;
+    Ok(0)
+}
+
+/// SIGSTOP of one service for 5 s (past every call and commit timeout), then SIGCONT.
+async fn sigstop_service(w: &mut World, kind: Kind) -> anyhow::Result<u64> {
+    let s = match kind {
+        Kind::ProductStock => &w.product_stock,
+        Kind::Order => &w.order,
+        Kind::Outbound => &w.outbound,
+    };
+    s.pause();
+    tokio::time::sleep(Duration::from_millis(5000)).await;
+    s.resume();
     Ok(0)
 }
 

@@ -11,7 +11,7 @@ use crate::{
     check::Figures,
     driver,
     proxy::Mode,
-    scenario::{self, Size, World},
+    scenario::{self, Server, Size, World},
 };
 
 /// Buyers arriving per second of the soak.
@@ -42,9 +42,13 @@ pub enum Fault {
     NetCut,
     NetDelay,
     DuplicatesAndPoison,
+    PauseOutbound,
+    NetCutPostgres,
+    NetCutRedis,
+    NetCutBroker,
 }
 
-const FAULTS: [Fault; 12] = [
+const FAULTS: [Fault; 16] = [
     Fault::KillOrder,
     Fault::KillProductStock,
     Fault::KillOutbound,
@@ -57,6 +61,10 @@ const FAULTS: [Fault; 12] = [
     Fault::NetCut,
     Fault::NetDelay,
     Fault::DuplicatesAndPoison,
+    Fault::PauseOutbound,
+    Fault::NetCutPostgres,
+    Fault::NetCutRedis,
+    Fault::NetCutBroker,
 ];
 
 impl Fault {
@@ -74,6 +82,10 @@ impl Fault {
             Fault::NetCut => "net_cut",
             Fault::NetDelay => "net_delay",
             Fault::DuplicatesAndPoison => "duplicates_and_poison",
+            Fault::PauseOutbound => "pause_outbound",
+            Fault::NetCutPostgres => "net_cut_to_postgres",
+            Fault::NetCutRedis => "net_cut_stock_to_redis",
+            Fault::NetCutBroker => "net_cut_to_broker",
         }
     }
 
@@ -81,7 +93,8 @@ impl Fault {
     fn lasts(self) -> Duration {
         Duration::from_millis(match self {
             Fault::KillOrder | Fault::KillProductStock | Fault::KillOutbound => 3000,
-            Fault::PauseProductStock | Fault::PauseOrder => 3000,
+            Fault::PauseProductStock | Fault::PauseOrder | Fault::PauseOutbound => 3000,
+            Fault::NetCutPostgres | Fault::NetCutRedis | Fault::NetCutBroker => 3000,
             Fault::RedisRestartEmpty => 1000,
             Fault::PgTerminateBackends => 2500,
             Fault::PgRestart => 4000,
@@ -119,6 +132,25 @@ impl Fault {
                 w.order.pause();
                 tokio::time::sleep(Duration::from_millis(3000)).await;
                 w.order.resume();
+            }
+            Fault::PauseOutbound => {
+                w.outbound.pause();
+                tokio::time::sleep(Duration::from_millis(3000)).await;
+                w.outbound.resume();
+            }
+            Fault::NetCutPostgres | Fault::NetCutRedis | Fault::NetCutBroker => {
+                let to = match self {
+                    Fault::NetCutPostgres => Server::Postgres,
+                    Fault::NetCutRedis => Server::Redis,
+                    _ => Server::Broker,
+                };
+                w.set_links(to, Mode::Blackhole);
+                tokio::time::sleep(Duration::from_millis(2000)).await;
+                w.set_links(to, Mode::Reset);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                w.set_links(to, Mode::Delay(Duration::from_millis(20)));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                w.set_links(to, Mode::Pass);
             }
             Fault::RedisRestartEmpty => {
                 w.redis.kill();
@@ -229,7 +261,17 @@ pub async fn run(seed: u64, seconds: u64) -> anyhow::Result<Figures> {
         flood: Duration::from_secs(seconds),
         hold_ttl: HOLD_TTL,
     };
-    let mut w = World::start("soak", seed, size, None, scenario::Failpoints::default()).await?;
+    let mut w = World::start(
+        "soak",
+        seed,
+        size,
+        None,
+        scenario::Wiring {
+            links: true,
+            ..scenario::Wiring::default()
+        },
+    )
+    .await?;
     let clients = w.clients()?;
     driver::create_product(&clients, &w.sale.sku, w.sale.units).await?;
     let sale_start = Instant::now();

@@ -84,7 +84,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         settings.payment.notification_tolerance_ms,
     );
     let refunds = Refunds::new(f.db.clone(), provider, &settings.payment);
-    let saga = Saga::new(f.db.clone(), timeout_queue.clone(), &settings.saga);
+    let saga = Saga::new(f.db.clone(), timeout_queue.clone(), &settings.saga)
+        .with_failpoints(failpoints.clone());
     let queries = Queries::new(f.db.clone(), changes.clone());
     let stuck = Stuck::new(f.db.clone(), &settings.saga);
     let s = saga.clone();

@@ -115,6 +115,39 @@ impl MultiRow {
     }
 }
 
+/// Whether `e` says the database could not be reached or dropped the connection (the pool timed
+/// out or is closed, the socket failed, the server is shutting down, starting up or out of
+/// connections), as opposed to a query the database refused: a caller may try again later, and
+/// the API answers `UNAVAILABLE` rather than `INTERNAL`.
+pub fn unreachable(e: &sea_orm::DbErr) -> bool {
+    use sea_orm::{DbErr, RuntimeErr};
+    match e {
+        DbErr::ConnectionAcquire(_) | DbErr::Conn(_) => true,
+        DbErr::Exec(RuntimeErr::SqlxError(s)) | DbErr::Query(RuntimeErr::SqlxError(s)) => {
+            sqlx_unreachable(s)
+        }
+        _ => false,
+    }
+}
+
+fn sqlx_unreachable(e: &sea_orm::sqlx::Error) -> bool {
+    use sea_orm::sqlx::Error;
+    match e {
+        Error::Io(_)
+        | Error::Tls(_)
+        | Error::Protocol(_)
+        | Error::PoolTimedOut
+        | Error::PoolClosed
+        | Error::WorkerCrashed => true,
+        // Class 08: connection exception; 57P01-03: admin/crash shutdown, cannot connect now;
+        // 53300: too many connections.
+        Error::Database(d) => d.code().is_some_and(|c| {
+            c.starts_with("08") || matches!(c.as_ref(), "57P01" | "57P02" | "57P03" | "53300")
+        }),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::MultiRow;
@@ -131,5 +164,59 @@ mod tests {
             "INSERT INTO t (a, b) VALUES ($1, $2), ($3, $4) ON CONFLICT DO NOTHING"
         );
         assert_eq!(s.values.map(|v| v.0.len()), Some(4));
+    }
+
+    fn test_url() -> String {
+        let base = std::env::var("FLASHSALE_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned());
+        format!("{}/postgres", base.trim_end_matches('/'))
+    }
+
+    async fn one_connection() -> sea_orm::DatabaseConnection {
+        let mut opts = sea_orm::ConnectOptions::new(test_url());
+        opts.max_connections(1)
+            .min_connections(1)
+            .sqlx_logging(false);
+        sea_orm::Database::connect(opts)
+            .await
+            .expect("connect to the test PostgreSQL")
+    }
+
+    #[tokio::test]
+    async fn a_refused_query_is_not_unreachable_but_a_dropped_connection_is() {
+        use sea_orm::ConnectionTrait as _;
+        let db = one_connection().await;
+        let refused = db
+            .execute_unprepared("SELECT * FROM no_such_table_here")
+            .await
+            .expect_err("the query must fail");
+        assert!(!super::unreachable(&refused), "{refused:?}");
+        // The server ends this very session mid-statement, as an operator's
+        // pg_terminate_backend would.
+        let dropped = db
+            .execute_unprepared("SELECT pg_terminate_backend(pg_backend_pid())")
+            .await
+            .expect_err("the session was terminated");
+        assert!(super::unreachable(&dropped), "{dropped:?}");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_is_not_there_is_unreachable() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut opts =
+            sea_orm::ConnectOptions::new(format!("postgres://postgres@127.0.0.1:{port}/postgres"));
+        opts.connect_timeout(std::time::Duration::from_secs(2))
+            .sqlx_logging(false);
+        let e = sea_orm::Database::connect(opts)
+            .await
+            .expect_err("nothing listens there");
+        assert!(super::unreachable(&e), "{e:?}");
+        let pool_timeout =
+            sea_orm::DbErr::ConnectionAcquire(sea_orm::error::ConnAcquireErr::Timeout);
+        assert!(super::unreachable(&pool_timeout));
+        assert!(!super::unreachable(&sea_orm::DbErr::Custom("a bug".into())));
     }
 }

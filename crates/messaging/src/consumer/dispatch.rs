@@ -313,9 +313,16 @@ async fn park<H>(
 }
 
 async fn ack<H>(ctx: &Ctx<H>, delivery: &Delivery) {
-    if let Err(e) = ctx.failpoints.hit(FP_AFTER_HANDLE_BEFORE_ACK).await {
-        requeue(delivery, &e.to_string()).await;
-        return;
+    // The plain name stops at the first consumer to ack; `<name>:<routing key>` at one kind.
+    let keyed = format!(
+        "{FP_AFTER_HANDLE_BEFORE_ACK}:{}",
+        delivery.routing_key.as_str()
+    );
+    for name in [FP_AFTER_HANDLE_BEFORE_ACK, keyed.as_str()] {
+        if let Err(e) = ctx.failpoints.hit(name).await {
+            requeue(delivery, &e.to_string()).await;
+            return;
+        }
     }
     if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
         // The channel is gone: the broker redelivers it and the inbox drops the duplicate.

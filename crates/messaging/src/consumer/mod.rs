@@ -28,7 +28,8 @@ use crate::{
 
 /// Failpoint reached after the handler returned (and a retry or park was confirmed), right
 /// before the ack; armed with `error` the delivery is requeued instead, as if the consumer
-/// had died.
+/// had died. `consumer.after_handle_before_ack:<routing key>` (say `:order.paid`) stops only a
+/// delivery of that routing key.
 pub const FP_AFTER_HANDLE_BEFORE_ACK: &str = "consumer.after_handle_before_ack";
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);

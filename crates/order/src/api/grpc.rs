@@ -181,6 +181,10 @@ impl From<OrderError> for ApiError {
             OrderError::RefundCompleted(_) => {
                 ApiError::failed_precondition("REFUND_COMPLETED", message)
             }
+            OrderError::DatabaseUnavailable(_) => ApiError::Unavailable {
+                reason: "DATABASE_UNAVAILABLE",
+                message,
+            },
             OrderError::Internal(e) => ApiError::Internal(e),
         }
     }

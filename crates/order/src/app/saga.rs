@@ -8,6 +8,7 @@ use std::time::Duration;
 use chrono::Utc;
 use flashsale_contract::to_timestamp;
 use flashsale_messaging::{DelayQueue, envelope, inbox, outbox};
+use flashsale_platform::failpoint::Failpoints;
 use flashsale_proto::events::v1::{
     Envelope, OutboundFailed, PaymentTimeout, ReservationFailureReason, StockReservationFailed,
     envelope::Payload,
@@ -26,6 +27,14 @@ use crate::{
 };
 
 const SWEEP_BATCH: u64 = 200;
+/// Failpoint reached inside the `stock.reserved` consumer, right before its commit (one by one
+/// and batched).
+pub const FP_RESERVED_BEFORE_COMMIT: &str = "order.stock_reserved.before_commit";
+/// Failpoint reached inside the payment-timeout consumer, right before its commit.
+pub const FP_TIMEOUT_BEFORE_COMMIT: &str = "order.payment_timeout.before_commit";
+/// Failpoint reached inside the `outbound.completed`/`outbound.failed` consumer, right before
+/// its commit.
+pub const FP_OUTBOUND_RESULT_BEFORE_COMMIT: &str = "order.outbound_result.before_commit";
 /// Most orders one payment-timeout message may name (a confirmation batch holds at most 128).
 pub const MAX_TIMER_ORDERS: usize = 1_000;
 
@@ -38,6 +47,7 @@ pub struct Saga {
     /// How long a buyer has to pay once the stock is persisted.
     pub(super) time_to_pay: chrono::Duration,
     sweep_interval: Duration,
+    pub(super) failpoints: Failpoints,
 }
 
 impl Saga {
@@ -53,7 +63,22 @@ impl Saga {
                 i64::try_from(settings.payment_timeout_ms).unwrap_or(i64::MAX),
             ),
             sweep_interval: Duration::from_millis(settings.sweep_interval_ms),
+            failpoints: Failpoints::default(),
         }
+    }
+
+    /// The same, reaching `failpoints` inside its consumers ([`FP_RESERVED_BEFORE_COMMIT`],
+    /// [`FP_TIMEOUT_BEFORE_COMMIT`], [`FP_OUTBOUND_RESULT_BEFORE_COMMIT`]).
+    pub fn with_failpoints(self, failpoints: Failpoints) -> Self {
+        Self { failpoints, ..self }
+    }
+
+    /// Reaches failpoint `name` (an armed `error` fails the handler: nothing commits).
+    pub(super) async fn failpoint(&self, name: &str) -> Result<(), OrderError> {
+        self.failpoints
+            .hit(name)
+            .await
+            .map_err(|e| OrderError::Internal(anyhow::Error::new(e)))
     }
 
     async fn claim(
@@ -109,6 +134,7 @@ impl Saga {
             let timer = envelope::caused_by(env, Payload::PaymentTimeout(timer), PRODUCER);
             outbox::enqueue_delayed(&txn, &timer, &self.payment_timeout).await?;
         }
+        self.failpoint(FP_RESERVED_BEFORE_COMMIT).await?;
         txn.commit().await?;
         Ok(())
     }
@@ -175,6 +201,7 @@ impl Saga {
             });
             Self::expire_if_due(&txn, &order, Some(cause.as_ref().unwrap_or(env))).await?;
         }
+        self.failpoint(FP_TIMEOUT_BEFORE_COMMIT).await?;
         txn.commit().await?;
         Ok(())
     }
@@ -209,6 +236,7 @@ impl Saga {
             };
             db::transition(&txn, order.order_id, Status::Paid, Status::Shipped, change).await?;
         }
+        self.failpoint(FP_OUTBOUND_RESULT_BEFORE_COMMIT).await?;
         txn.commit().await?;
         Ok(())
     }
@@ -238,6 +266,7 @@ impl Saga {
             )
             .await?;
         }
+        self.failpoint(FP_OUTBOUND_RESULT_BEFORE_COMMIT).await?;
         txn.commit().await?;
         Ok(())
     }

@@ -127,6 +127,8 @@ impl Saga {
             first.trace.clone(),
         )];
         outbox::enqueue_many_traced(&txn, &timers, Some(&self.payment_timeout)).await?;
+        self.failpoint(super::saga::FP_RESERVED_BEFORE_COMMIT)
+            .await?;
         txn.commit().await?;
         Ok(true)
     }

@@ -45,6 +45,9 @@ pub enum OrderError {
     /// The provider paid this order's refund back already.
     #[error("the refund of order {0} was paid back already")]
     RefundCompleted(Uuid),
+    /// The order database could not be reached (worth retrying later).
+    #[error("the order database is unavailable: {0}")]
+    DatabaseUnavailable(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }

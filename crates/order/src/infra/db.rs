@@ -16,6 +16,9 @@ pub(crate) fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statem
 
 impl From<sea_orm::DbErr> for OrderError {
     fn from(e: sea_orm::DbErr) -> Self {
+        if flashsale_platform::db::unreachable(&e) {
+            return Self::DatabaseUnavailable(e.to_string());
+        }
         Self::Internal(anyhow::Error::new(e))
     }
 }

@@ -33,6 +33,8 @@ const COMMIT_TRIES: u32 = 3;
 /// Failpoint reached once the warehouse shipped, before the reservation is committed on
 /// product-stock: a crash here leaves the shipment PICKING, to be taken up again.
 pub const FP_AFTER_WAREHOUSE_BEFORE_COMMIT: &str = "outbound.after_warehouse_before_commit";
+/// Failpoint reached inside the `order.paid` consumer before the shipment is written.
+pub const FP_ORDER_PAID_BEFORE_COMMIT: &str = "outbound.order_paid.before_commit";
 
 /// How processing a shipment ended this time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,7 +72,8 @@ impl Shipping {
         }
     }
 
-    /// The same, reaching `failpoints` at its steps ([`FP_AFTER_WAREHOUSE_BEFORE_COMMIT`]).
+    /// The same, reaching `failpoints` at its steps ([`FP_ORDER_PAID_BEFORE_COMMIT`],
+    /// [`FP_AFTER_WAREHOUSE_BEFORE_COMMIT`]).
     pub fn with_failpoints(self, failpoints: Failpoints) -> Self {
         Self { failpoints, ..self }
     }
@@ -107,6 +110,10 @@ impl Shipping {
             policy,
             payment_id: &ev.payment_id,
         };
+        self.failpoints
+            .hit(FP_ORDER_PAID_BEFORE_COMMIT)
+            .await
+            .map_err(|e| OutboundError::Internal(anyhow::Error::new(e)))?;
         let shipment_id = db::create(&self.db, &new).await?;
         self.process(shipment_id, Some(env)).await
     }

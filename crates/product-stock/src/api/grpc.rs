@@ -121,6 +121,10 @@ impl From<StockError> for ApiError {
                 reason: "STOCK_GATE_UNAVAILABLE",
                 message,
             },
+            StockError::DatabaseUnavailable(_) => ApiError::Unavailable {
+                reason: "DATABASE_UNAVAILABLE",
+                message,
+            },
             StockError::Internal(e) => ApiError::Internal(e),
         }
     }

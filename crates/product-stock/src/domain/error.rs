@@ -23,6 +23,9 @@ pub enum StockError {
     ReservationReleased(uuid::Uuid),
     #[error("the stock gate is unavailable: {0}")]
     GateUnavailable(String),
+    /// The product database could not be reached (worth retrying later).
+    #[error("the product database is unavailable: {0}")]
+    DatabaseUnavailable(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }

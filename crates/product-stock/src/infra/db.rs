@@ -409,6 +409,9 @@ pub async fn insert_adjustment<C: ConnectionTrait>(
 
 impl From<sea_orm::DbErr> for StockError {
     fn from(e: sea_orm::DbErr) -> Self {
+        if flashsale_platform::db::unreachable(&e) {
+            return Self::DatabaseUnavailable(e.to_string());
+        }
         Self::Internal(anyhow::Error::new(e))
     }
 }
