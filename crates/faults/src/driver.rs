@@ -38,9 +38,6 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 const CREATE_RETRY_FOR: Duration = Duration::from_secs(25);
 /// Longest an acknowledged buyer waits for their order to become payable.
 const AWAIT_PAYABLE_FOR: Duration = Duration::from_secs(60);
-/// Where the payment provider listens: `order.payment.provider_url` of config/default.toml,
-/// which the suite's order services run with.
-const PROVIDER_PORT: u16 = 50054;
 /// The simulator keeps delivering a notification through an order service's restart.
 const PROVIDER_ARGS: &[&str] = &["--max-deliveries", "40", "--retry-base-ms", "250"];
 
@@ -63,6 +60,8 @@ pub struct Sale {
     /// The buyers arrive evenly over this window.
     pub flood: Duration,
     pub seed: u64,
+    /// Where the sale's payment provider simulator listens (the order service is told it).
+    pub provider_port: u16,
 }
 
 /// What the buyers saw.
@@ -83,8 +82,8 @@ pub struct Seen {
     pub retried: std::collections::BTreeMap<String, u32>,
 }
 
-/// The payment provider simulator a sale runs (none when another process already served the
-/// provider's port, which is then used).
+/// The payment provider simulator a sale runs (none when it could not start: payments then
+/// fail and the scenario with them).
 #[derive(Default)]
 pub struct Provider(Option<flashsale_e2e::Service>);
 
@@ -98,9 +97,8 @@ impl std::fmt::Debug for Provider {
     }
 }
 
-/// Starts `flashsale-payment-sim` on the provider's port (logs in a temporary directory); if
-/// another simulator already answers there, the sale uses that one.
-async fn provider() -> Provider {
+/// Starts `flashsale-payment-sim` on `port` (logs in a temporary directory).
+async fn provider(port: u16) -> Provider {
     let bins = match std::env::var_os("FLASHSALE_FAULTS_BIN_DIR") {
         Some(dir) => Ok(std::path::PathBuf::from(dir)),
         None => flashsale_e2e::bin_dir(),
@@ -109,7 +107,7 @@ async fn provider() -> Provider {
     let started = match bins {
         Ok(bins) => match std::fs::create_dir_all(&dir) {
             Ok(()) => {
-                flashsale_e2e::spawn_payment_sim(&bins, &dir, PROVIDER_PORT, PROVIDER_ARGS).await
+                flashsale_e2e::spawn_payment_sim(&bins, &dir, port, PROVIDER_ARGS).await
             }
             Err(e) => Err(e.into()),
         },
@@ -143,13 +141,11 @@ fn lazy(url: &str) -> anyhow::Result<Channel> {
 }
 
 impl Clients {
-    pub fn new(order_url: &str, product_url: &str) -> anyhow::Result<Self> {
+    pub fn new(order_url: &str, product_url: &str, provider_url: &str) -> anyhow::Result<Self> {
         Ok(Self {
             order: OrderServiceClient::new(lazy(order_url)?),
             product: ProductStockServiceClient::new(lazy(product_url)?),
-            provider: PaymentProviderServiceClient::new(lazy(&format!(
-                "http://127.0.0.1:{PROVIDER_PORT}"
-            ))?),
+            provider: PaymentProviderServiceClient::new(lazy(provider_url)?),
             keys: Arc::new(JwtKeys::new(DEV_SECRET.as_bytes())?),
         })
     }
@@ -233,7 +229,7 @@ fn transient(code: Code) -> bool {
 
 /// Runs the whole sale: the flood and every buyer's follow-up, each bounded in time.
 pub async fn run(c: Clients, sale: Sale) -> Seen {
-    let provider = provider().await;
+    let provider = provider(sale.provider_port).await;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let gate = Arc::new(Semaphore::new(sale.concurrency.max(1)));
     let start = Instant::now();

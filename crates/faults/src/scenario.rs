@@ -283,8 +283,13 @@ impl World {
         product_stock.start(fp.product_stock.as_deref()).await?;
         let proxy = Proxy::start(product_stock.port).await?;
 
+        let provider_port = crate::servers::free_port()?;
         let mut os = common(&order_urls);
         os.extend([
+            (
+                "PAYMENT__PROVIDER_URL".into(),
+                format!("http://127.0.0.1:{provider_port}"),
+            ),
             ("UPSTREAM__PRODUCT_STOCK_URL".into(), proxy.url()),
             (
                 "SAGA__PAYMENT_TIMEOUT_MS".into(),
@@ -324,6 +329,7 @@ impl World {
             concurrency: 64,
             flood: size.flood,
             seed,
+            provider_port,
         };
         Ok(Self {
             name: name.to_owned(),
@@ -348,7 +354,11 @@ impl World {
     }
 
     pub fn clients(&self) -> anyhow::Result<Clients> {
-        Clients::new(&self.order.url(), &self.product_stock.url())
+        Clients::new(
+            &self.order.url(),
+            &self.product_stock.url(),
+            &format!("http://127.0.0.1:{}", self.sale.provider_port),
+        )
     }
 
     /// Restarts (without failpoints) every service whose process has ended.
