@@ -177,6 +177,12 @@ impl Intake {
             }) => Err(OrderError::Unavailable(
                 "the order could not be confirmed; retry with the same request_id".into(),
             )),
+            // The database dropped the connection or could not be reached: the write may have
+            // committed unseen, and the buyer retries with the same request id, which the gate
+            // answers with this very grant. Releasing the hold now would race that retry (the
+            // retry's order written, then its units released under it), so the hold is kept
+            // for the retry; a hold nobody writes is freed by product-stock's hold sweeper.
+            Err(e @ OrderError::DatabaseUnavailable(_)) => Err(e),
             Err(e) => {
                 // Nothing of this batch was written. A replayed grant's units belong to an
                 // order that may exist from the first request: never release those.
