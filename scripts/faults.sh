@@ -24,7 +24,7 @@ main() {
     # replace them while the scenarios run.
     BINS="$(mktemp -d "${TMPDIR:-/tmp}/fs_faults_bins.XXXXXX")"
     trap 'rm -rf "$BINS"' EXIT
-    cp "$target"/debug/flashsale-{product-stock,order,outbound,faults} "$BINS"/
+    cp "$target"/debug/flashsale-{product-stock,order,outbound,payment-sim,faults} "$BINS"/
     log "flashsale-faults ${*:---scenario all}"
     FLASHSALE_FAULTS_BIN_DIR="$BINS" "$BINS/flashsale-faults" "$@"
 }

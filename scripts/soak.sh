@@ -22,7 +22,7 @@ main() {
     # replace them while the soak runs.
     BINS="$(mktemp -d "${TMPDIR:-/tmp}/fs_soak_bins.XXXXXX")"
     trap 'rm -rf "$BINS"' EXIT
-    cp "$target"/debug/flashsale-{product-stock,order,outbound,faults} "$BINS"/
+    cp "$target"/debug/flashsale-{product-stock,order,outbound,payment-sim,faults} "$BINS"/
     log "flashsale-faults soak $*"
     FLASHSALE_FAULTS_BIN_DIR="$BINS" "$BINS/flashsale-faults" soak "$@"
 }
