@@ -27,8 +27,8 @@ mod stuck;
 
 pub use checkout::Checkout;
 pub use intake::{
-    FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, Written, write_pending,
-    write_pending_batch, write_pending_batch_with,
+    FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, WRITE_FALLBACKS, Written,
+    write_pending, write_pending_batch, write_pending_batch_or_each, write_pending_batch_with,
 };
 pub use queries::Queries;
 pub use saga::Saga;
