@@ -9,6 +9,7 @@ pub mod batch;
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod decode;
 pub mod error;
 pub mod failpoint;
 pub mod grpc;
