@@ -8,6 +8,8 @@
 //! Feature resolution is read from `cargo tree` with the build's own package selection and flags;
 //! nothing is compiled.
 
+#![allow(clippy::expect_used)]
+
 use std::{path::PathBuf, process::Command};
 
 fn workspace_root() -> PathBuf {
