@@ -17,8 +17,9 @@ SCRIPT="faults"
 BINS=""
 
 main() {
-    log "cargo build --workspace --bins"
-    cargo build --workspace --bins
+    # Failpoints exist only in builds with this feature (a release build has none).
+    log "cargo build --workspace --bins --features flashsale-platform/failpoints"
+    cargo build --workspace --bins --features flashsale-platform/failpoints
     local target="${CARGO_TARGET_DIR:-target}"
     # A private copy of the binaries: another build in a shared target directory cannot
     # replace them while the scenarios run.

@@ -3,10 +3,15 @@
 #   1. scripts/dev-infra.sh (PostgreSQL, Redis, RabbitMQ reachable at FLASHSALE_TEST_*_URL),
 #   2. drops fs_test_* databases and old fs_test_*/fs_cli_*/fs_e2e_* Redis keys that earlier runs
 #      left behind (ones still in use are kept),
-#   3. cargo build --workspace --bins (the end-to-end tests start the service binaries),
-#   4. cargo nextest run --workspace "$@"   (cargo test --workspace "$@" without nextest).
+#   3. cargo build --workspace --bins --tests --features flashsale-platform/failpoints: one build
+#      for everything below (the end-to-end and fault tests start the service binaries, and the
+#      fault scenarios arm failpoints, which only builds with that feature have),
+#   4. cargo nextest run --workspace --features flashsale-platform/failpoints "$@"
+#      (cargo test … without nextest), which finds that build up to date,
+#   5. the failpoint tests of flashsale-platform built without the feature, as a release build
+#      of a service is: nothing fires, and FLASHSALE_FAILPOINTS is refused.
 # Extra arguments go to the test runner (e.g. a filter: scripts/test.sh reserve_fails).
-# The exit code is the test runner's.
+# The exit code is the test runner's (non-zero when either run failed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCRIPT="test"
@@ -63,16 +68,25 @@ main() {
     scripts/dev-infra.sh
     drop_leftover_test_databases
     drop_leftover_test_keys
-    # The end-to-end tests (crates/e2e) run the service binaries as separate processes.
-    log "cargo build --workspace --bins"
-    cargo build --workspace --bins
+    # The end-to-end tests (crates/e2e) and the fault scenarios (crates/faults) run the service
+    # binaries as separate processes. Building them with the tests, with the same features,
+    # makes one build serve both: the test run below compiles nothing more.
+    local features=(--features flashsale-platform/failpoints) status=0
+    log "cargo build --workspace --bins --tests ${features[*]}"
+    cargo build --workspace --bins --tests "${features[@]}"
     if cargo nextest --version >/dev/null 2>&1; then
-        log "cargo nextest run --workspace $*"
-        exec cargo nextest run --workspace "$@"
+        log "cargo nextest run --workspace ${features[*]} $*"
+        cargo nextest run --workspace "${features[@]}" "$@" || status=$?
+        log "cargo nextest run -p flashsale-platform --lib failpoint (built without failpoints)"
+        cargo nextest run -p flashsale-platform --lib failpoint || status=$?
+    else
+        warn "cargo-nextest is not installed; falling back to cargo test"
+        log "cargo test --workspace ${features[*]} $*"
+        cargo test --workspace "${features[@]}" "$@" || status=$?
+        log "cargo test -p flashsale-platform --lib failpoint (built without failpoints)"
+        cargo test -p flashsale-platform --lib failpoint || status=$?
     fi
-    warn "cargo-nextest is not installed; falling back to cargo test"
-    log "cargo test --workspace $*"
-    exec cargo test --workspace "$@"
+    return "$status"
 }
 
 main "$@"

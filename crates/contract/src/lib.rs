@@ -1,19 +1,25 @@
 //! The rules every flashsale service and client shares, each with one home: the sku format,
 //! the limits on ids, keys and quantities, the conversion between timestamps and
-//! `google.protobuf.Timestamp`, the deduction policy's names, and the reasons a reservation is
-//! refused, and how the payment provider's notifications are signed. Pure values and checks: no I/O, no tonic, no database.
+//! `google.protobuf.Timestamp`, the deduction policy's names, the reasons a reservation is
+//! refused, how the payment provider's notifications are signed, and the check every string from
+//! a client passes (no control characters, a length limit). Pure values and checks: no I/O, no
+//! tonic, no database.
 
 mod limits;
 pub mod payment;
 mod policy;
 mod refusal;
 mod sku;
+mod text;
 mod time;
 
 pub use limits::*;
 pub use policy::Policy;
 pub use refusal::Refusal;
 pub use sku::{SKU_MAX_LEN, Sku, SkuError, check_sku};
+pub use text::{
+    FieldViolation, TextError, check_optional_text, check_text, control_character_at, violations,
+};
 pub use time::{from_timestamp, to_timestamp};
 
 /// A canonical hyphenated UUID (lowercase or uppercase); anything else, braces, URNs or the

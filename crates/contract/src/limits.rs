@@ -19,3 +19,5 @@ pub const MAX_QUANTITY: i64 = 1_000_000;
 pub const MAX_PRICE_CENTS: i64 = MAX_UNITS * 100;
 /// Largest integer a Lua number holds exactly: 2^53 − 1.
 pub const MAX_SAFE_INTEGER: i64 = 9_007_199_254_740_991;
+/// Longest page token a client passes back (the services issue far shorter ones).
+pub const PAGE_TOKEN_MAX_LEN: usize = 512;

@@ -106,9 +106,7 @@ async fn provider(port: u16) -> Provider {
     let dir = std::env::temp_dir().join(format!("fs_faults_payment_sim_{}", std::process::id()));
     let started = match bins {
         Ok(bins) => match std::fs::create_dir_all(&dir) {
-            Ok(()) => {
-                flashsale_e2e::spawn_payment_sim(&bins, &dir, port, PROVIDER_ARGS).await
-            }
+            Ok(()) => flashsale_e2e::spawn_payment_sim(&bins, &dir, port, PROVIDER_ARGS).await,
             Err(e) => Err(e.into()),
         },
         Err(e) => Err(e),

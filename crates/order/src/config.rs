@@ -30,6 +30,74 @@ pub struct Settings {
     pub upstream: UpstreamSettings,
     pub saga: SagaSettings,
     pub payment: PaymentSettings,
+    pub limits: LimitSettings,
+}
+
+/// `limits.*`: what one user may ask of this service (docs/architecture.md#limits-and-load-shedding).
+/// A call over a limit is answered `RESOURCE_EXHAUSTED` (reason `RATE_LIMITED`, with a
+/// `google.rpc.RetryInfo`) before it reaches the gate or the database: it writes nothing.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LimitSettings {
+    /// CreateOrder calls one user may make per second, on average (0: no limit) ...
+    pub create_order_per_sec: u32,
+    /// ... and at once after a pause.
+    pub create_order_burst: u32,
+    /// PayOrder calls one user may make per second, on average (0: no limit) ...
+    pub pay_order_per_sec: u32,
+    /// ... and at once after a pause.
+    pub pay_order_burst: u32,
+    /// WatchOrder streams one user may keep open at once (each polls the database).
+    pub watch_streams_per_user: u32,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        Self {
+            create_order_per_sec: 10,
+            create_order_burst: 20,
+            pay_order_per_sec: 5,
+            pay_order_burst: 10,
+            watch_streams_per_user: 8,
+        }
+    }
+}
+
+/// The largest per-second rate and burst `limits.*` accepts.
+pub const MAX_RATE: u32 = 1_000_000;
+
+impl Validate for LimitSettings {
+    fn validate(&self, p: &str) -> Result<(), ConfigError> {
+        check_range(
+            &format!("{p}.create_order_per_sec"),
+            self.create_order_per_sec,
+            0,
+            MAX_RATE,
+        )?;
+        check_range(
+            &format!("{p}.create_order_burst"),
+            self.create_order_burst,
+            1,
+            MAX_RATE,
+        )?;
+        check_range(
+            &format!("{p}.pay_order_per_sec"),
+            self.pay_order_per_sec,
+            0,
+            MAX_RATE,
+        )?;
+        check_range(
+            &format!("{p}.pay_order_burst"),
+            self.pay_order_burst,
+            1,
+            MAX_RATE,
+        )?;
+        check_range(
+            &format!("{p}.watch_streams_per_user"),
+            self.watch_streams_per_user,
+            1,
+            10_000,
+        )
+    }
 }
 
 /// The largest `saga.stuck_after_ms`, and `older_than_ms` of ListStuckOrders: 30 days.
@@ -296,6 +364,7 @@ impl Default for Settings {
             upstream: UpstreamSettings::default(),
             saga: SagaSettings::default(),
             payment: PaymentSettings::default(),
+            limits: LimitSettings::default(),
         }
     }
 }
@@ -315,7 +384,8 @@ impl Validate for Settings {
             .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;
         self.upstream.validate(&format!("{p}.upstream"))?;
         self.saga.validate(&format!("{p}.saga"))?;
-        self.payment.validate(&format!("{p}.payment"))
+        self.payment.validate(&format!("{p}.payment"))?;
+        self.limits.validate(&format!("{p}.limits"))
     }
 }
 
@@ -331,7 +401,7 @@ mod tests {
     #[test]
     fn bad_saga_values_name_their_key() {
         type Case = (&'static str, fn(&mut Settings));
-        let cases: [Case; 12] = [
+        let cases: [Case; 19] = [
             ("order.saga.payment_timeout_ms", |s| {
                 s.saga.payment_timeout_ms = 0
             }),
@@ -363,6 +433,27 @@ mod tests {
             }),
             ("order.upstream.product_stock_url", |s| {
                 s.upstream.product_stock_url = "ftp://x".into()
+            }),
+            ("order.limits.create_order_per_sec", |s| {
+                s.limits.create_order_per_sec = MAX_RATE + 1
+            }),
+            ("order.limits.create_order_burst", |s| {
+                s.limits.create_order_burst = 0
+            }),
+            ("order.limits.pay_order_per_sec", |s| {
+                s.limits.pay_order_per_sec = MAX_RATE + 1
+            }),
+            ("order.limits.pay_order_burst", |s| {
+                s.limits.pay_order_burst = 0
+            }),
+            ("order.limits.watch_streams_per_user", |s| {
+                s.limits.watch_streams_per_user = 0
+            }),
+            ("order.limits.watch_streams_per_user", |s| {
+                s.limits.watch_streams_per_user = 10_001
+            }),
+            ("order.grpc.max_concurrent_requests", |s| {
+                s.grpc.max_concurrent_requests = 0
             }),
         ];
         assert!(valid().validate(SERVICE_KEY).is_ok());
@@ -455,6 +546,75 @@ mod tests {
         assert!(e.contains("not set"), "{e}");
         let shown = format!("{:?}", valid().payment);
         assert!(!shown.contains(&"w".repeat(32)) && !shown.contains(&"k".repeat(32)));
+    }
+
+    #[test]
+    fn limits_load_from_file_and_environment_and_bad_ones_name_their_key() {
+        let dir = std::env::temp_dir().join(format!("fs-order-limits-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("default.toml"),
+            "[order.limits]\ncreate_order_per_sec = 3\nwatch_streams_per_user = 2\n\n\
+             [order.payment]\napi_key = \"kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk\"\n\
+             webhook_secret = \"wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww\"\n",
+        )
+        .unwrap();
+        let load = |vars: &[(&str, &str)]| {
+            let env = config::Environment::with_prefix("FLASHSALE")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(
+                    vars.iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ));
+            flashsale_platform::config::load_from(
+                SERVICE_KEY,
+                &Settings::default(),
+                &dir,
+                None,
+                env,
+            )
+        };
+        let s = load(&[("FLASHSALE_ORDER__LIMITS__PAY_ORDER_BURST", "4")]).unwrap();
+        assert_eq!(
+            (
+                s.limits.create_order_per_sec,
+                s.limits.watch_streams_per_user,
+                s.limits.pay_order_burst,
+                s.limits.create_order_burst
+            ),
+            (3, 2, 4, LimitSettings::default().create_order_burst)
+        );
+        for (var, value, key) in [
+            (
+                "FLASHSALE_ORDER__LIMITS__CREATE_ORDER_PER_SEC",
+                "fast",
+                "order.limits.create_order_per_sec",
+            ),
+            (
+                "FLASHSALE_ORDER__LIMITS__CREATE_ORDER_PER_SEC",
+                "-1",
+                "order.limits.create_order_per_sec",
+            ),
+            (
+                "FLASHSALE_ORDER__LIMITS__WATCH_STREAMS_PER_USER",
+                "0",
+                "order.limits.watch_streams_per_user",
+            ),
+            (
+                "FLASHSALE_ORDER__LIMITS__PAY_ORDER_BURST",
+                "0",
+                "order.limits.pay_order_burst",
+            ),
+        ] {
+            let e = load(&[(var, value)])
+                .map(|_| String::new())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains(key), "{var}={value}: `{e}` does not name {key}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

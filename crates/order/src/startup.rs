@@ -20,13 +20,20 @@ use flashsale_proto::{
 use tonic::service::interceptor::InterceptedService;
 
 use crate::{
-    api::{amqp, grpc::OrderApi, payment::PaymentNotifications},
+    api::{
+        amqp,
+        grpc::{EdgeLimits, OrderApi},
+        payment::PaymentNotifications,
+    },
     app::{Checkout, Intake, Payments, Queries, Refunds, Saga, Stuck},
     config::Settings,
     domain::PaymentProvider,
     infra::{changes::OrderChanges, payment::GrpcPaymentProvider, stock::GrpcStock},
     migration::Migrator,
 };
+
+/// How often the rate limiters forget users whose counts are back to full.
+const FORGET_IDLE_USERS_EVERY: Duration = Duration::from_secs(10);
 
 /// [`build_with`] with failpoints from `FLASHSALE_FAILPOINTS`.
 pub async fn build(settings: Settings) -> anyhow::Result<Application> {
@@ -135,14 +142,23 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         move || reset.clear(),
         async move { s.wait().await },
     ));
+    let limits = EdgeLimits::new(&settings.limits);
+    let s = shutdown.clone();
+    f.runner.spawn(flashsale_platform::limit::forget_idle_users(
+        limits.rate_limiters(),
+        FORGET_IDLE_USERS_EVERY,
+        async move { s.wait().await },
+    ));
     f.runner.spawn(changes.run(f.db.clone(), shutdown));
 
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
-            OrderServiceServer::new(OrderApi::new(intake, checkout, queries, stuck, refunds))
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
+            OrderServiceServer::new(OrderApi::new(
+                intake, checkout, queries, stuck, refunds, limits,
+            ))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
             f.auth.clone(),
         ))
         // No bearer-token interceptor: the provider's signature authenticates a notification.

@@ -160,9 +160,12 @@ impl JwtKeys {
         let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
             .map_err(|e| ApiError::Unauthenticated(format!("invalid bearer token: {e}")))?;
         let sub = data.claims.sub;
-        if sub.is_empty() || sub.len() > MAX_SUBJECT_LEN {
+        // The subject becomes a user id in every store: no control character, NUL included.
+        if sub.len() > MAX_SUBJECT_LEN
+            || flashsale_contract::check_text("sub", &sub, MAX_SUBJECT_LEN).is_err()
+        {
             return Err(ApiError::Unauthenticated(format!(
-                "token subject must be 1..={MAX_SUBJECT_LEN} bytes"
+                "token subject `sub` must be 1..={MAX_SUBJECT_LEN} bytes without control characters"
             )));
         }
         Ok(Caller {
@@ -303,6 +306,18 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::Unauthenticated);
         let err = i.call(req_with("Basic abc")).unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    }
+
+    #[test]
+    fn a_subject_with_a_control_character_is_unauthenticated() {
+        let keys = JwtKeys::new(b"0123456789abcdef0123456789abcdef").unwrap();
+        let mut i = AuthInterceptor::new(keys.clone());
+        for bad in ["a\0", "\0", "bob\n", "x\u{7f}", ""] {
+            let token = keys.mint(bad, Role::User, Duration::from_secs(60)).unwrap();
+            let err = i.call(req_with(&format!("Bearer {token}"))).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{bad:?}");
+            assert!(err.message().contains("sub"), "{}", err.message());
+        }
     }
 
     #[test]

@@ -295,6 +295,16 @@ mod tests {
                 "soon",
                 "order.grpc.request_timeout_ms",
             ),
+            (
+                "FLASHSALE_ORDER__GRPC__MAX_CONCURRENT_REQUESTS",
+                "0",
+                "order.grpc.max_concurrent_requests",
+            ),
+            (
+                "FLASHSALE_ORDER__GRPC__MAX_CONCURRENT_REQUESTS",
+                "lots",
+                "order.grpc.max_concurrent_requests",
+            ),
         ];
         for (var, value, key) in cases {
             let err = load_from("order", &demo(), &dir, None, env(&[(var, value)])).unwrap_err();

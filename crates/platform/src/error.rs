@@ -31,8 +31,13 @@ pub enum ApiError {
         reason: &'static str,
         message: String,
     },
-    #[error("{0}")]
-    ResourceExhausted(String),
+    /// A per-user limit or quota: `RESOURCE_EXHAUSTED`, reason `RATE_LIMITED`, with a
+    /// `google.rpc.RetryInfo` saying when to try again.
+    #[error("{message}")]
+    ResourceExhausted {
+        message: String,
+        retry_after: std::time::Duration,
+    },
     #[error("{0}")]
     Unauthenticated(String),
     #[error("{0}")]
@@ -103,8 +108,14 @@ impl From<ApiError> for Status {
             ApiError::FailedPrecondition { reason, .. } => {
                 with_info(Code::FailedPrecondition, message, reason)
             }
-            ApiError::ResourceExhausted(_) => {
-                with_info(Code::ResourceExhausted, message, "RATE_LIMITED")
+            ApiError::ResourceExhausted { retry_after, .. } => {
+                let mut details = ErrorDetails::with_retry_info(Some(retry_after));
+                details.set_error_info(
+                    "RATE_LIMITED",
+                    ERROR_DOMAIN,
+                    HashMap::<String, String>::new(),
+                );
+                Status::with_error_details(Code::ResourceExhausted, message, details)
             }
             ApiError::Unauthenticated(_) => {
                 with_info(Code::Unauthenticated, message, "UNAUTHENTICATED")

@@ -1,6 +1,11 @@
 //! Named failpoints at the steps of a saga, so a fault-injection suite can make a process error,
 //! panic, stall or die at exactly one step.
 //!
+//! They exist only in builds with the cargo feature `failpoints` (the test and fault builds:
+//! scripts/test.sh, scripts/faults.sh). Without it the API is the same, so call sites do not
+//! change, but [`Failpoints::hit`] never fires (the code that panics or exits is not even
+//! compiled) and [`from_env`] refuses to start a process whose `FLASHSALE_FAILPOINTS` is set.
+//!
 //! A [`Failpoints`] value is owned per service instance (not a process global), so tests running
 //! in parallel in one process arm only their own. Services arm them from the `FLASHSALE_FAILPOINTS`
 //! spec at start-up (`name=action;name=action`, actions `error`, `panic`, `exit`, `sleep(ms)`,
@@ -15,6 +20,9 @@ use std::{
     time::Duration,
 };
 
+/// Whether this build has failpoints (the cargo feature `failpoints`).
+pub const COMPILED: bool = cfg!(feature = "failpoints");
+
 /// What an armed failpoint does when reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -28,6 +36,8 @@ pub enum Action {
     Sleep(Duration),
 }
 
+// Read only where failpoints fire, which a build without the feature leaves out.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
 #[derive(Clone, Debug)]
 struct Armed {
     action: Action,
@@ -118,6 +128,7 @@ impl Failpoints {
         }
     }
 
+    #[cfg(feature = "failpoints")]
     fn take(&self, name: &str) -> Option<Action> {
         if !self.any.load(Ordering::Acquire) {
             return None;
@@ -133,8 +144,10 @@ impl Failpoints {
         Some(action)
     }
 
-    /// Reaches failpoint `name`: does nothing unless it is armed.
+    /// Reaches failpoint `name`: does nothing unless it is armed (and never in a build
+    /// without the `failpoints` feature).
     pub async fn hit(&self, name: &str) -> Result<(), FailpointError> {
+        #[cfg(feature = "failpoints")]
         match self.take(name) {
             None => Ok(()),
             Some(Action::Sleep(d)) => {
@@ -143,19 +156,37 @@ impl Failpoints {
             }
             Some(other) => fire(name, other),
         }
-    }
-}
-
-/// Failpoints armed by `FLASHSALE_FAILPOINTS` (none when unset); a bad spec is an error naming it.
-pub fn from_env() -> anyhow::Result<Failpoints> {
-    match std::env::var("FLASHSALE_FAILPOINTS") {
-        Ok(spec) => {
-            Failpoints::from_spec(&spec).map_err(|e| anyhow::anyhow!("FLASHSALE_FAILPOINTS: {e}"))
+        #[cfg(not(feature = "failpoints"))]
+        {
+            let _ = name;
+            Ok(())
         }
-        Err(_) => Ok(Failpoints::default()),
     }
 }
 
+/// Failpoints armed by `FLASHSALE_FAILPOINTS` (none when unset); a bad spec is an error naming
+/// it, and so is any spec in a build without the `failpoints` feature.
+pub fn from_env() -> anyhow::Result<Failpoints> {
+    from_env_value(std::env::var("FLASHSALE_FAILPOINTS").ok(), COMPILED)
+}
+
+/// [`from_env`] for the variable's value `spec` in a build with (`compiled`) or without
+/// failpoints. A spec that arms nothing (empty) is accepted either way.
+fn from_env_value(spec: Option<String>, compiled: bool) -> anyhow::Result<Failpoints> {
+    let Some(spec) = spec.filter(|s| !s.trim().is_empty()) else {
+        return Ok(Failpoints::default());
+    };
+    if !compiled {
+        anyhow::bail!(
+            "FLASHSALE_FAILPOINTS is set (`{spec}`), but this binary was built without failpoints \
+             (cargo feature `failpoints`): unset it, or run a test build \
+             (cargo build --features flashsale-platform/failpoints)"
+        );
+    }
+    Failpoints::from_spec(&spec).map_err(|e| anyhow::anyhow!("FLASHSALE_FAILPOINTS: {e}"))
+}
+
+#[cfg(feature = "failpoints")]
 fn fire(name: &str, action: Action) -> Result<(), FailpointError> {
     match action {
         Action::Error => Err(FailpointError(name.to_owned())),
@@ -189,12 +220,40 @@ fn parse_action(s: &str) -> Option<Action> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_build_without_failpoints_refuses_a_spec_and_one_with_them_arms_it() {
+        let e = from_env_value(Some("order.create.before_write=exit".into()), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("FLASHSALE_FAILPOINTS"), "{e}");
+        assert!(e.contains("built without failpoints"), "{e}");
+        assert!(from_env_value(None, false).is_ok());
+        assert!(from_env_value(Some("  ".into()), false).is_ok());
+        let armed = from_env_value(Some("a=error".into()), true).unwrap();
+        assert!(format!("{armed:?}").contains("[\"a\"]"), "{armed:?}");
+        let e = from_env_value(Some("a=boom".into()), true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("boom"), "{e}");
+    }
+
+    #[cfg(not(feature = "failpoints"))]
+    #[tokio::test]
+    async fn without_the_feature_an_armed_failpoint_never_fires() {
+        let fp = Failpoints::from_spec("a=error;b=exit;c=panic").unwrap();
+        fp.arm("d", Action::Exit);
+        for name in ["a", "b", "c", "d"] {
+            assert!(fp.hit(name).await.is_ok(), "{name} fired");
+        }
+    }
+
     #[tokio::test]
     async fn unarmed_failpoint_does_nothing() {
         let fp = Failpoints::default();
         assert!(fp.hit("x").await.is_ok());
     }
 
+    #[cfg(feature = "failpoints")]
     #[tokio::test]
     async fn counted_failpoint_fires_only_that_many_times() {
         let fp = Failpoints::from_spec("a=2*error").unwrap();
@@ -204,6 +263,7 @@ mod tests {
         assert!(fp.hit("b").await.is_ok());
     }
 
+    #[cfg(feature = "failpoints")]
     #[tokio::test]
     async fn disarmed_failpoint_stops_firing() {
         let fp = Failpoints::default();

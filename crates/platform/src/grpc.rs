@@ -1,6 +1,7 @@
 //! The gRPC server every service runs: its business services plus `grpc.health.v1.Health`,
 //! server reflection (`v1` and `v1alpha`, so both current grpcurl and 1.8 work), a per-request
-//! deadline, W3C trace-context extraction, and graceful shutdown.
+//! deadline, W3C trace-context extraction, load shedding (`crate::shed`), the contract's status
+//! for a request that cannot be decoded (`crate::decode`), and graceful shutdown.
 //!
 //! Reflection lists only the services this server answers, but describes the whole contract
 //! (every message, and the `google.rpc` error details a refusal carries), so a client can
@@ -17,7 +18,9 @@ use tonic::{
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 
-use crate::{settings::GrpcSettings, trace::TraceContextLayer};
+use crate::{
+    decode::DecodeStatusLayer, settings::GrpcSettings, shed::ShedLayer, trace::TraceContextLayer,
+};
 
 /// Binds the configured address (port 0 picks a free port, as tests do).
 pub async fn bind(settings: &GrpcSettings) -> anyhow::Result<TcpListener> {
@@ -150,6 +153,8 @@ pub async fn serve(
     Server::builder()
         .timeout(Duration::from_millis(settings.request_timeout_ms))
         .layer(TraceContextLayer)
+        .layer(ShedLayer::new(settings.max_concurrent_requests))
+        .layer(DecodeStatusLayer)
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -1,7 +1,7 @@
 //! What every flashsale service stands on: the command line of its binary, layered
 //! configuration, telemetry, the gRPC server builder (health, reflection, auth, limits), the one
-//! mapping from service errors to `tonic::Status`, graceful shutdown, Prometheus metrics and
-//! named failpoints.
+//! mapping from service errors to `tonic::Status`, per-user rate limits and load shedding,
+//! graceful shutdown, Prometheus metrics and named failpoints.
 
 pub mod app;
 pub mod auth;
@@ -9,13 +9,16 @@ pub mod batch;
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod decode;
 pub mod error;
 pub mod failpoint;
 pub mod grpc;
+pub mod limit;
 pub mod metrics;
 pub mod pressure;
 pub mod redis;
 pub mod settings;
+pub mod shed;
 pub mod shutdown;
 pub mod telemetry;
 pub mod trace;

@@ -14,6 +14,9 @@ pub struct GrpcSettings {
     pub max_message_bytes: usize,
     /// Deadline for one unary request, in milliseconds (streams are not cut).
     pub request_timeout_ms: u64,
+    /// Calls in flight at once, over every connection; one more is answered `UNAVAILABLE`
+    /// (reason `OVERLOADED`) at once instead of waiting. Health checks are not counted.
+    pub max_concurrent_requests: usize,
 }
 
 impl GrpcSettings {
@@ -22,6 +25,7 @@ impl GrpcSettings {
             addr: format!("0.0.0.0:{port}"),
             max_message_bytes: 4 * 1024 * 1024,
             request_timeout_ms: 5_000,
+            max_concurrent_requests: 4_096,
         }
     }
 }
@@ -40,6 +44,12 @@ impl Validate for GrpcSettings {
             self.request_timeout_ms,
             1,
             600_000,
+        )?;
+        check_range(
+            &format!("{p}.max_concurrent_requests"),
+            self.max_concurrent_requests,
+            1,
+            1_000_000,
         )
     }
 }

@@ -1,6 +1,7 @@
 //! Checked requests: the proto messages turned into what the admin acts on, or the
 //! `INVALID_ARGUMENT` field violations / `NOT_FOUND` the contract names.
 
+use flashsale_contract::{PAGE_TOKEN_MAX_LEN, check_optional_text, check_text};
 use flashsale_proto::admin::v1::{
     DiscardDeadLettersRequest, ListDeadLettersRequest, ReplayDeadLettersRequest,
 };
@@ -19,6 +20,8 @@ pub const MAX_PAGE_SIZE: usize = 500;
 pub const MAX_IDS: usize = 1000;
 /// Longest discard reason, in characters.
 pub const MAX_REASON_CHARS: usize = 500;
+/// Longest queue name (AMQP's own limit, in bytes, is 255).
+pub const MAX_QUEUE_CHARS: usize = 255;
 
 /// A checked `ListDeadLetters`.
 #[derive(Debug, PartialEq)]
@@ -63,6 +66,8 @@ pub(crate) fn list(
     known: &[String],
 ) -> Result<ListQuery, DeadLetterError> {
     let mut bad = Violations::new();
+    bad.extend(check_optional_text("queue", &r.queue, MAX_QUEUE_CHARS).err());
+    bad.extend(check_optional_text("page_token", &r.page_token, PAGE_TOKEN_MAX_LEN).err());
     let page_size = match usize::try_from(r.page_size) {
         Err(_) => {
             bad.push(("page_size".into(), "must not be negative".into()));
@@ -71,7 +76,7 @@ pub(crate) fn list(
         Ok(0) => DEFAULT_PAGE_SIZE,
         Ok(n) => n.min(MAX_PAGE_SIZE),
     };
-    let after = if r.page_token.is_empty() {
+    let after = if r.page_token.is_empty() || !bad.is_empty() {
         None
     } else {
         let c = token::decode(&r.queue, &r.page_token);
@@ -118,15 +123,13 @@ pub(crate) fn discard(
 ) -> Result<Discard, DeadLetterError> {
     let mut bad = Violations::new();
     let target = target(&r.queue, &r.message_ids, r.all, &mut bad);
+    // No control character anywhere in it as sent; 1..=MAX_REASON_CHARS once trimmed.
+    bad.extend(
+        check_text("reason", &r.reason, usize::MAX)
+            .and_then(|()| check_text("reason", r.reason.trim(), MAX_REASON_CHARS))
+            .err(),
+    );
     let reason = r.reason.trim();
-    if reason.is_empty() {
-        bad.push(("reason".into(), "is required".into()));
-    } else if reason.chars().count() > MAX_REASON_CHARS || reason.contains('\0') {
-        bad.push((
-            "reason".into(),
-            format!("must be at most {MAX_REASON_CHARS} characters, without NUL"),
-        ));
-    }
     if !bad.is_empty() {
         return Err(DeadLetterError::Invalid(bad));
     }
@@ -139,9 +142,7 @@ pub(crate) fn discard(
 
 /// Checks queue and selection, pushing violations; the target is only meaningful without any.
 fn target(queue: &str, message_ids: &[String], all: bool, bad: &mut Violations) -> Target {
-    if queue.is_empty() {
-        bad.push(("queue".into(), "is required".into()));
-    }
+    bad.extend(check_text("queue", queue, MAX_QUEUE_CHARS).err());
     let ids = match (message_ids.is_empty(), all) {
         (false, true) => {
             bad.push((
@@ -263,6 +264,35 @@ mod tests {
             ..r
         };
         assert_eq!(fields(discard(&r, &known()).unwrap_err()), vec!["reason"]);
+    }
+
+    #[test]
+    fn control_characters_are_refused_in_every_string_field() {
+        let r = DiscardDeadLettersRequest {
+            queue: "a\0".into(),
+            all: true,
+            reason: "gone\n".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            fields(discard(&r, &known()).unwrap_err()),
+            vec!["queue", "reason"]
+        );
+        let r = ListDeadLettersRequest {
+            queue: "a\u{1}".into(),
+            page_token: "t\0".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            fields(list(&r, &known()).unwrap_err()),
+            vec!["queue", "page_token"]
+        );
+        let r = ReplayDeadLettersRequest {
+            queue: "b\u{7f}".into(),
+            all: true,
+            ..Default::default()
+        };
+        assert_eq!(fields(replay(&r, &known()).unwrap_err()), vec!["queue"]);
     }
 
     #[test]

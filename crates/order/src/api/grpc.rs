@@ -1,14 +1,18 @@
 //! `flashsale.order.v1.OrderService` over tonic: the caller comes from the verified token, the
-//! request becomes domain values (junk is `INVALID_ARGUMENT` with field violations), the use
-//! case runs, the answer goes back.
+//! per-user limits are counted, the request becomes domain values (junk, control characters in
+//! any string included, is `INVALID_ARGUMENT` with field violations), the use case runs, the
+//! answer goes back.
 
-use std::pin::Pin;
+use std::{pin::Pin, time::Duration};
 
-use flashsale_contract::to_timestamp;
+use flashsale_contract::{
+    PAGE_TOKEN_MAX_LEN, USER_ID_MAX_LEN, check_optional_text, to_timestamp, violations,
+};
 use flashsale_messaging::waiting::Place;
 use flashsale_platform::{
     ApiError,
     auth::{Caller, Role},
+    limit::{StreamCap, UserRateLimiter},
 };
 use flashsale_proto::order::v1::{
     self as pb, CancelOrderRequest, CancelOrderResponse, CreateOrderRequest, CreateOrderResponse,
@@ -25,6 +29,7 @@ use crate::{
     app::{
         Checkout, Intake, Queries, Refunds, Stuck, StuckOrder, reason_to_proto, status_to_proto,
     },
+    config::LimitSettings,
     domain::{
         Order, OrderError, PlaceOrder, ProviderError, StartPayment, Status as OrderStatus,
         parse_order_id, parse_order_ids,
@@ -39,6 +44,7 @@ pub struct OrderApi {
     queries: Queries,
     stuck: Stuck,
     refunds: Refunds,
+    limits: EdgeLimits,
 }
 
 impl OrderApi {
@@ -48,6 +54,7 @@ impl OrderApi {
         queries: Queries,
         stuck: Stuck,
         refunds: Refunds,
+        limits: EdgeLimits,
     ) -> Self {
         Self {
             intake,
@@ -55,7 +62,42 @@ impl OrderApi {
             queries,
             stuck,
             refunds,
+            limits,
         }
+    }
+}
+
+/// What one user may ask of this service (`limits.*`); clones share the counts.
+#[derive(Clone, Debug)]
+pub struct EdgeLimits {
+    pub create_order: UserRateLimiter,
+    pub pay_order: UserRateLimiter,
+    pub watch_order: StreamCap,
+}
+
+/// What a user told they have too many WatchOrder streams open is asked to wait.
+const WATCH_RETRY_AFTER: Duration = Duration::from_secs(2);
+
+impl EdgeLimits {
+    pub fn new(l: &LimitSettings) -> Self {
+        Self {
+            create_order: UserRateLimiter::new(
+                "CreateOrder",
+                l.create_order_per_sec,
+                l.create_order_burst,
+            ),
+            pay_order: UserRateLimiter::new("PayOrder", l.pay_order_per_sec, l.pay_order_burst),
+            watch_order: StreamCap::new(
+                "WatchOrder",
+                usize::try_from(l.watch_streams_per_user).unwrap_or(usize::MAX),
+                WATCH_RETRY_AFTER,
+            ),
+        }
+    }
+
+    /// The rate limiters, for the task that forgets idle users.
+    pub fn rate_limiters(&self) -> Vec<UserRateLimiter> {
+        vec![self.create_order.clone(), self.pay_order.clone()]
     }
 }
 
@@ -194,6 +236,18 @@ pub(super) fn status(e: OrderError) -> Status {
     ApiError::from(e).into()
 }
 
+/// `INVALID_ARGUMENT` naming every string field that failed its check, if any did.
+fn check_fields<const N: usize>(
+    checks: [Result<(), flashsale_contract::FieldViolation>; N],
+) -> Result<(), Status> {
+    let bad = violations(checks);
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(status(OrderError::Invalid(bad)))
+    }
+}
+
 type WatchStream =
     Pin<Box<dyn futures_util::Stream<Item = Result<WatchOrderResponse, Status>> + Send>>;
 
@@ -204,6 +258,7 @@ impl OrderService for OrderApi {
         req: Request<CreateOrderRequest>,
     ) -> Result<Response<CreateOrderResponse>, Status> {
         let caller = authorize(&req, BUYER)?;
+        self.limits.create_order.check(&caller.subject)?;
         let r = req.into_inner();
         let max = self.intake.max_quantity();
         let place = PlaceOrder::new(&caller.subject, &r.request_id, &r.sku, r.quantity, max)
@@ -233,6 +288,10 @@ impl OrderService for OrderApi {
     ) -> Result<Response<ListOrdersResponse>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
         let r = req.into_inner();
+        check_fields([
+            check_optional_text("user_id", &r.user_id, USER_ID_MAX_LEN),
+            check_optional_text("page_token", &r.page_token, PAGE_TOKEN_MAX_LEN),
+        ])?;
         let filter = status_filter(r.status).map_err(status)?;
         let (orders, next) = self
             .queries
@@ -253,14 +312,19 @@ impl OrderService for OrderApi {
     ) -> Result<Response<Self::WatchOrderStream>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
         let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
+        // Counted until the stream is dropped (the client went away or the order ended).
+        let open = self.limits.watch_order.open(&caller.subject)?;
         let rx = self.queries.watch(&caller, id).await.map_err(status)?;
-        let stream =
-            futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |item| {
+        let stream = futures_util::StreamExt::map(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+            move |item| {
+                let _open = &open;
                 item.map(|o| WatchOrderResponse {
                     order: Some(order_to_proto(o)),
                 })
                 .map_err(status)
-            });
+            },
+        );
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -269,6 +333,7 @@ impl OrderService for OrderApi {
         req: Request<PayOrderRequest>,
     ) -> Result<Response<PayOrderResponse>, Status> {
         let caller = authorize(&req, BUYER)?;
+        self.limits.pay_order.check(&caller.subject)?;
         let r = req.into_inner();
         let start =
             StartPayment::new(&r.order_id, &r.payment_id, r.amount_cents).map_err(status)?;
@@ -314,6 +379,11 @@ impl OrderService for OrderApi {
     ) -> Result<Response<ListPendingOrdersResponse>, Status> {
         authorize(&req, SERVICE)?;
         let r = req.into_inner();
+        check_fields([check_optional_text(
+            "page_token",
+            &r.page_token,
+            PAGE_TOKEN_MAX_LEN,
+        )])?;
         let (orders, next) = self
             .queries
             .pending(&r.sku, r.page_size, &r.page_token)
@@ -331,6 +401,11 @@ impl OrderService for OrderApi {
     ) -> Result<Response<ListStuckOrdersResponse>, Status> {
         let caller = authorize(&req, ADMIN)?;
         let r = req.into_inner();
+        check_fields([check_optional_text(
+            "page_token",
+            &r.page_token,
+            PAGE_TOKEN_MAX_LEN,
+        )])?;
         let page = self
             .stuck
             .list(r.older_than_ms, r.page_size, &r.page_token)

@@ -5,17 +5,18 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use flashsale_messaging::{envelope, outbox};
 use flashsale_platform::{
-    batch::Batcher,
+    batch::{Batcher, EACH_CONCURRENCY},
     failpoint::Failpoints,
     pressure::{Foreground, Yield},
 };
 use flashsale_proto::events::v1::{OrderCreated, envelope::Payload};
+use futures_util::StreamExt as _;
 use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
 use super::{PRODUCER, SoldOutCache, Verdict};
 use crate::{
     config::SagaSettings,
-    domain::{CancelReason, Order, OrderError, PlaceOrder, Policy, Refusal, Status},
+    domain::{CancelReason, Order, OrderError, PlaceOrder, Policy, Refusal, Status, order_total},
     infra::{
         db::{self, Inserted},
         stock::{Granted, RESERVATION_RELEASED, StockPort},
@@ -43,8 +44,9 @@ pub struct Intake {
     stock: Arc<dyn StockPort>,
     max_quantity: i64,
     sold_out: SoldOutCache,
-    /// Writes accepted orders, many per transaction (one commit for a batch).
-    writes: Batcher<PendingWrite, Written>,
+    /// Writes accepted orders, many per transaction (one commit for a batch), each on its own
+    /// when the batch fails.
+    writes: Batcher<PendingWrite, Result<Written, OrderError>>,
     failpoints: Failpoints,
     /// Marked whenever the gate grants units: the outbox relay waits while orders pour in
     /// (docs/adr/0004-intake-first-relay.md).
@@ -69,7 +71,11 @@ impl Intake {
                 WRITE_BATCHES_IN_FLIGHT,
                 move |w| {
                     let (db, failpoints) = (db.clone(), failpoints.clone());
-                    async move { write_pending_batch_with(&db, w, &failpoints).await }
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            write_pending_batch_or_each(&db, w, &failpoints).await,
+                        )
+                    }
                 },
             )
         };
@@ -205,6 +211,7 @@ impl Intake {
             .await
             .map_err(|e| OrderError::Internal(anyhow::Error::new(e)))?;
         debug_assert_eq!(order_id, p.order_id());
+        order_total(g.unit_price_cents, p.quantity)?;
         let write = PendingWrite {
             place: p.clone(),
             unit_price_cents: g.unit_price_cents,
@@ -213,7 +220,7 @@ impl Intake {
         self.writes
             .call(write)
             .await
-            .map_err(|e| OrderError::Internal(anyhow::Error::new(e)))
+            .map_err(|e| OrderError::Internal(anyhow::Error::new(e)))?
     }
 
     /// The gate took units for an order that will not be written: give them back now through
@@ -316,7 +323,7 @@ pub async fn write_pending(
             sku: p.sku.clone(),
             quantity: p.quantity,
             unit_price_cents,
-            total_cents: unit_price_cents * p.quantity,
+            total_cents: order_total(unit_price_cents, p.quantity)?,
             deduction_policy: policy.as_proto(),
         };
         let env = envelope::new(
@@ -368,6 +375,48 @@ pub async fn write_pending_batch_with(
     writes: Vec<PendingWrite>,
     failpoints: &Failpoints,
 ) -> Result<Vec<Written>, OrderError> {
+    write_batch(db, &writes, failpoints).await
+}
+
+/// Counter: write batches the database refused as a whole, written again one order at a time.
+pub const WRITE_FALLBACKS: &str = "flashsale_order_write_batch_fallbacks_total";
+
+/// [`write_pending_batch_with`]; when the batch fails, each write again in a statement (and a
+/// transaction) of its own, at most [`EACH_CONCURRENCY`] at a time, so a write the database
+/// refuses fails alone and never the orders batched with it. One answer per write, in order.
+/// A failed batch wrote nothing; should its commit have landed unseen, the writes on their own
+/// find their orders and answer them as the same order.
+pub async fn write_pending_batch_or_each(
+    db: &sea_orm::DatabaseConnection,
+    writes: Vec<PendingWrite>,
+    failpoints: &Failpoints,
+) -> Vec<Result<Written, OrderError>> {
+    if writes.len() > 1 {
+        match write_batch(db, &writes, failpoints).await {
+            Ok(answers) => return answers.into_iter().map(Ok).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, size = writes.len(), "write batch failed; writing its orders one by one");
+                metrics::counter!(WRITE_FALLBACKS).increment(1);
+            }
+        }
+    }
+    futures_util::stream::iter(writes)
+        .map(|w| async move {
+            let mut answer = write_batch(db, std::slice::from_ref(&w), failpoints).await?;
+            answer
+                .pop()
+                .ok_or_else(|| OrderError::Internal(anyhow::anyhow!("a write got no answer")))
+        })
+        .buffered(EACH_CONCURRENCY)
+        .collect()
+        .await
+}
+
+async fn write_batch(
+    db: &sea_orm::DatabaseConnection,
+    writes: &[PendingWrite],
+    failpoints: &Failpoints,
+) -> Result<Vec<Written>, OrderError> {
     let ids: Vec<uuid::Uuid> = writes.iter().map(|w| w.place.order_id()).collect();
     let rows: Vec<_> = writes
         .iter()
@@ -388,7 +437,7 @@ pub async fn write_pending_batch_with(
             sku: p.sku.clone(),
             quantity: p.quantity,
             unit_price_cents: w.unit_price_cents,
-            total_cents: w.unit_price_cents * p.quantity,
+            total_cents: order_total(w.unit_price_cents, p.quantity)?,
             deduction_policy: w.policy.as_proto(),
         };
         event_orders.push(*id);
@@ -419,7 +468,7 @@ pub async fn write_pending_batch_with(
                     sku: p.sku.clone(),
                     quantity: p.quantity,
                     unit_price_cents: w.unit_price_cents,
-                    total_cents: w.unit_price_cents * p.quantity,
+                    total_cents: order_total(w.unit_price_cents, p.quantity)?,
                     policy: w.policy,
                     status: Status::Pending,
                     cancel_reason: None,

@@ -30,8 +30,8 @@ mod stuck;
 
 pub use checkout::{Checkout, Started};
 pub use intake::{
-    FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, Written, write_pending,
-    write_pending_batch, write_pending_batch_with,
+    FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, WRITE_FALLBACKS, Written,
+    write_pending, write_pending_batch, write_pending_batch_or_each, write_pending_batch_with,
 };
 pub use payments::{Applied, Payments, SignedNotice};
 pub use queries::Queries;

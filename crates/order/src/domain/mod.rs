@@ -4,7 +4,7 @@
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use flashsale_contract::{REQUEST_ID_MAX_LEN, check_sku, parse_canonical_uuid};
+use flashsale_contract::{REQUEST_ID_MAX_LEN, check_sku, check_text, parse_canonical_uuid};
 use uuid::Uuid;
 
 mod error;
@@ -171,11 +171,8 @@ impl PlaceOrder {
         max_quantity: i64,
     ) -> Result<Self, OrderError> {
         let mut bad = Vec::new();
-        if request_id.is_empty() || request_id.chars().count() > REQUEST_ID_MAX_LEN {
-            bad.push((
-                "request_id".to_owned(),
-                format!("must be 1..={REQUEST_ID_MAX_LEN} characters"),
-            ));
+        if let Err(v) = check_text("request_id", request_id, REQUEST_ID_MAX_LEN) {
+            bad.push(v);
         }
         if let Err(e) = check_sku(sku) {
             bad.push(("sku".to_owned(), e.to_string()));
@@ -205,6 +202,15 @@ impl PlaceOrder {
         );
         Uuid::new_v5(&ORDER_NAMESPACE, name.as_bytes())
     }
+}
+
+/// An order's total, `unit_price_cents × quantity`; a product of out-of-range figures is
+/// refused rather than wrapped.
+pub fn order_total(unit_price_cents: i64, quantity: i64) -> Result<i64, OrderError> {
+    unit_price_cents
+        .checked_mul(quantity)
+        .filter(|t| *t >= 0)
+        .ok_or_else(|| OrderError::invalid("quantity", "the order total is out of range"))
 }
 
 /// A canonical hyphenated UUID.

@@ -3,7 +3,7 @@
 //! retries. The adapter is `infra::payment`; nothing here does I/O.
 
 use chrono::{DateTime, Utc};
-use flashsale_contract::REQUEST_ID_MAX_LEN;
+use flashsale_contract::{REQUEST_ID_MAX_LEN, check_optional_text};
 use uuid::Uuid;
 
 use super::{OrderError, parse_order_id};
@@ -75,11 +75,9 @@ impl StartPayment {
         let id = parse_order_id(order_id)
             .map_err(|e| bad.extend(e.violations()))
             .ok();
-        if payment_id.chars().count() > REQUEST_ID_MAX_LEN {
-            bad.push((
-                "payment_id".to_owned(),
-                format!("must be at most {REQUEST_ID_MAX_LEN} characters (and is ignored)"),
-            ));
+        // Ignored since payments go through the provider, still checked like every string.
+        if let Err(v) = check_optional_text("payment_id", payment_id, REQUEST_ID_MAX_LEN) {
+            bad.push(v);
         }
         if amount_cents < 0 {
             bad.push(("amount_cents".to_owned(), "must not be negative".to_owned()));

@@ -6,11 +6,14 @@
 
 mod contract;
 mod create;
+mod edge;
 mod foundation;
 mod helpers;
+mod limits;
 mod load;
 mod notify;
 mod pay;
+mod prop;
 mod query;
 mod saga;
 mod saga_batch;

@@ -1,6 +1,6 @@
 //! `flashsale.outbound.v1.OutboundService` over tonic.
 
-use flashsale_contract::to_timestamp;
+use flashsale_contract::{PAGE_TOKEN_MAX_LEN, check_optional_text, to_timestamp};
 use flashsale_platform::{
     ApiError,
     auth::{Caller, Role},
@@ -94,6 +94,8 @@ impl OutboundService for OutboundApi {
     ) -> Result<Response<ListShipmentsResponse>, Status> {
         authorize(&req, &[Role::Admin])?;
         let r = req.into_inner();
+        check_optional_text("page_token", &r.page_token, PAGE_TOKEN_MAX_LEN)
+            .map_err(|v| status(OutboundError::Invalid(vec![v])))?;
         let filter = match pb::ShipmentStatus::try_from(r.status) {
             Ok(pb::ShipmentStatus::Unspecified) => None,
             Ok(pb::ShipmentStatus::Picking) => Some(ShipmentStatus::Picking),

@@ -235,3 +235,29 @@ async fn the_order_paid_fixture_is_accepted() {
         ShipmentStatus::Failed as i32
     );
 }
+
+#[tokio::test]
+async fn a_control_character_in_any_string_field_is_invalid_argument_naming_it() {
+    let stack = spawn_stack(|_| {}).await;
+    let mut c = stack.outbound().await;
+    let get = GetShipmentRequest {
+        order_id: format!("{}\0", uuid::Uuid::new_v4()),
+    };
+    let status = c.get_shipment(admin(get)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        flashsale_platform::error::violated_fields(&status),
+        ["order_id"]
+    );
+    let list = ListShipmentsRequest {
+        page_token: "s1.\n".into(),
+        ..Default::default()
+    };
+    let status = c.list_shipments(admin(list)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        flashsale_platform::error::violated_fields(&status),
+        ["page_token"]
+    );
+    assert_eq!(stack.count("SELECT COUNT(*) AS n FROM shipments").await, 0);
+}

@@ -2,7 +2,7 @@
 //! request into domain values (junk becomes `INVALID_ARGUMENT` with field violations), call the
 //! use case, turn the answer back.
 
-use flashsale_contract::to_timestamp;
+use flashsale_contract::{PAGE_TOKEN_MAX_LEN, check_optional_text, to_timestamp};
 use flashsale_platform::{
     ApiError,
     auth::{Caller, Role},
@@ -171,6 +171,8 @@ impl ProductStockService for ProductStockApi {
     ) -> Result<Response<ListProductsResponse>, Status> {
         authorize(&req, ANYONE)?;
         let r = req.into_inner();
+        check_optional_text("page_token", &r.page_token, PAGE_TOKEN_MAX_LEN)
+            .map_err(|v| status(StockError::Invalid(vec![v])))?;
         let (views, next) = self
             .catalog
             .list_products(r.page_size, &r.page_token)
@@ -378,8 +380,15 @@ impl ProductStockService for ProductStockApi {
         authorize(&req, ADMIN)?;
         let r = req.into_inner();
         let mut skus = Vec::with_capacity(r.skus.len());
-        for raw in &r.skus {
-            skus.push(Sku::parse(raw).map_err(status)?);
+        let mut bad = Vec::new();
+        for (i, raw) in r.skus.iter().enumerate() {
+            match Sku::parse(raw) {
+                Ok(sku) => skus.push(sku),
+                Err(e) => bad.push((format!("skus[{i}]"), e.to_string())),
+            }
+        }
+        if !bad.is_empty() {
+            return Err(status(StockError::Invalid(bad)));
         }
         let reports = self
             .reconciler

@@ -1,5 +1,6 @@
 //! Creating, reading, listing and restocking products.
 
+use flashsale_contract::MAX_UNITS;
 use flashsale_messaging::{envelope, outbox};
 use flashsale_platform::failpoint::Failpoints;
 use flashsale_proto::events::v1::{StockAdjusted, envelope::Payload};
@@ -114,6 +115,15 @@ impl Catalog {
         let product = db::product(&txn, &adj.sku, true)
             .await?
             .ok_or_else(|| StockError::UnknownProduct(adj.sku.to_string()))?;
+        // A restock may not take on_hand past the largest stock figure (the gate's arithmetic
+        // stays exact below it); checked before anything is written.
+        let on_hand = product
+            .on_hand
+            .checked_add(adj.delta)
+            .filter(|n| *n <= MAX_UNITS)
+            .ok_or_else(|| {
+                StockError::invalid("delta", format!("would take on_hand above {MAX_UNITS}"))
+            })?;
         if !db::insert_adjustment(&txn, &adj).await? {
             // A concurrent twin with the same request id committed first.
             drop(txn);
@@ -135,7 +145,7 @@ impl Catalog {
             request_id: adj.request_id.clone(),
             sku: adj.sku.to_string(),
             delta: adj.delta,
-            on_hand: product.on_hand + adj.delta,
+            on_hand,
             reserved: product.reserved,
             reason: adj.reason.clone(),
         };

@@ -17,7 +17,14 @@ pub use flashsale_contract::Sku;
 
 use flashsale_contract::{
     MAX_PRICE_CENTS, MAX_UNITS, NAME_MAX_LEN, REASON_MAX_LEN, REQUEST_ID_MAX_LEN, USER_ID_MAX_LEN,
+    check_text,
 };
+
+/// A free-text field: no control character anywhere in it as sent (one is refused, not trimmed
+/// away), and 1..=`max` characters once trimmed.
+fn check_trimmed(field: &str, raw: &str, max: usize) -> Result<(), (String, String)> {
+    check_text(field, raw, usize::MAX).and_then(|()| check_text(field, raw.trim(), max))
+}
 
 /// The field violation of a string that is not a sku.
 fn sku_violation(e: flashsale_contract::SkuError) -> (String, String) {
@@ -47,13 +54,10 @@ impl ProductDraft {
     ) -> Result<Self, StockError> {
         let mut bad = Vec::new();
         let sku = Sku::parse(sku).map_err(|e| bad.push(sku_violation(e))).ok();
-        let name = name.trim();
-        if name.is_empty() || name.chars().count() > NAME_MAX_LEN {
-            bad.push((
-                "name".into(),
-                format!("must be 1..={NAME_MAX_LEN} characters"),
-            ));
+        if let Err(v) = check_trimmed("name", name, NAME_MAX_LEN) {
+            bad.push(v);
         }
+        let name = name.trim();
         if !(0..=MAX_PRICE_CENTS).contains(&price_cents) {
             bad.push(("price_cents".into(), "must be >= 0 (and sane)".into()));
         }
@@ -134,27 +138,27 @@ pub struct Adjustment {
 impl Adjustment {
     pub fn new(request_id: &str, sku: &str, delta: i64, reason: &str) -> Result<Self, StockError> {
         let mut bad = Vec::new();
-        let id_ok = !request_id.is_empty() && request_id.len() <= REQUEST_ID_MAX_LEN;
-        if !id_ok {
-            bad.push((
+        // Its bytes are bounded too: the key ends up in a Redis key.
+        match check_text("request_id", request_id, REQUEST_ID_MAX_LEN) {
+            Err(v) => bad.push(v),
+            Ok(()) if request_id.len() > REQUEST_ID_MAX_LEN => bad.push((
                 "request_id".into(),
-                format!("must be 1..={REQUEST_ID_MAX_LEN} characters"),
-            ));
+                format!("must be at most {REQUEST_ID_MAX_LEN} bytes"),
+            )),
+            Ok(()) => {}
         }
         let sku = Sku::parse(sku).map_err(|e| bad.push(sku_violation(e))).ok();
-        if delta == 0 || delta.abs() > MAX_UNITS {
+        // A range, not `delta.abs()`: the absolute value of i64::MIN does not exist.
+        if delta == 0 || !(-MAX_UNITS..=MAX_UNITS).contains(&delta) {
             bad.push((
                 "delta".into(),
                 format!("must be non-zero and within ±{MAX_UNITS}"),
             ));
         }
-        let reason = reason.trim();
-        if reason.is_empty() || reason.chars().count() > REASON_MAX_LEN {
-            bad.push((
-                "reason".into(),
-                format!("must be 1..={REASON_MAX_LEN} characters"),
-            ));
+        if let Err(v) = check_trimmed("reason", reason, REASON_MAX_LEN) {
+            bad.push(v);
         }
+        let reason = reason.trim();
         match sku {
             Some(sku) if bad.is_empty() => Ok(Self {
                 request_id: request_id.to_owned(),
@@ -188,11 +192,13 @@ impl ReserveRequest {
         let order_id = parse_order_id(order_id)
             .map_err(|e| bad.extend(e.violations()))
             .ok();
-        if user_id.is_empty() || user_id.len() > USER_ID_MAX_LEN {
-            bad.push((
+        match check_text("user_id", user_id, USER_ID_MAX_LEN) {
+            Err(v) => bad.push(v),
+            Ok(()) if user_id.len() > USER_ID_MAX_LEN => bad.push((
                 "user_id".into(),
-                format!("must be 1..={USER_ID_MAX_LEN} bytes"),
-            ));
+                format!("must be at most {USER_ID_MAX_LEN} bytes"),
+            )),
+            Ok(()) => {}
         }
         let sku = Sku::parse(sku).map_err(|e| bad.push(sku_violation(e))).ok();
         if quantity < 1 || quantity > max_quantity {

@@ -66,3 +66,58 @@ fn gate_target_follows_the_policy() {
     p.policy = DeductionPolicy::CommitAtOrder;
     assert_eq!(p.gate_target(), 10);
 }
+
+#[test]
+fn an_extreme_delta_is_refused_without_overflowing() {
+    for delta in [
+        i64::MIN,
+        i64::MIN + 1,
+        i64::MAX,
+        MAX_UNITS + 1,
+        -MAX_UNITS - 1,
+    ] {
+        let e = Adjustment::new("r1", "S1", delta, "restock")
+            .unwrap_err()
+            .violations();
+        assert_eq!(e.len(), 1, "{delta}: {e:?}");
+        assert_eq!(e[0].0, "delta");
+    }
+    assert!(Adjustment::new("r1", "S1", -MAX_UNITS, "write-off").is_ok());
+    assert!(Adjustment::new("r1", "S1", MAX_UNITS, "restock").is_ok());
+}
+
+#[test]
+fn control_characters_are_refused_in_every_string_and_name_the_field() {
+    let id = uuid::Uuid::new_v4().to_string();
+    let fields =
+        |e: StockError| -> Vec<String> { e.violations().into_iter().map(|(f, _)| f).collect() };
+    let draft = ProductDraft::new(
+        "S1",
+        "Wine\0",
+        1,
+        1,
+        0,
+        Some(DeductionPolicy::ReserveThenCommit),
+    );
+    assert_eq!(fields(draft.unwrap_err()), ["name"]);
+    // Trimming does not hide one at the end.
+    let draft = ProductDraft::new(
+        "S1",
+        "Wine\n",
+        1,
+        1,
+        0,
+        Some(DeductionPolicy::ReserveThenCommit),
+    );
+    assert_eq!(fields(draft.unwrap_err()), ["name"]);
+    let adj = Adjustment::new("r\0", "S1", 1, "restock\u{7}").unwrap_err();
+    assert_eq!(fields(adj), ["request_id", "reason"]);
+    let reserve = ReserveRequest::new(&id, "u\0", "S1", 1, 10).unwrap_err();
+    assert_eq!(fields(reserve), ["user_id"]);
+    // 64 characters of 2 bytes each: within the character limit, over the byte limit.
+    let wide = "é".repeat(64);
+    assert_eq!(
+        fields(Adjustment::new(&wide, "S1", 1, "x").unwrap_err()),
+        ["request_id"]
+    );
+}

@@ -345,7 +345,10 @@ impl RedisGate {
 
     /// Gives the order's units back, once. A hold (H) returns from `held`; a persisted order (P)
     /// or one the gate has no record of is added to `avail` (the database released it first),
-    /// using the record's user and qty when there is one, `user_id` and `qty` otherwise.
+    /// using the record's user and qty when there is one, `user_id` and `qty` otherwise. Only
+    /// for an order whose reservation the database holds: the gate keeps no record of a refusal,
+    /// so an order it refused is one it has no record of (a cancel of an order the database
+    /// never got goes to [`Self::release_unpersisted`]).
     pub async fn release(
         &self,
         sku: &str,

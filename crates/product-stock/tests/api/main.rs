@@ -5,9 +5,11 @@
 
 mod catalog;
 mod contract;
+mod edge;
 mod foundation;
 mod helpers;
 mod holds;
+mod prop;
 mod reconcile;
 mod reserve;
 mod saga;

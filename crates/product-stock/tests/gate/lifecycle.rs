@@ -251,7 +251,7 @@ async fn release_on_a_missing_counter_changes_nothing() {
 }
 
 #[tokio::test]
-async fn a_refused_order_has_nothing_to_release() {
+async fn a_refused_order_has_no_hold_to_release_or_drop() {
     let t = TestGate::new();
     t.loaded(SKU, 5).await;
     let refused = Uuid::new_v4();
@@ -262,13 +262,20 @@ async fn a_refused_order_has_nothing_to_release() {
             .unwrap(),
         ReserveOutcome::InsufficientStock { available: 5 }
     );
+    let keys = t.all_keys().await;
 
+    // What a cancel of an order the database never got does (the saga's path for it).
     assert_eq!(
-        t.gate.release(SKU, refused, "alice", 6).await.unwrap(),
+        t.gate.release_unpersisted(SKU, refused).await.unwrap(),
+        ReleaseOutcome::NothingHeld
+    );
+    assert_eq!(
+        t.gate.drop_hold(SKU, refused).await.unwrap(),
         ReleaseOutcome::NothingHeld
     );
     let snap = t.snapshot(SKU).await;
     assert_eq!((snap.available, snap.held), (5, 0));
+    assert_eq!(t.all_keys().await, keys, "nothing was written");
     t.cleanup().await;
 }
 

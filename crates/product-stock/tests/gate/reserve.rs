@@ -82,7 +82,7 @@ async fn a_replayed_reserve_returns_the_first_answer_without_a_second_decrement(
 }
 
 #[tokio::test]
-async fn a_replayed_refusal_returns_the_first_refusal_even_after_stock_changed() {
+async fn a_refusal_writes_no_key_and_its_retry_is_judged_afresh() {
     let t = TestGate::new();
     t.loaded(SKU, 10).await;
     let first = t
@@ -91,6 +91,8 @@ async fn a_replayed_refusal_returns_the_first_refusal_even_after_stock_changed()
         .await
         .unwrap();
     assert!(matches!(first, ReserveOutcome::Reserved { .. }));
+    let keys = t.all_keys().await;
+    let before = t.snapshot(SKU).await;
     let over = Uuid::new_v4();
     assert_eq!(
         t.gate.reserve(SKU, over, "alice", 1, 2, NOW).await.unwrap(),
@@ -101,23 +103,82 @@ async fn a_replayed_refusal_returns_the_first_refusal_even_after_stock_changed()
         t.gate.reserve(SKU, big, "bob", 9, 0, NOW).await.unwrap(),
         ReserveOutcome::InsufficientStock { available: 8 }
     );
-    assert_eq!(t.order_state(SKU, over).await.as_deref(), Some("L"));
-    assert_eq!(t.order_state(SKU, big).await.as_deref(), Some("I"));
-    // The world changes: the limit is raised and stock arrives; the replays still answer as
-    // the first time and take nothing.
-    t.gate.adjust(SKU, "restock-1", 100).await.unwrap();
-    let before = t.snapshot(SKU).await;
+    assert_eq!(t.order_state(SKU, over).await, None);
+    assert_eq!(t.order_state(SKU, big).await, None);
+    assert_eq!(t.all_keys().await, keys, "the refusals created no key");
+    assert_eq!(t.snapshot(SKU).await, before, "and took nothing");
 
-    assert_eq!(
+    // The world changes: the limit is raised and stock arrives; the same orders now pass.
+    t.gate.adjust(SKU, "restock-1", 100).await.unwrap();
+    assert!(matches!(
         t.gate.reserve(SKU, over, "alice", 1, 5, NOW).await.unwrap(),
+        ReserveOutcome::Reserved {
+            replayed: false,
+            ..
+        }
+    ));
+    assert!(matches!(
+        t.gate.reserve(SKU, big, "bob", 9, 0, NOW).await.unwrap(),
+        ReserveOutcome::Reserved {
+            replayed: false,
+            ..
+        }
+    ));
+    assert_eq!(
+        t.users(SKU).await,
+        vec![("alice".to_owned(), 3), ("bob".to_owned(), 9)]
+    );
+    t.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_flood_of_refused_orders_from_one_user_at_their_limit_adds_no_key() {
+    let t = TestGate::new();
+    t.loaded(SKU, 1_000).await;
+    t.gate
+        .reserve(SKU, Uuid::new_v4(), "alice", 2, 2, NOW)
+        .await
+        .unwrap();
+    let keys = t.all_keys().await;
+    for _ in 0..600 {
+        assert_eq!(
+            t.gate
+                .reserve(SKU, Uuid::new_v4(), "alice", 1, 2, NOW)
+                .await
+                .unwrap(),
+            ReserveOutcome::UserLimitExceeded { bought: 2 }
+        );
+    }
+    assert_eq!(t.all_keys().await, keys);
+    t.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_refusal_recorded_by_an_older_version_is_still_answered_as_first_given() {
+    // Versions before refusals stopped writing recorded them for a week; such a record still
+    // answers its replay until it expires.
+    let t = TestGate::new();
+    t.loaded(SKU, 10).await;
+    let old = Uuid::new_v4();
+    let _: () = t
+        .query(
+            redis::cmd("HSET")
+                .arg(t.keys(SKU).order(old))
+                .arg("s")
+                .arg("L")
+                .arg("q")
+                .arg("1")
+                .arg("u")
+                .arg("alice")
+                .arg("n")
+                .arg("2"),
+        )
+        .await;
+    assert_eq!(
+        t.gate.reserve(SKU, old, "alice", 1, 5, NOW).await.unwrap(),
         ReserveOutcome::UserLimitExceeded { bought: 2 }
     );
-    assert_eq!(
-        t.gate.reserve(SKU, big, "bob", 9, 0, NOW).await.unwrap(),
-        ReserveOutcome::InsufficientStock { available: 8 }
-    );
-    assert_eq!(t.snapshot(SKU).await, before);
-    assert_eq!(t.users(SKU).await, vec![("alice".to_owned(), 2)]);
+    assert_eq!(t.snapshot(SKU).await.available, 10);
     t.cleanup().await;
 }
 

@@ -19,16 +19,19 @@ pub enum GateError {
     InvalidInput(&'static str),
 }
 
-/// The answer to a reservation. A replay (same order id) returns the order's first answer.
+/// The answer to a reservation. A replay (same order id) of a reserved order returns its first
+/// answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReserveOutcome {
     /// The units are held for the order; `remaining` is the counter after the first answer.
     Reserved { remaining: i64, replayed: bool },
-    /// The counter is at zero. Not recorded, so a replay may answer differently.
+    /// The counter is at zero. Refusals are not recorded (they write nothing), so a replay is
+    /// judged afresh and may answer differently.
     SoldOut,
-    /// Fewer units than asked are left.
+    /// Fewer units than asked are left. Not recorded.
     InsufficientStock { available: i64 },
-    /// The user already holds `bought` units; `bought + qty` exceeds the per-user limit.
+    /// The user already holds `bought` units; `bought + qty` exceeds the per-user limit. Not
+    /// recorded.
     UserLimitExceeded { bought: i64 },
     /// This order id was used before with another user or quantity.
     Mismatch,

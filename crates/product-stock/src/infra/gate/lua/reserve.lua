@@ -4,6 +4,9 @@
 -- Reply: {'H', remaining} reserved | {'S'} sold out | {'L', bought} user limit
 --      | {'I', available} insufficient | {'N'} not loaded | {'C'} order id reused
 --      | {'R', state, n} replay of the order's first answer (n as first answered)
+-- A refusal (S, L, I) writes nothing: a buyer retrying at their limit with fresh ids, or a flood
+-- on a sold-out product, creates no key. Only a hold is recorded (state H; older versions also
+-- recorded L and I, which a replay still answers while those records live).
 local rec = redis.call('HMGET', KEYS[5], 's', 'q', 'u', 'n')
 if rec[1] then
   if rec[2] ~= ARGV[3] or rec[3] ~= ARGV[2] then
@@ -26,14 +29,10 @@ local limit = tonumber(ARGV[4])
 if limit > 0 then
   local bought = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
   if bought + qty > limit then
-    redis.call('HSET', KEYS[5], 's', 'L', 'q', ARGV[3], 'u', ARGV[2], 'n', bought)
-    redis.call('PEXPIRE', KEYS[5], ARGV[6])
     return {'L', bought}
   end
 end
 if avail < qty then
-  redis.call('HSET', KEYS[5], 's', 'I', 'q', ARGV[3], 'u', ARGV[2], 'n', avail)
-  redis.call('PEXPIRE', KEYS[5], ARGV[6])
   return {'I', avail}
 end
 local remaining = redis.call('DECRBY', KEYS[1], ARGV[3])

@@ -1,0 +1,315 @@
+//! Generated requests against every RPC of a running product-stock (real PostgreSQL, Redis and
+//! RabbitMQ): each answer is OK or a code the contract documents for that RPC, each item of a
+//! ReserveStockBatch is answered as ReserveStock would be, and a refused request changes nothing —
+//! no row, no stock figure, no Redis key, no unit at the gate.
+
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use flashsale_platform::auth::Role;
+use flashsale_proto::product::v1::{
+    AdjustStockRequest, CommitReservationRequest, CreateProductRequest, DeductionPolicy,
+    GetGateBuyersRequest, GetProductRequest, ListProductsRequest, ReconcileStockRequest,
+    ReserveStockBatchRequest, ReserveStockRequest,
+};
+use flashsale_test_support::grpc::{token, with_token};
+use proptest::{
+    prelude::*,
+    test_runner::{Config, TestCaseError, TestRunner},
+};
+use tonic::Code;
+
+use crate::helpers::{TestApp, spawn_app};
+
+#[derive(Clone, Debug)]
+enum Caller {
+    Anonymous,
+    As(Role, String),
+}
+
+#[derive(Clone, Debug)]
+enum Call {
+    Create(CreateProductRequest),
+    Get(GetProductRequest),
+    List(ListProductsRequest),
+    Adjust(AdjustStockRequest),
+    Reserve(ReserveStockRequest),
+    Batch(ReserveStockBatchRequest),
+    Buyers(GetGateBuyersRequest),
+    Commit(CommitReservationRequest),
+    Reconcile(ReconcileStockRequest),
+}
+
+use Code::{
+    AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied,
+    ResourceExhausted, Unauthenticated,
+};
+
+/// ReserveStock's documented refusals (also each ReserveStockBatch item's).
+const RESERVE: &[Code] = &[InvalidArgument, NotFound, FailedPrecondition];
+
+impl Call {
+    /// The codes the contract documents for this RPC, besides UNAUTHENTICATED,
+    /// PERMISSION_DENIED and RESOURCE_EXHAUSTED, which any RPC may answer.
+    fn documented(&self) -> &'static [Code] {
+        match self {
+            Self::Create(_) => &[InvalidArgument, AlreadyExists],
+            Self::Get(_) => &[InvalidArgument, NotFound],
+            Self::List(_) | Self::Batch(_) => &[InvalidArgument],
+            Self::Adjust(_) => &[InvalidArgument, NotFound, FailedPrecondition],
+            Self::Reserve(_) => RESERVE,
+            Self::Buyers(_) | Self::Reconcile(_) => &[InvalidArgument, NotFound],
+            Self::Commit(_) => &[InvalidArgument, NotFound, FailedPrecondition],
+        }
+    }
+}
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => "[a-zA-Z0-9._-]{1,12}",
+        1 => Just(String::new()),
+        2 => any::<String>(),
+        2 => "[a-z]{0,4}[\\x00-\\x1f\\x7f\\u{80}-\\u{9f}][a-z]{0,4}",
+        1 => "[a-zA-Z0-9]{60,140}",
+    ]
+}
+
+fn int64() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        Just(i64::MIN),
+        Just(i64::MAX),
+        -3i64..=5,
+        Just(flashsale_contract::MAX_UNITS),
+        any::<i64>(),
+    ]
+}
+
+/// Mostly quantities a gate judges (within a limit of 2, over it, over the stock), sometimes
+/// anything.
+fn quantity() -> impl Strategy<Value = i64> {
+    prop_oneof![4 => 1i64..=4, 1 => 40i64..=120, 1 => int64()]
+}
+
+fn uint32() -> impl Strategy<Value = u32> {
+    prop_oneof![Just(0u32), Just(u32::MAX), 1u32..5, any::<u32>()]
+}
+
+fn caller() -> impl Strategy<Value = Caller> {
+    let role = prop_oneof![Just(Role::User), Just(Role::Admin), Just(Role::Service)];
+    let subject = prop_oneof![3 => Just("order".to_owned()), 1 => text()];
+    let trusted = prop_oneof![Just(Role::Service), Just(Role::Admin)];
+    prop_oneof![
+        1 => Just(Caller::Anonymous),
+        4 => (trusted, Just("order".to_owned())).prop_map(|(r, s)| Caller::As(r, s)),
+        4 => (role, subject).prop_map(|(r, s)| Caller::As(r, s)),
+    ]
+}
+
+fn order_id() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => (0u128..8).prop_map(|n| uuid::Uuid::from_u128(n + 1).to_string()),
+        1 => text(),
+    ]
+}
+
+fn sku() -> impl Strategy<Value = String> {
+    prop_oneof![2 => Just("PROP".to_owned()), 1 => Just("NOPE".to_owned()), 1 => text()]
+}
+
+fn reserve() -> impl Strategy<Value = ReserveStockRequest> {
+    let user = prop_oneof![2 => Just("u1".to_owned()), 1 => Just("u2".to_owned()), 1 => text()];
+    (order_id(), user, sku(), quantity()).prop_map(|(order_id, user_id, sku, quantity)| {
+        ReserveStockRequest {
+            order_id,
+            user_id,
+            sku,
+            quantity,
+        }
+    })
+}
+
+fn call() -> impl Strategy<Value = Call> {
+    prop_oneof![
+        1 => (
+            sku(),
+            text(),
+            int64(),
+            int64(),
+            uint32(),
+            -1i32..4
+        )
+            .prop_map(
+                |(sku, name, price_cents, initial_stock, per_user_limit, deduction_policy)| {
+                    Call::Create(CreateProductRequest {
+                        sku,
+                        name,
+                        price_cents,
+                        initial_stock,
+                        per_user_limit,
+                        deduction_policy,
+                    })
+                }
+            ),
+        1 => sku().prop_map(|sku| Call::Get(GetProductRequest { sku })),
+        1 => (any::<i32>(), text()).prop_map(|(page_size, page_token)| {
+            Call::List(ListProductsRequest {
+                page_size,
+                page_token,
+            })
+        }),
+        2 => (text(), sku(), int64(), text()).prop_map(|(request_id, sku, delta, reason)| {
+            Call::Adjust(AdjustStockRequest {
+                request_id,
+                sku,
+                delta,
+                reason,
+            })
+        }),
+        4 => reserve().prop_map(Call::Reserve),
+        2 => proptest::collection::vec(reserve(), 0..4)
+            .prop_map(|items| Call::Batch(ReserveStockBatchRequest { items })),
+        1 => (sku(), uint32(), text()).prop_map(|(sku, max_buyers, known_refills)| {
+            Call::Buyers(GetGateBuyersRequest {
+                sku,
+                max_buyers,
+                known_refills,
+            })
+        }),
+        1 => order_id().prop_map(|order_id| Call::Commit(CommitReservationRequest { order_id })),
+        1 => (proptest::collection::vec(sku(), 0..3), any::<bool>())
+            .prop_map(|(skus, repair)| Call::Reconcile(ReconcileStockRequest { skus, repair })),
+    ]
+}
+
+fn request<T>(caller: &Caller, msg: T) -> tonic::Request<T> {
+    match caller {
+        Caller::Anonymous => tonic::Request::new(msg),
+        Caller::As(role, subject) => with_token(msg, &token(subject, *role)),
+    }
+}
+
+/// Every table's rows and stock figures, and the gate's keys and counter of PROP.
+async fn snapshot(app: &TestApp, redis: &flashsale_platform::redis::Pool) -> Vec<i64> {
+    let mut out = Vec::new();
+    for sql in [
+        "SELECT COUNT(*) AS n FROM products",
+        "SELECT COALESCE(SUM(on_hand), 0)::int8 AS n FROM stock",
+        "SELECT COALESCE(SUM(reserved), 0)::int8 AS n FROM stock",
+        "SELECT COUNT(*) AS n FROM reservations",
+        "SELECT COUNT(*) AS n FROM stock_ledger",
+        "SELECT COUNT(*) AS n FROM stock_adjustments",
+        "SELECT COUNT(*) AS n FROM outbox",
+    ] {
+        out.push(app.count(sql).await);
+    }
+    let mut conn = redis.get().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", app.settings.redis.key_prefix))
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    let snap = app.gate.snapshot("PROP").await.unwrap().unwrap_or_default();
+    out.extend([keys.len() as i64, snap.available, snap.held]);
+    out
+}
+
+/// A snapshot once the service stopped moving on its own (an accepted adjustment's event, say,
+/// comes back to it).
+async fn settled(app: &TestApp, redis: &flashsale_platform::redis::Pool) -> Vec<i64> {
+    let mut last = snapshot(app, redis).await;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = snapshot(app, redis).await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Runs `call` as `caller`: the refusal, if any, and the codes of a batch's refused items.
+async fn run(app: &TestApp, caller: &Caller, call: Call) -> (Result<(), tonic::Status>, Vec<i32>) {
+    let mut c = app.client().await;
+    let answer = match call {
+        Call::Create(m) => c.create_product(request(caller, m)).await.map(drop),
+        Call::Get(m) => c.get_product(request(caller, m)).await.map(drop),
+        Call::List(m) => c.list_products(request(caller, m)).await.map(drop),
+        Call::Adjust(m) => c.adjust_stock(request(caller, m)).await.map(drop),
+        Call::Reserve(m) => c.reserve_stock(request(caller, m)).await.map(drop),
+        Call::Batch(m) => {
+            return match c.reserve_stock_batch(request(caller, m)).await {
+                Ok(r) => (
+                    Ok(()),
+                    r.into_inner()
+                        .outcomes
+                        .into_iter()
+                        .filter(|o| o.reserved.is_none())
+                        .map(|o| o.code)
+                        .collect(),
+                ),
+                Err(s) => (Err(s), Vec::new()),
+            };
+        }
+        Call::Buyers(m) => c.get_gate_buyers(request(caller, m)).await.map(drop),
+        Call::Commit(m) => c.commit_reservation(request(caller, m)).await.map(drop),
+        Call::Reconcile(m) => c.reconcile_stock(request(caller, m)).await.map(drop),
+    };
+    (answer, Vec::new())
+}
+
+#[test]
+fn generated_requests_get_documented_answers_and_refusals_change_nothing() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (app, redis) = rt.block_on(async {
+        let app = spawn_app().await;
+        app.create("PROP", 50, 2, DeductionPolicy::ReserveThenCommit)
+            .await;
+        let redis = flashsale_platform::redis::pool(&app.settings.redis).unwrap();
+        (app, redis)
+    });
+    let generic = [Unauthenticated, PermissionDenied, ResourceExhausted];
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&(caller(), call()), |(caller, call)| {
+        rt.block_on(async {
+            let before = settled(&app, &redis).await;
+            let (answer, refused_items) = run(&app, &caller, call.clone()).await;
+            for code in refused_items {
+                if !RESERVE.contains(&Code::from(code)) {
+                    return Err(TestCaseError::fail(format!(
+                        "{call:?} as {caller:?}: an item answered an undocumented {:?}",
+                        Code::from(code)
+                    )));
+                }
+            }
+            let Err(status) = answer else {
+                return Ok(());
+            };
+            let code = status.code();
+            if !call.documented().contains(&code) && !generic.contains(&code) {
+                return Err(TestCaseError::fail(format!(
+                    "{call:?} as {caller:?} answered an undocumented {code:?}: {status:?}"
+                )));
+            }
+            let after = snapshot(&app, &redis).await;
+            if after != before {
+                return Err(TestCaseError::fail(format!(
+                    "{call:?} as {caller:?} was refused {code:?} but changed {before:?} into {after:?}"
+                )));
+            }
+            Ok(())
+        })
+    });
+    drop(app);
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
