@@ -18,6 +18,7 @@ pub mod redis;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;
 pub mod trace;
 
 pub use error::ApiError;

@@ -40,6 +40,7 @@ impl FullStack {
 
         let order_db = TestDatabase::create().await.unwrap();
         let mut o = flashsale_order::config::Settings::default();
+        o.auth.allow_development_secret = true;
         o.grpc.addr = "127.0.0.1:0".into();
         o.metrics.addr = "127.0.0.1:0".into();
         o.database.url = order_db.url.clone();
@@ -55,6 +56,7 @@ impl FullStack {
 
         let out_db = TestDatabase::create().await.unwrap();
         let mut s = flashsale_outbound::config::Settings::default();
+        s.auth.allow_development_secret = true;
         s.grpc.addr = "127.0.0.1:0".into();
         s.metrics.addr = "127.0.0.1:0".into();
         s.database.url = out_db.url.clone();
