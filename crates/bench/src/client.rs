@@ -63,7 +63,7 @@ pub struct Secret {
         hide_env_values = true,
         global = true
     )]
-    user: Option<String>,
+    user_secret: Option<String>,
     /// HS256 secret of admin and service tokens; the public development secret when unset.
     #[arg(
         long = "service-secret",
@@ -71,7 +71,7 @@ pub struct Secret {
         hide_env_values = true,
         global = true
     )]
-    service: Option<String>,
+    service_secret: Option<String>,
     /// `iss` of user tokens (the services' `auth.user_issuer`).
     #[arg(long, env = "FLASHSALE_USER_ISSUER", default_value = DEFAULT_USER_ISSUER, global = true)]
     user_issuer: String,
@@ -91,8 +91,8 @@ impl Secret {
             "--sub must be 1..={MAX_SUBJECT_LEN} bytes"
         );
         let (secret, issuer) = match role {
-            Role::User => (&self.user, &self.user_issuer),
-            Role::Admin | Role::Service => (&self.service, &self.service_issuer),
+            Role::User => (&self.user_secret, &self.user_issuer),
+            Role::Admin | Role::Service => (&self.service_secret, &self.service_issuer),
         };
         let secret = secret
             .clone()
