@@ -8,6 +8,8 @@
 #      repository root (so ./config is found), pid files and logs in .run/ ($FLASHSALE_RUN_DIR),
 #   4. waits until `flashsale health` reports all three SERVING ($FLASHSALE_UP_TIMEOUT s, 60).
 # FLASHSALE_PROFILE=release builds and runs release binaries (what scripts/bench.sh measures).
+# A development start: each service may use the public development secret for the token keys
+# it is not given (FLASHSALE_<SVC>__AUTH__ALLOW_DEVELOPMENT_SECRET=false to refuse it).
 # Idempotent: a service whose pid file names a live process is not started again.
 # Stop with scripts/down.sh.
 set -euo pipefail
@@ -23,6 +25,10 @@ debug | release) ;;
 *) die "FLASHSALE_PROFILE must be debug or release, not '$PROFILE'" ;;
 esac
 BIN_DIR="$CARGO_TARGET_DIR/$PROFILE"
+for svc_key in PRODUCT_STOCK ORDER OUTBOUND; do
+    var="FLASHSALE_${svc_key}__AUTH__ALLOW_DEVELOPMENT_SECRET"
+    export "$var=${!var:-true}"
+done
 CLI="$BIN_DIR/flashsale"
 STARTED=() # services started by this run
 

@@ -5,13 +5,24 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use flashsale_platform::auth::{DEV_SECRET, JwtKeys, MAX_SUBJECT_LEN, Role};
+use flashsale_platform::auth::{
+    DEFAULT_AUDIENCE, DEFAULT_SERVICE_ISSUER, DEFAULT_USER_ISSUER, DEV_SECRET, JwtKeys,
+    MAX_SUBJECT_LEN, Role,
+};
 use tonic::transport::Channel;
 
-/// A channel to `url`.
+/// A channel to `url`. An `https://` URL is TLS, with the CA in `$FLASHSALE_TLS_CA_FILE` (else
+/// the system's roots) and, for a mutual-TLS service, the client certificate and key in
+/// `$FLASHSALE_TLS_CERT_FILE` and `$FLASHSALE_TLS_KEY_FILE`.
 pub async fn connect(url: &str, timeout: Duration) -> anyhow::Result<Channel> {
-    tonic::transport::Endpoint::from_shared(url.to_owned())
-        .with_context(|| format!("parse URL `{url}`"))?
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let tls = flashsale_platform::tls::GrpcTlsSettings {
+        ca_file: var("FLASHSALE_TLS_CA_FILE"),
+        client_cert_file: var("FLASHSALE_TLS_CERT_FILE"),
+        client_key_file: var("FLASHSALE_TLS_KEY_FILE"),
+        ..Default::default()
+    };
+    flashsale_platform::grpc::endpoint(url, &tls)?
         .connect_timeout(timeout)
         .timeout(timeout)
         .connect()
@@ -40,17 +51,36 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!(text)
 }
 
-/// Where tokens come from: the HS256 secret shared with the services.
+/// Where tokens come from: user tokens are signed with a user secret (what the gateway's
+/// identity provider does in development), admin and service tokens with a service secret — the
+/// services' `auth.user_secrets` and `auth.service_secrets` (docs/security.md).
 #[derive(clap::Args, Clone)]
 pub struct Secret {
-    /// HS256 secret; the services' development secret when unset.
+    /// HS256 secret of user tokens; the public development secret when unset.
     #[arg(
-        long = "secret",
-        env = "FLASHSALE_JWT_SECRET",
+        long = "user-secret",
+        env = "FLASHSALE_USER_SECRET",
         hide_env_values = true,
         global = true
     )]
-    value: Option<String>,
+    user_secret: Option<String>,
+    /// HS256 secret of admin and service tokens; the public development secret when unset.
+    #[arg(
+        long = "service-secret",
+        env = "FLASHSALE_SERVICE_SECRET",
+        hide_env_values = true,
+        global = true
+    )]
+    service_secret: Option<String>,
+    /// `iss` of user tokens (the services' `auth.user_issuer`).
+    #[arg(long, env = "FLASHSALE_USER_ISSUER", default_value = DEFAULT_USER_ISSUER, global = true)]
+    user_issuer: String,
+    /// `iss` of admin and service tokens (the services' `auth.service_issuer`).
+    #[arg(long, env = "FLASHSALE_SERVICE_ISSUER", default_value = DEFAULT_SERVICE_ISSUER, global = true)]
+    service_issuer: String,
+    /// `aud` of every token (the services' `auth.audience`).
+    #[arg(long, env = "FLASHSALE_AUDIENCE", default_value = DEFAULT_AUDIENCE, global = true)]
+    audience: String,
 }
 
 impl Secret {
@@ -60,12 +90,17 @@ impl Secret {
             !sub.is_empty() && sub.len() <= MAX_SUBJECT_LEN,
             "--sub must be 1..={MAX_SUBJECT_LEN} bytes"
         );
-        let secret = self
-            .value
+        let (secret, issuer) = match role {
+            Role::User => (&self.user_secret, &self.user_issuer),
+            Role::Admin | Role::Service => (&self.service_secret, &self.service_issuer),
+        };
+        let secret = secret
             .clone()
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| DEV_SECRET.to_owned());
         JwtKeys::new(secret.as_bytes())?
+            .with_issuer(issuer)
+            .with_audience(&self.audience)
             .mint(sub, role, ttl)
             .map_err(|e| anyhow::anyhow!("{e}"))
     }

@@ -10,7 +10,10 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use flashsale_test_support::{TestDatabase, amqp_url, eventually, redis_url, unique_name};
+use flashsale_platform::tls::GrpcTlsSettings;
+use flashsale_test_support::{
+    TestDatabase, amqp_url, eventually, redis_url, tls::Pki, unique_name,
+};
 use tokio::process::{Child, Command};
 
 /// One running service process; killed when dropped.
@@ -20,6 +23,8 @@ pub struct Service {
     child: Child,
     log: PathBuf,
     _db: Option<TestDatabase>,
+    /// How a client reaches it over mutual TLS; `None`: plain text.
+    tls: Option<GrpcTlsSettings>,
 }
 
 impl Drop for Service {
@@ -30,7 +35,23 @@ impl Drop for Service {
 
 impl Service {
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// A connected channel: over TLS with the test client's certificate when the stack runs
+    /// mutual TLS.
+    pub async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
+        let tls = self.tls.clone().unwrap_or_default();
+        flashsale_platform::grpc::endpoint(&self.url(), &tls)?
+            .connect()
+            .await
+            .with_context(|| format!("connect to {}", self.name))
+    }
+
+    /// Its whole log.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The last lines of its log, for failure messages.
@@ -81,11 +102,26 @@ impl Stack {
     /// Starts product-stock, order and outbound with `extra` env vars (e.g. timeouts) and waits
     /// until each is SERVING.
     pub async fn start(extra: &[(&str, &str)]) -> anyhow::Result<Self> {
-        Self::start_with_sim(extra, &[]).await
+        Self::start_with(extra, &[], None).await
     }
 
     /// [`Stack::start`] with `sim_args` for `flashsale-payment-sim` (delays, duplicates, …).
     pub async fn start_with_sim(extra: &[(&str, &str)], sim_args: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with(extra, sim_args, None).await
+    }
+
+    /// [`Stack::start`] with mutual TLS on every gRPC server and client: each service gets a
+    /// certificate from `pki` for both ends and requires one signed by `pki`'s CA of its
+    /// clients; the test's clients present a certificate `pki` issued for `e2e-client`.
+    pub async fn start_tls(extra: &[(&str, &str)], pki: &Pki) -> anyhow::Result<Self> {
+        Self::start_with(extra, &[], Some(pki)).await
+    }
+
+    async fn start_with(
+        extra: &[(&str, &str)],
+        sim_args: &[&str],
+        pki: Option<&Pki>,
+    ) -> anyhow::Result<Self> {
         let bins = bin_dir()?;
         let dir = std::env::temp_dir().join(unique_name("fs_e2e"));
         std::fs::create_dir_all(&dir)?;
@@ -96,7 +132,8 @@ impl Stack {
         // product-stock asks the order service about orders, and starts first: the order
         // service's port is chosen now.
         let order_port = free_port()?;
-        let order_url = format!("http://127.0.0.1:{order_port}");
+        let scheme = if pki.is_some() { "https" } else { "http" };
+        let order_url = format!("{scheme}://127.0.0.1:{order_port}");
         let stock_extra: Vec<(&str, &str)> = extra
             .iter()
             .copied()
@@ -115,6 +152,7 @@ impl Stack {
             None,
             None,
             &stock_extra,
+            pki,
         )
         .await?;
         let up = product_stock.url();
@@ -133,6 +171,7 @@ impl Stack {
             Some(&up),
             Some(order_port),
             &order_extra,
+            pki,
         )
         .await?;
         let outbound = spawn(
@@ -145,6 +184,7 @@ impl Stack {
             Some(&up),
             None,
             extra,
+            pki,
         )
         .await?;
         Ok(Self {
@@ -181,6 +221,7 @@ async fn spawn(
     upstream: Option<&str>,
     port: Option<u16>,
     extra: &[(&str, &str)],
+    pki: Option<&Pki>,
 ) -> anyhow::Result<Service> {
     let exe = bins.join(format!("flashsale-{name}"));
     if !exe.exists() {
@@ -217,6 +258,7 @@ async fn spawn(
         .env(p("AMQP__QUEUE_EXPIRES_MS"), "60000")
         .env(p("AMQP__QUEUE_TYPE"), "classic")
         .env(p("AMQP__RETRY_BASE_MS"), "100")
+        .env(p("AUTH__ALLOW_DEVELOPMENT_SECRET"), "true")
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&log)?)
         .stderr(std::fs::File::create(dir.join(format!("{name}.err")))?)
@@ -224,6 +266,30 @@ async fn spawn(
     if let Some(up) = upstream {
         cmd.env(p("UPSTREAM__PRODUCT_STOCK_URL"), up);
     }
+    let tls = match pki {
+        Some(pki) => {
+            let own = pki.service(name)?;
+            let ca = pki.ca_path();
+            for (k, v) in [
+                ("GRPC__TLS__CERT_FILE", own.cert_path()),
+                ("GRPC__TLS__KEY_FILE", own.key_path()),
+                ("GRPC__TLS__CLIENT_CA_FILE", ca.clone()),
+                ("GRPC__TLS__CA_FILE", ca.clone()),
+                ("GRPC__TLS__CLIENT_CERT_FILE", own.cert_path()),
+                ("GRPC__TLS__CLIENT_KEY_FILE", own.key_path()),
+            ] {
+                cmd.env(p(k), v);
+            }
+            let client = pki.client("e2e-client")?;
+            Some(GrpcTlsSettings {
+                ca_file: ca,
+                client_cert_file: client.cert_path(),
+                client_key_file: client.key_path(),
+                ..GrpcTlsSettings::default()
+            })
+        }
+        None => None,
+    };
     for (k, v) in extra {
         if k.starts_with(&format!("FLASHSALE_{key}__")) {
             cmd.env(k, v);
@@ -238,6 +304,7 @@ async fn spawn(
         child,
         log,
         _db: Some(db),
+        tls,
     };
     wait_serving(service, dir).await
 }
@@ -278,6 +345,7 @@ pub async fn spawn_payment_sim(
         child,
         log,
         _db: None,
+        tls: None,
     };
     wait_serving(service, dir).await
 }
@@ -285,13 +353,8 @@ pub async fn spawn_payment_sim(
 /// Waits until `service` answers its health check SERVING.
 async fn wait_serving(service: Service, dir: &Path) -> anyhow::Result<Service> {
     let name = service.name;
-    let url = service.url();
     let ready = eventually(Duration::from_secs(60), "service SERVING", || async {
-        let channel = tonic::transport::Endpoint::from_shared(url.clone())
-            .ok()?
-            .connect()
-            .await
-            .ok()?;
+        let channel = service.channel().await.ok()?;
         let resp = tonic_health::pb::health_client::HealthClient::new(channel)
             .check(tonic_health::pb::HealthCheckRequest {
                 service: String::new(),

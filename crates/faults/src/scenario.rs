@@ -260,6 +260,7 @@ impl World {
                 ),
                 ("AMQP__MAX_ATTEMPTS".into(), check::MAX_ATTEMPTS.to_string()),
                 ("TELEMETRY__LOG_FORMAT".into(), "json".into()),
+                ("AUTH__ALLOW_DEVELOPMENT_SECRET".into(), "true".into()),
             ]
         };
         // product-stock asks the order service about orders (its hold sweeper, a gate rebuild)

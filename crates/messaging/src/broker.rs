@@ -149,10 +149,36 @@ impl Broker {
 
 async fn open(config: &AmqpConfig) -> Result<Connection, BrokerError> {
     let props = ConnectionProperties::default().with_connection_name("flashsale".into());
-    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&config.url, props)).await {
+    let connect = async {
+        let runtime = lapin::runtime::default_runtime()?;
+        Connection::connect_with_config(&config.url, props, tls_config(config)?, runtime).await
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
         Ok(conn) => Ok(conn?),
         Err(_) => Err(BrokerError::Unavailable(CONNECT_TIMEOUT)),
     }
+}
+
+/// `amqp.tls`'s CA and client certificate, for an `amqps://` URL (which is TLS whatever this
+/// holds: the system's roots without a CA file, never plain text).
+fn tls_config(config: &AmqpConfig) -> Result<lapin::tcp::OwnedTLSConfig, lapin::Error> {
+    let unreadable = |e: flashsale_platform::config::ConfigError| {
+        lapin::Error::from(std::io::Error::other(e.to_string()))
+    };
+    let cert_chain = config
+        .tls
+        .ca("amqp.tls")
+        .map_err(unreadable)?
+        .map(|pem| String::from_utf8_lossy(&pem).into_owned());
+    let identity = config
+        .tls
+        .identity("amqp.tls")
+        .map_err(unreadable)?
+        .map(|(pem, key)| lapin::tcp::OwnedIdentity::PKCS8 { pem, key });
+    Ok(lapin::tcp::OwnedTLSConfig {
+        identity,
+        cert_chain,
+    })
 }
 
 /// Watches the current connection; when it dies, replaces it with a new one.

@@ -2,6 +2,7 @@
 
 use std::{fmt, time::Duration};
 
+use flashsale_platform::{config::ConfigError, tls::StoreTlsSettings};
 use serde::{Deserialize, Serialize};
 
 /// Which RabbitMQ queue type the work, retry, parking-lot and holding queues use.
@@ -66,6 +67,8 @@ pub struct AmqpConfig {
     pub inbox_purge_batch: u32,
     /// How often the inbox purger looks for old rows, in milliseconds. 1000..=86400000.
     pub inbox_purge_interval_ms: u64,
+    /// CA and client certificate of an `amqps://` broker (`amqp.tls.*`).
+    pub tls: StoreTlsSettings,
 }
 
 impl Default for AmqpConfig {
@@ -83,6 +86,7 @@ impl Default for AmqpConfig {
             inbox_retention_hours: 7 * 24,
             inbox_purge_batch: 1_000,
             inbox_purge_interval_ms: 60_000,
+            tls: StoreTlsSettings::default(),
         }
     }
 }
@@ -102,6 +106,7 @@ impl fmt::Debug for AmqpConfig {
             .field("inbox_retention_hours", &self.inbox_retention_hours)
             .field("inbox_purge_batch", &self.inbox_purge_batch)
             .field("inbox_purge_interval_ms", &self.inbox_purge_interval_ms)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -110,7 +115,20 @@ impl AmqpConfig {
     /// Checks every value; the error names the offending key (`amqp.<key>: …`) and never
     /// contains the password.
     pub fn validate(&self) -> Result<(), String> {
+        if let Err(e) = self.tls.validate("amqp.tls") {
+            return Err(match e {
+                ConfigError::Invalid { key, reason } => format!("{key}: {reason}"),
+                other => other.to_string(),
+            });
+        }
         match url::Url::parse(&self.url) {
+            Ok(u) if u.scheme() == "amqp" && self.tls.is_set() => {
+                return Err(
+                    "amqp.tls: TLS files are set but amqp.url is not amqps://: the connection \
+                     would be plain"
+                        .to_owned(),
+                );
+            }
             Ok(u) if matches!(u.scheme(), "amqp" | "amqps") && u.host_str().is_some() => {}
             Ok(u) if !matches!(u.scheme(), "amqp" | "amqps") => {
                 return Err(format!(

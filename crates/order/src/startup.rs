@@ -55,6 +55,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     );
     let stock = GrpcStock::new(
         &settings.upstream.product_stock_url,
+        &settings.grpc.tls,
         token,
         Duration::from_millis(settings.saga.stock_call_timeout_ms),
     )?;

@@ -48,6 +48,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     );
     let stock = GrpcCommitter::new(
         &settings.upstream.product_stock_url,
+        &settings.grpc.tls,
         token,
         Duration::from_millis(settings.shipping.commit_timeout_ms),
     )?;

@@ -128,7 +128,11 @@ impl Notifier {
         if let Some(c) = clients.get(url) {
             return Ok(c.clone());
         }
-        let channel = flashsale_platform::grpc::lazy_channel(url, Duration::from_secs(5))?;
+        let channel = flashsale_platform::grpc::lazy_channel(
+            url,
+            Duration::from_secs(5),
+            &flashsale_platform::tls::GrpcTlsSettings::default(),
+        )?;
         let c = PaymentNotificationServiceClient::new(channel);
         clients.insert(url.to_owned(), c.clone());
         Ok(c)

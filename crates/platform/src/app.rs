@@ -124,15 +124,16 @@ impl Foundation {
         database: &crate::settings::DatabaseSettings,
         auth: &crate::settings::AuthSettings,
     ) -> anyhow::Result<Self> {
+        // Keys first: a service that would refuse every token must not start at all.
+        let verifier = crate::auth::Verifier::from_settings(auth, service)?;
         let db = crate::db::connect(database).await?;
         M::up(&db, None)
             .await
             .map_err(|e| anyhow::anyhow!("migrate {service} database: {e}"))?;
-        let keys = crate::auth::JwtKeys::from_settings(auth, service)?;
         let runner = Runner::bind(grpc, metrics).await?;
         Ok(Self {
             db,
-            auth: crate::auth::AuthInterceptor::new(keys),
+            auth: crate::auth::AuthInterceptor::new(verifier),
             runner,
         })
     }

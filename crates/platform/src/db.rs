@@ -10,8 +10,9 @@ use crate::settings::{DatabaseSettings, redact_url};
 /// Creates the database named in `settings.url` when it does not exist yet (connecting to the
 /// `postgres` maintenance database of the same server), then opens the pool.
 pub async fn connect(settings: &DatabaseSettings) -> anyhow::Result<DatabaseConnection> {
-    ensure_database(&settings.url).await?;
-    let mut opts = ConnectOptions::new(settings.url.clone());
+    let url = with_sslmode(&settings.url)?;
+    ensure_database(&url).await?;
+    let mut opts = ConnectOptions::new(url);
     opts.max_connections(settings.max_connections)
         .min_connections(1)
         .connect_timeout(Duration::from_secs(5))
@@ -20,6 +21,18 @@ pub async fn connect(settings: &DatabaseSettings) -> anyhow::Result<DatabaseConn
     Database::connect(opts)
         .await
         .with_context(|| format!("connect to {}", redact_url(&settings.url)))
+}
+
+/// `url` with `sslmode=disable` when it names no `sslmode`: plain text is then what the URL
+/// says, not a silent guess. `sslmode=require` (encrypted) or `verify-full` (encrypted, the
+/// server's certificate checked against `sslrootcert` and its name) make TLS mandatory: a server
+/// without TLS is then refused, never used in plain text. (`prefer` and `allow` may fall back.)
+pub fn with_sslmode(url: &str) -> anyhow::Result<String> {
+    let mut parsed = url::Url::parse(url).context("parse database.url")?;
+    if !parsed.query_pairs().any(|(k, _)| k == "sslmode") {
+        parsed.query_pairs_mut().append_pair("sslmode", "disable");
+    }
+    Ok(parsed.into())
 }
 
 async fn ensure_database(url: &str) -> anyhow::Result<()> {
@@ -150,7 +163,17 @@ fn sqlx_unreachable(e: &sea_orm::sqlx::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::MultiRow;
+    use super::{MultiRow, with_sslmode};
+
+    #[test]
+    fn a_url_without_sslmode_says_plain_text_and_one_with_it_is_kept() {
+        assert_eq!(
+            with_sslmode("postgres://u@h:5432/db").unwrap(),
+            "postgres://u@h:5432/db?sslmode=disable"
+        );
+        let tls = "postgres://u@h/db?sslmode=verify-full&sslrootcert=%2Fca.pem";
+        assert_eq!(with_sslmode(tls).unwrap(), tls);
+    }
 
     #[test]
     fn rows_are_numbered_in_order() {

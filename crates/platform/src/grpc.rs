@@ -19,7 +19,8 @@ use tonic::{
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
-    decode::DecodeStatusLayer, settings::GrpcSettings, shed::ShedLayer, trace::TraceContextLayer,
+    decode::DecodeStatusLayer, settings::GrpcSettings, shed::ShedLayer, tls::GrpcTlsSettings,
+    trace::TraceContextLayer,
 };
 
 /// Binds the configured address (port 0 picks a free port, as tests do).
@@ -137,7 +138,14 @@ pub async fn serve(
     }
     health.set_service_status("", ServingStatus::Serving).await;
     let addr = listener.local_addr().context("gRPC listener address")?;
-    tracing::info!(%addr, services = ?names, "gRPC server listening");
+    let tls = settings.tls.server("grpc.tls")?;
+    tracing::info!(
+        %addr,
+        services = ?names,
+        tls = tls.is_some(),
+        mutual_tls = !settings.tls.client_ca_file.is_empty(),
+        "gRPC server listening"
+    );
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let shutdown = async move {
         shutdown.await;
@@ -150,7 +158,11 @@ pub async fn serve(
             .set_service_status("", ServingStatus::NotServing)
             .await;
     };
-    Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).context("gRPC server TLS")?;
+    }
+    builder
         .timeout(Duration::from_millis(settings.request_timeout_ms))
         .layer(TraceContextLayer)
         .layer(ShedLayer::new(settings.max_concurrent_requests))
@@ -162,14 +174,31 @@ pub async fn serve(
 }
 
 /// A channel to another service that connects on first use (so a service starts even while
-/// the one it calls is down; calls then fail `UNAVAILABLE`).
-pub fn lazy_channel(url: &str, timeout: Duration) -> anyhow::Result<tonic::transport::Channel> {
-    Ok(tonic::transport::Endpoint::from_shared(url.to_owned())
-        .with_context(|| format!("parse upstream URL `{url}`"))?
+/// the one it calls is down; calls then fail `UNAVAILABLE`). An `https://` URL is reached over
+/// TLS with `tls`'s CA and client certificate, never in plain text.
+pub fn lazy_channel(
+    url: &str,
+    timeout: Duration,
+    tls: &GrpcTlsSettings,
+) -> anyhow::Result<tonic::transport::Channel> {
+    Ok(endpoint(url, tls)?
         .connect_timeout(Duration::from_secs(2))
         .timeout(timeout)
         .tcp_nodelay(true)
         .connect_lazy())
+}
+
+/// The endpoint of `url`, with `tls`'s client configuration when the URL is `https://`.
+pub fn endpoint(url: &str, tls: &GrpcTlsSettings) -> anyhow::Result<tonic::transport::Endpoint> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .with_context(|| format!("parse upstream URL `{url}`"))?;
+    if endpoint.uri().scheme_str() == Some("https") {
+        let config = tls.client("grpc.tls")?;
+        return endpoint
+            .tls_config(config)
+            .with_context(|| format!("TLS for `{url}`"));
+    }
+    Ok(endpoint)
 }
 
 /// `message` as a call to another service: its service token and the current trace context.

@@ -21,6 +21,7 @@ pub mod settings;
 pub mod shed;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;
 pub mod trace;
 
 pub use error::ApiError;

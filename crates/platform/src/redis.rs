@@ -56,7 +56,7 @@ pub fn pool_with_hook(
     on_connect: Option<OnConnect>,
 ) -> anyhow::Result<Pool> {
     let manager = Manager {
-        inner: deadpool_redis::Manager::new(settings.url.as_str()).context("Redis URL")?,
+        inner: deadpool_redis::Manager::new(connection_info(settings)?).context("Redis URL")?,
         check_after,
         on_connect,
     };
@@ -67,6 +67,38 @@ pub fn pool_with_hook(
         .runtime(deadpool::Runtime::Tokio1)
         .build()
         .context("create Redis pool")
+}
+
+/// Where and how to connect: a `rediss://` URL is TLS (never plain text), with `redis.tls`'s CA
+/// instead of the system's roots and its client certificate when they are set.
+pub fn connection_info(
+    settings: &RedisSettings,
+) -> anyhow::Result<deadpool_redis::redis::ConnectionInfo> {
+    use deadpool_redis::redis::{ClientTlsConfig, IntoConnectionInfo as _, TlsCertificates};
+    if !settings.tls.is_set() {
+        return settings
+            .url
+            .as_str()
+            .into_connection_info()
+            .context("Redis URL");
+    }
+    let root_cert = settings.tls.ca("redis.tls")?;
+    let client_tls = settings
+        .tls
+        .identity("redis.tls")?
+        .map(|(client_cert, client_key)| ClientTlsConfig {
+            client_cert,
+            client_key,
+        });
+    let client = deadpool_redis::redis::Client::build_with_tls(
+        settings.url.as_str(),
+        TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .context("Redis TLS")?;
+    Ok(client.get_connection_info().clone())
 }
 
 /// Opens multiplexed connections and decides whether one can serve again.

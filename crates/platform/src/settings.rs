@@ -3,7 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ConfigError, Validate, check_range, check_socket_addr, check_url};
+use crate::{
+    config::{ConfigError, Validate, check_range, check_socket_addr, check_url},
+    tls::{GrpcTlsSettings, StoreTlsSettings},
+};
 
 /// `grpc.*`: where and how the gRPC server listens.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -17,6 +20,9 @@ pub struct GrpcSettings {
     /// Calls in flight at once, over every connection; one more is answered `UNAVAILABLE`
     /// (reason `OVERLOADED`) at once instead of waiting. Health checks are not counted.
     pub max_concurrent_requests: usize,
+    /// TLS of the server and of this service's calls to other services (`grpc.tls.*`).
+    #[serde(default)]
+    pub tls: GrpcTlsSettings,
 }
 
 impl GrpcSettings {
@@ -26,6 +32,7 @@ impl GrpcSettings {
             max_message_bytes: 4 * 1024 * 1024,
             request_timeout_ms: 5_000,
             max_concurrent_requests: 4_096,
+            tls: GrpcTlsSettings::default(),
         }
     }
 }
@@ -50,7 +57,8 @@ impl Validate for GrpcSettings {
             self.max_concurrent_requests,
             1,
             1_000_000,
-        )
+        )?;
+        self.tls.validate(&format!("{p}.tls"))
     }
 }
 
@@ -96,6 +104,30 @@ impl Validate for DatabaseSettings {
                 "URL must name one database, e.g. /flashsale_orders",
             ));
         }
+        for (k, v) in url.query_pairs() {
+            let allowed: &[&str] = match k.as_ref() {
+                "sslmode" => &[
+                    "disable",
+                    "allow",
+                    "prefer",
+                    "require",
+                    "verify-ca",
+                    "verify-full",
+                ],
+                _ => continue,
+            };
+            if !allowed.contains(&v.as_ref()) {
+                return Err(ConfigError::invalid(
+                    &key,
+                    format!("sslmode must be one of {allowed:?}, got `{v}`"),
+                ));
+            }
+        }
+        for file in ["sslrootcert", "sslcert", "sslkey"] {
+            if let Some((_, path)) = url.query_pairs().find(|(k, _)| k == file) {
+                crate::tls::read_pem(&format!("{key} ({file})"), &path)?;
+            }
+        }
         check_range(
             &format!("{p}.max_connections"),
             self.max_connections,
@@ -114,6 +146,9 @@ pub struct RedisSettings {
     pub key_prefix: String,
     /// Pool size.
     pub pool_size: usize,
+    /// CA and client certificate of a `rediss://` server (`redis.tls.*`).
+    #[serde(default)]
+    pub tls: StoreTlsSettings,
 }
 
 impl Default for RedisSettings {
@@ -122,6 +157,7 @@ impl Default for RedisSettings {
             url: "redis://127.0.0.1:6379".into(),
             key_prefix: String::new(),
             pool_size: 32,
+            tls: StoreTlsSettings::default(),
         }
     }
 }
@@ -132,13 +168,21 @@ impl std::fmt::Debug for RedisSettings {
             .field("url", &redact_url(&self.url))
             .field("key_prefix", &self.key_prefix)
             .field("pool_size", &self.pool_size)
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
 impl Validate for RedisSettings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        check_url(&format!("{p}.url"), &self.url, &["redis", "rediss"])?;
+        let url = check_url(&format!("{p}.url"), &self.url, &["redis", "rediss"])?;
+        self.tls.validate(&format!("{p}.tls"))?;
+        if self.tls.is_set() && url.scheme() != "rediss" {
+            return Err(ConfigError::invalid(
+                format!("{p}.tls"),
+                "TLS files are set but redis.url is not rediss://: the connection would be plain",
+            ));
+        }
         if self.key_prefix.len() > 64 || self.key_prefix.contains(['{', '}', ' ']) {
             return Err(ConfigError::invalid(
                 format!("{p}.key_prefix"),
@@ -149,34 +193,160 @@ impl Validate for RedisSettings {
     }
 }
 
-/// `auth.*`: verification of bearer tokens.
-#[derive(Clone, Default, Serialize, Deserialize)]
+/// `auth.*`: which keys sign and verify bearer tokens (docs/security.md#tokens-and-keys).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(default)]
 pub struct AuthSettings {
-    /// HS256 secret shared with whoever mints tokens. Empty: a built-in development secret
-    /// (logged as a loud warning at start-up).
+    /// Allows the public development secret: it is used for a key set left empty, and accepted
+    /// in a list. Only for a laptop; without it such a service refuses to start.
+    pub allow_development_secret: bool,
+    /// The `aud` every token must name.
+    pub audience: String,
+    /// The `iss` of user tokens (the gateway's identity provider).
+    pub user_issuer: String,
+    /// HS256 secrets user tokens may be signed with, at least 32 bytes each: a TOML array, or
+    /// one string of comma-separated secrets (the environment). Several during a rotation.
+    #[serde(deserialize_with = "secret_list")]
+    pub user_secrets: Vec<String>,
+    /// A JWKS file (RFC 7517) with the identity provider's RS256/ES256 public keys, chosen by
+    /// the token's `kid`; empty = none.
+    pub user_jwks_file: String,
+    /// The `iss` of service and admin tokens.
+    pub service_issuer: String,
+    /// HS256 secrets service and admin tokens may be signed with (never one of
+    /// `user_secrets`); the first signs this service's own calls.
+    #[serde(deserialize_with = "secret_list")]
+    pub service_secrets: Vec<String>,
+    /// The one secret of earlier versions; refused with a message naming its replacements.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub jwt_secret: String,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self {
+            allow_development_secret: false,
+            audience: crate::auth::DEFAULT_AUDIENCE.to_owned(),
+            user_issuer: crate::auth::DEFAULT_USER_ISSUER.to_owned(),
+            user_secrets: Vec::new(),
+            user_jwks_file: String::new(),
+            service_issuer: crate::auth::DEFAULT_SERVICE_ISSUER.to_owned(),
+            service_secrets: Vec::new(),
+            jwt_secret: String::new(),
+        }
+    }
 }
 
 impl std::fmt::Debug for AuthSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = if self.jwt_secret.is_empty() {
-            "<dev default>"
-        } else {
-            "<redacted>"
-        };
         f.debug_struct("AuthSettings")
-            .field("jwt_secret", &shown)
+            .field("allow_development_secret", &self.allow_development_secret)
+            .field("audience", &self.audience)
+            .field("user_issuer", &self.user_issuer)
+            .field(
+                "user_secrets",
+                &format!("<{} redacted>", self.user_secrets.len()),
+            )
+            .field("user_jwks_file", &self.user_jwks_file)
+            .field("service_issuer", &self.service_issuer)
+            .field(
+                "service_secrets",
+                &format!("<{} redacted>", self.service_secrets.len()),
+            )
             .finish()
     }
 }
 
+/// Secrets as a TOML array or a comma-separated string (what an environment variable holds).
+fn secret_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct Visitor;
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of secrets, or one string of comma-separated secrets")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect())
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Vec::new())
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(s) = seq.next_element::<String>()? {
+                if !s.trim().is_empty() {
+                    out.push(s.trim().to_owned());
+                }
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(Visitor)
+}
+
+/// An issuer or audience: 1..=256 printable characters.
+fn check_name(key: String, value: &str) -> Result<(), ConfigError> {
+    if value.is_empty() || value.len() > 256 || value.chars().any(char::is_control) {
+        return Err(ConfigError::invalid(
+            key,
+            "must be 1..=256 characters, none of them control characters",
+        ));
+    }
+    Ok(())
+}
+
 impl Validate for AuthSettings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        if !self.jwt_secret.is_empty() && self.jwt_secret.len() < 32 {
+        if !self.jwt_secret.is_empty() {
             return Err(ConfigError::invalid(
                 format!("{p}.jwt_secret"),
-                "must be at least 32 bytes (or empty for the development secret)",
+                "replaced by auth.user_secrets (user tokens) and auth.service_secrets (service \
+                 and admin tokens): set those, with different secrets",
             ));
+        }
+        check_name(format!("{p}.audience"), &self.audience)?;
+        check_name(format!("{p}.user_issuer"), &self.user_issuer)?;
+        check_name(format!("{p}.service_issuer"), &self.service_issuer)?;
+        let dev = crate::auth::DEV_SECRET;
+        for (name, list) in [
+            ("user_secrets", &self.user_secrets),
+            ("service_secrets", &self.service_secrets),
+        ] {
+            if list.iter().any(|s| s.len() < 32) {
+                return Err(ConfigError::invalid(
+                    format!("{p}.{name}"),
+                    "every secret must be at least 32 bytes",
+                ));
+            }
+            if list.iter().any(|s| s == dev) && !self.allow_development_secret {
+                return Err(ConfigError::invalid(
+                    format!("{p}.{name}"),
+                    "holds the public development secret (allowed only with \
+                     auth.allow_development_secret = true, never in production)",
+                ));
+            }
+        }
+        if self
+            .service_secrets
+            .iter()
+            .any(|s| s != dev && self.user_secrets.contains(s))
+        {
+            return Err(ConfigError::invalid(
+                format!("{p}.service_secrets"),
+                "must not share a secret with auth.user_secrets: a user key could then sign \
+                 admin tokens",
+            ));
+        }
+        if !self.user_jwks_file.is_empty() {
+            crate::auth::keys::check_jwks_file(&self.user_jwks_file)
+                .map_err(|e| ConfigError::invalid(format!("{p}.user_jwks_file"), e))?;
         }
         Ok(())
     }

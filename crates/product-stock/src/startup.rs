@@ -40,6 +40,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     );
     let orders = GrpcOrders::new(
         &settings.order_service.url,
+        &settings.grpc.tls,
         token,
         Duration::from_millis(settings.order_service.timeout_ms),
     )?;

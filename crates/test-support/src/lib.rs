@@ -6,6 +6,8 @@ pub mod fixtures;
 pub mod foundation;
 pub mod grpc;
 pub mod probe;
+pub mod servers;
+pub mod tls;
 
 use std::time::Duration;
 

@@ -293,8 +293,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             outbound: OutboundServiceClient::new(connect(&args.outbound_url, CALL_TIMEOUT).await?),
             // Connected on first use: a sale where nobody pays needs no provider.
             provider: PaymentProviderServiceClient::new(
-                flashsale_platform::grpc::lazy_channel(&args.payment_sim_url, CALL_TIMEOUT)
-                    .context("--payment-sim-url")?,
+                flashsale_platform::grpc::lazy_channel(
+                    &args.payment_sim_url,
+                    CALL_TIMEOUT,
+                    &flashsale_platform::tls::GrpcTlsSettings::default(),
+                )
+                .context("--payment-sim-url")?,
             ),
             admin: args.secret.mint("sale", Role::Admin, ttl)?,
             buyers,

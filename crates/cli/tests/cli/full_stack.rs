@@ -57,6 +57,7 @@ impl FullStack {
         o.payment.provider_url = sim.url();
         o.payment.refund_retry_base_ms = 50;
         o.payment.refund_sweep_interval_ms = 100;
+        o.auth.allow_development_secret = true;
         o.grpc.addr = "127.0.0.1:0".into();
         o.metrics.addr = "127.0.0.1:0".into();
         o.database.url = order_db.url.clone();
@@ -72,6 +73,7 @@ impl FullStack {
 
         let out_db = TestDatabase::create().await.unwrap();
         let mut s = flashsale_outbound::config::Settings::default();
+        s.auth.allow_development_secret = true;
         s.grpc.addr = "127.0.0.1:0".into();
         s.metrics.addr = "127.0.0.1:0".into();
         s.database.url = out_db.url.clone();

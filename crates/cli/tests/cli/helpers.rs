@@ -37,7 +37,8 @@ pub fn command(args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(BIN);
     cmd.args(args)
         .env_remove("FLASHSALE_TOKEN")
-        .env_remove("FLASHSALE_JWT_SECRET")
+        .env_remove("FLASHSALE_USER_SECRET")
+        .env_remove("FLASHSALE_SERVICE_SECRET")
         .kill_on_drop(true);
     cmd
 }
@@ -84,6 +85,7 @@ pub async fn spawn_stock_with(
 ) -> (u16, Shutdown, TestDatabase, AmqpConfig) {
     let db = TestDatabase::create().await.unwrap();
     let mut s = flashsale_product_stock::config::Settings::default();
+    s.auth.allow_development_secret = true;
     if let Some(port) = order_port {
         s.order_service.url = format!("http://127.0.0.1:{port}");
     }
@@ -159,6 +161,7 @@ impl Stack {
         let db = TestDatabase::create().await.unwrap();
         let mut s = flashsale_order::config::Settings::default();
         s.payment.provider_url = sim.url();
+        s.auth.allow_development_secret = true;
         s.grpc.addr = format!("127.0.0.1:{order_port}");
         s.metrics.addr = "127.0.0.1:0".into();
         s.database.url = db.url.clone();

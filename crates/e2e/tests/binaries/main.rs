@@ -184,7 +184,13 @@ async fn the_order_service_refuses_to_start_without_its_payment_secrets() {
         ),
         ("CURRENCY", "euro", "ISO 4217"),
     ] {
-        let env = [(format!("FLASHSALE_ORDER__PAYMENT__{key}"), value.to_owned())];
+        let env = [
+            (format!("FLASHSALE_ORDER__PAYMENT__{key}"), value.to_owned()),
+            (
+                "FLASHSALE_ORDER__AUTH__ALLOW_DEVELOPMENT_SECRET".to_owned(),
+                "true".to_owned(),
+            ),
+        ];
         let out = run("order", &["serve"], &env).await;
         let stderr = text(&out.stderr);
         assert!(!out.status.success(), "{key}={value:?}: {out:?}");
@@ -230,5 +236,62 @@ async fn the_payment_simulator_answers_help_and_refuses_bad_options() {
         let stderr = text(&out.stderr);
         assert!(!out.status.success(), "{args:?}: {out:?}");
         assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn serve_refuses_the_development_secret_unless_allowed() {
+    let mut runs = tokio::task::JoinSet::new();
+    for (name, key, _) in SERVICES {
+        // The database is unreachable: the key check comes first, so it is what stops `serve`.
+        let env = [
+            (
+                format!("FLASHSALE_{key}__DATABASE__URL"),
+                "postgres://postgres@127.0.0.1:1/flashsale_nowhere".to_owned(),
+            ),
+            (
+                format!("FLASHSALE_{key}__AUTH__ALLOW_DEVELOPMENT_SECRET"),
+                "false".to_owned(),
+            ),
+        ];
+        runs.spawn(async move { (name, run(name, &["serve"], &env).await) });
+    }
+    while let Some(joined) = runs.join_next().await {
+        let (name, out) = joined.unwrap();
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{name} serve started: {stderr}");
+        assert!(
+            stderr.contains("auth.allow_development_secret") && stderr.contains("no key"),
+            "{name} serve: {stderr}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn serve_refuses_a_missing_jwks_file_and_the_old_shared_secret_naming_the_key() {
+    let cases = [
+        (
+            "AUTH__USER_JWKS_FILE",
+            "/nonexistent/jwks.json",
+            "auth.user_jwks_file",
+        ),
+        (
+            "AUTH__JWT_SECRET",
+            "0123456789abcdef0123456789abcdef-old",
+            "auth.jwt_secret",
+        ),
+    ];
+    for (var, value, key) in cases {
+        let env = [
+            (format!("FLASHSALE_ORDER__{var}"), value.to_owned()),
+            (
+                "FLASHSALE_ORDER__AUTH__ALLOW_DEVELOPMENT_SECRET".to_owned(),
+                "true".to_owned(),
+            ),
+        ];
+        let out = run("order", &["serve"], &env).await;
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "order serve started with {var}");
+        assert!(stderr.contains(&format!("order.{key}")), "{var}: {stderr}");
     }
 }

@@ -147,10 +147,9 @@ impl DeadLetterAdmin {
     }
 }
 
-fn admin<T>(req: &Request<T>) -> Result<Caller, ApiError> {
-    let caller = Caller::of(req)?;
-    caller.require(&[Role::Admin])?;
-    Ok(caller)
+/// The caller, if an admin; the call is audited (see [`flashsale_platform::auth::authorize`]).
+fn admin<T: std::fmt::Debug>(req: &Request<T>) -> Result<Caller, ApiError> {
+    flashsale_platform::auth::authorize(req, &[Role::Admin])
 }
 
 fn to_proto(r: Listed) -> DeadLetter {

@@ -29,6 +29,9 @@ impl GrpcPaymentProvider {
         let channel = flashsale_platform::grpc::lazy_channel(
             &settings.provider_url,
             Duration::from_millis(settings.call_timeout_ms),
+            // The provider is outside the platform: an `https://` URL is checked against the
+            // system's roots, with no client certificate of the platform's.
+            &flashsale_platform::tls::GrpcTlsSettings::default(),
         )?;
         let bearer = format!("Bearer {}", settings.api_key)
             .parse()

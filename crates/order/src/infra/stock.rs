@@ -3,8 +3,8 @@
 
 use std::{sync::Arc, time::Duration};
 
-use flashsale_platform::auth::ServiceToken;
 use flashsale_platform::batch::Batcher;
+use flashsale_platform::{auth::ServiceToken, tls::GrpcTlsSettings};
 use flashsale_proto::product::v1::{
     GetGateBuyersRequest, ReserveStockBatchRequest, ReserveStockRequest,
     product_stock_service_client::ProductStockServiceClient,
@@ -103,10 +103,16 @@ const PARALLEL_BATCHES: usize = 2;
 
 impl GrpcStock {
     /// A lazily connecting client of `url` (the order service starts even if product-stock is
-    /// not up yet; calls then fail `UNAVAILABLE`).
-    pub fn new(url: &str, token: Arc<ServiceToken>, timeout: Duration) -> anyhow::Result<Self> {
-        let client =
-            ProductStockServiceClient::new(flashsale_platform::grpc::lazy_channel(url, timeout)?);
+    /// not up yet; calls then fail `UNAVAILABLE`), over TLS with `tls` for an `https://` URL.
+    pub fn new(
+        url: &str,
+        tls: &GrpcTlsSettings,
+        token: Arc<ServiceToken>,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let client = ProductStockServiceClient::new(flashsale_platform::grpc::lazy_channel(
+            url, timeout, tls,
+        )?);
         let (c, t) = (client.clone(), token.clone());
         let batch = Batcher::spawn(
             "order_gate",

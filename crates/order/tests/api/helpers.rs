@@ -80,6 +80,7 @@ fn amqp_for_test(exchange: &str) -> flashsale_messaging::AmqpConfig {
 
 pub fn test_settings(db: &TestDatabase, exchange: &str, stock_port: u16) -> Settings {
     let mut s = Settings::default();
+    s.auth.allow_development_secret = true;
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();
@@ -132,6 +133,7 @@ async fn spawn_stock(
 ) {
     let db = TestDatabase::create().await.unwrap();
     let mut s = flashsale_product_stock::config::Settings::default();
+    s.auth.allow_development_secret = true;
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();

@@ -127,6 +127,7 @@ async fn a_product_stock_without_the_batch_call_gets_one_call_per_reservation() 
     let token = Arc::new(ServiceToken::new(keys, "order").unwrap());
     let stock = GrpcStock::new(
         &format!("http://127.0.0.1:{port}"),
+        &Default::default(),
         token,
         Duration::from_secs(5),
     )

@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use flashsale_platform::auth::ServiceToken;
+use flashsale_platform::{auth::ServiceToken, tls::GrpcTlsSettings};
 use flashsale_proto::product::v1::{
     CommitReservationRequest, product_stock_service_client::ProductStockServiceClient,
 };
@@ -34,10 +34,16 @@ pub struct GrpcCommitter {
 }
 
 impl GrpcCommitter {
-    pub fn new(url: &str, token: Arc<ServiceToken>, timeout: Duration) -> anyhow::Result<Self> {
+    /// A lazily connecting client of `url`, over TLS with `tls` for an `https://` URL.
+    pub fn new(
+        url: &str,
+        tls: &GrpcTlsSettings,
+        token: Arc<ServiceToken>,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
         Ok(Self {
             client: ProductStockServiceClient::new(flashsale_platform::grpc::lazy_channel(
-                url, timeout,
+                url, timeout, tls,
             )?),
             token,
         })

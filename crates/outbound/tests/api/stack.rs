@@ -46,6 +46,7 @@ pub async fn spawn_stack(tune: impl FnOnce(&mut flashsale_outbound::config::Sett
 
     let stock_db = TestDatabase::create().await.unwrap();
     let mut ps = flashsale_product_stock::config::Settings::default();
+    ps.auth.allow_development_secret = true;
     ps.grpc.addr = "127.0.0.1:0".into();
     ps.metrics.addr = "127.0.0.1:0".into();
     ps.database.url = stock_db.url.clone();

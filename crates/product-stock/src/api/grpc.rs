@@ -56,10 +56,10 @@ const MAX_GATE_BUYERS: u32 = 100_000;
 const MAX_GATE_BUYERS_BYTES: usize = 2 * 1024 * 1024;
 const ANYONE: &[Role] = &[Role::User, Role::Admin, Role::Service];
 
-fn authorize<T>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
-    let caller = Caller::of(req)?;
-    caller.require(roles)?;
-    Ok(caller)
+/// The caller, if `roles` may call this; admin calls are audited (see
+/// [`flashsale_platform::auth::authorize`]).
+fn authorize<T: std::fmt::Debug>(req: &Request<T>, roles: &[Role]) -> Result<Caller, Status> {
+    Ok(flashsale_platform::auth::authorize(req, roles)?)
 }
 
 /// A product as the API shows it; `gate` is `None` while the gate has not loaded it (-1).

@@ -8,7 +8,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use flashsale_platform::auth::ServiceToken;
+use flashsale_platform::{auth::ServiceToken, tls::GrpcTlsSettings};
 use flashsale_proto::order::v1::{
     ListPendingOrdersRequest, LookupOrdersRequest, OrderStatus,
     order_service_client::OrderServiceClient,
@@ -66,9 +66,16 @@ pub struct GrpcOrders {
 
 impl GrpcOrders {
     /// A lazily connecting client of `url` (product-stock starts even if the order service is
-    /// not up yet; calls then fail and nothing is given away).
-    pub fn new(url: &str, token: Arc<ServiceToken>, timeout: Duration) -> anyhow::Result<Self> {
-        let client = OrderServiceClient::new(flashsale_platform::grpc::lazy_channel(url, timeout)?);
+    /// not up yet; calls then fail and nothing is given away), over TLS with `tls` for an
+    /// `https://` URL.
+    pub fn new(
+        url: &str,
+        tls: &GrpcTlsSettings,
+        token: Arc<ServiceToken>,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let client =
+            OrderServiceClient::new(flashsale_platform::grpc::lazy_channel(url, timeout, tls)?);
         Ok(Self { client, token })
     }
 

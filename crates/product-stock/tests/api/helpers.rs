@@ -56,6 +56,7 @@ pub struct TestApp {
 
 pub fn test_settings(db: &TestDatabase) -> Settings {
     let mut s = Settings::default();
+    s.auth.allow_development_secret = true;
     s.grpc.addr = "127.0.0.1:0".into();
     s.metrics.addr = "127.0.0.1:0".into();
     s.database.url = db.url.clone();

@@ -1,5 +1,5 @@
 use flashsale_platform::{
-    auth::{AuthInterceptor, DEV_SECRET, JwtKeys, Role},
+    auth::{AuthInterceptor, Role, Verifier},
     error::{reason_of, violated_fields},
     grpc::{ServerRoutes, serve},
     settings::GrpcSettings,
@@ -97,10 +97,9 @@ async fn over_grpc_only_an_admin_token_gets_through() {
     .await
     .unwrap();
     let port = listener.local_addr().unwrap().port();
-    let keys = JwtKeys::new(DEV_SECRET.as_bytes()).unwrap();
     let routes = ServerRoutes::new().with_service(InterceptedService::new(
         DeadLetterServiceServer::new(env.admin()),
-        AuthInterceptor::new(keys),
+        AuthInterceptor::new(Verifier::development()),
     ));
     let server =
         Running::spawn(move |s| async move { serve(listener, &settings, routes, s).await });
