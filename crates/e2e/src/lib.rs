@@ -125,7 +125,21 @@ impl Stack {
         let bins = bin_dir()?;
         let dir = std::env::temp_dir().join(unique_name("fs_e2e"));
         std::fs::create_dir_all(&dir)?;
-        let payment_sim = spawn_payment_sim(&bins, &dir, free_port()?, sim_args).await?;
+        // Under mutual TLS the simulator notifies the order service with a client certificate.
+        let mut sim_args: Vec<String> = sim_args.iter().map(|a| (*a).to_owned()).collect();
+        if let Some(pki) = pki {
+            let sim = pki.client("payment-sim")?;
+            sim_args.extend([
+                "--tls-ca-file".to_owned(),
+                pki.ca_path(),
+                "--tls-cert-file".to_owned(),
+                sim.cert_path(),
+                "--tls-key-file".to_owned(),
+                sim.key_path(),
+            ]);
+        }
+        let sim_args: Vec<&str> = sim_args.iter().map(String::as_str).collect();
+        let payment_sim = spawn_payment_sim(&bins, &dir, free_port()?, &sim_args).await?;
         let sim_url = payment_sim.url();
         let exchange = unique_name("fs_e2e_ex");
         let config_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");

@@ -193,7 +193,13 @@ fn notify_url(settings: &Settings, port: u16) -> anyhow::Result<String> {
         std::net::IpAddr::V6(ip) => format!("[{ip}]"),
         ip => ip.to_string(),
     };
-    Ok(format!("http://{host}:{port}"))
+    // The server speaks TLS only once it has a certificate.
+    let scheme = if settings.grpc.tls.cert_file.is_empty() {
+        "http"
+    } else {
+        "https"
+    };
+    Ok(format!("{scheme}://{host}:{port}"))
 }
 
 #[cfg(test)]
@@ -205,6 +211,9 @@ mod tests {
         let mut s = Settings::default();
         s.grpc.addr = "0.0.0.0:50052".into();
         assert_eq!(notify_url(&s, 50052).unwrap(), "http://127.0.0.1:50052");
+        s.grpc.tls.cert_file = "/etc/flashsale/order.crt".into();
+        assert_eq!(notify_url(&s, 50052).unwrap(), "https://127.0.0.1:50052");
+        s.grpc.tls.cert_file.clear();
         s.grpc.addr = "127.0.0.1:0".into();
         assert_eq!(notify_url(&s, 41234).unwrap(), "http://127.0.0.1:41234");
         s.grpc.addr = "[::]:50052".into();

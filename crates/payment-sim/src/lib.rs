@@ -58,6 +58,8 @@ pub struct SimConfig {
     pub refund_failures: u32,
     /// Seed of the simulator's randomness.
     pub seed: u64,
+    /// How notifications reach an `https://` notification URL (CA, client certificate).
+    pub notify_tls: flashsale_platform::tls::GrpcTlsSettings,
 }
 
 impl Default for SimConfig {
@@ -76,6 +78,7 @@ impl Default for SimConfig {
             retry_base: Duration::from_millis(200),
             refund_failures: 0,
             seed: 1,
+            notify_tls: flashsale_platform::tls::GrpcTlsSettings::default(),
         }
     }
 }

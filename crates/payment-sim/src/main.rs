@@ -60,6 +60,16 @@ struct Args {
     /// Seed of the simulator's randomness.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// CA that an `https://` notification URL's server certificate must chain to (default: the
+    /// system's roots).
+    #[arg(long, env = "FLASHSALE_TLS_CA_FILE", default_value = "")]
+    tls_ca_file: String,
+    /// Client certificate presented to an `https://` notification URL (mutual TLS), with
+    /// `--tls-key-file`.
+    #[arg(long, env = "FLASHSALE_TLS_CERT_FILE", default_value = "")]
+    tls_cert_file: String,
+    #[arg(long, env = "FLASHSALE_TLS_KEY_FILE", default_value = "")]
+    tls_key_file: String,
 }
 
 fn refund_failures(s: &str) -> Result<u32, String> {
@@ -89,6 +99,12 @@ async fn main() -> anyhow::Result<()> {
         retry_base: Duration::from_millis(args.retry_base_ms),
         refund_failures: args.refund_failures,
         seed: args.seed,
+        notify_tls: flashsale_platform::tls::GrpcTlsSettings {
+            ca_file: args.tls_ca_file,
+            client_cert_file: args.tls_cert_file,
+            client_key_file: args.tls_key_file,
+            ..Default::default()
+        },
     };
     config.validate()?;
     let listener = tokio::net::TcpListener::bind(args.addr)

@@ -131,7 +131,7 @@ impl Notifier {
         let channel = flashsale_platform::grpc::lazy_channel(
             url,
             Duration::from_secs(5),
-            &flashsale_platform::tls::GrpcTlsSettings::default(),
+            &self.config.notify_tls,
         )?;
         let c = PaymentNotificationServiceClient::new(channel);
         clients.insert(url.to_owned(), c.clone());

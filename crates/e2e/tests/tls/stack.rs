@@ -14,6 +14,9 @@ use flashsale_proto::{
     outbound::v1::{
         GetShipmentRequest, ShipmentStatus, outbound_service_client::OutboundServiceClient,
     },
+    payment::v1::{
+        PayCheckoutRequest, payment_provider_service_client::PaymentProviderServiceClient,
+    },
     product::v1::{
         CreateProductRequest, DeductionPolicy,
         product_stock_service_client::ProductStockServiceClient,
@@ -89,15 +92,25 @@ async fn the_services_sell_pay_and_ship_over_mutual_tls() {
     status(OrderStatus::AwaitingPayment)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", stack.logs()));
-    orders
+    // PayOrder starts the payment; the buyer pays on the provider's checkout, and the
+    // provider's signed notification reaches the order service over mutual TLS.
+    let started = orders
         .pay_order(with_token(
             PayOrderRequest {
                 order_id: order.order_id.clone(),
-                payment_id: "pay-tls-1".into(),
-                amount_cents: order.total_cents,
+                ..Default::default()
             },
             &alice,
         ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut provider =
+        PaymentProviderServiceClient::new(stack.payment_sim.channel().await.unwrap());
+    provider
+        .pay_checkout(PayCheckoutRequest {
+            payment_id: started.checkout.unwrap().provider_payment_id,
+        })
         .await
         .unwrap();
     // outbound → product-stock (commit) over mutual TLS: the order ships.

@@ -67,8 +67,9 @@ async fn consumed_fixtures_are_accepted() {
         for (i, other) in more.iter().enumerate() {
             app.exec(&format!(
                 "INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, total_cents, \
-                 deduction_policy, status, payment_deadline) SELECT '{other}', user_id, 'fx-more-{i}', sku, quantity, \
-                 unit_price_cents, total_cents, deduction_policy, status, payment_deadline FROM orders WHERE order_id = '{id}'"
+                 deduction_policy, status, cancel_reason, payment_deadline) SELECT '{other}', user_id, 'fx-more-{i}', sku, \
+                 quantity, unit_price_cents, total_cents, deduction_policy, status, cancel_reason, payment_deadline \
+                 FROM orders WHERE order_id = '{id}'"
             ))
             .await;
         }
