@@ -3,91 +3,15 @@
 //! another test. Every server is stopped and its files removed when its value is dropped.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::Duration,
 };
 
 use anyhow::{Context as _, bail};
 
-/// The PostgreSQL programs (Debian's layout; `FLASHSALE_FAULTS_PG_BIN` overrides it).
-fn pg_bin(program: &str) -> PathBuf {
-    let dir = std::env::var("FLASHSALE_FAULTS_PG_BIN")
-        .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned());
-    Path::new(&dir).join(program)
-}
-
-/// A free loopback port (the kernel's choice; free when this returns).
-pub fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("bind a free port")?;
-    Ok(l.local_addr()?.port())
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// `program` run as `user` when this process is root (PostgreSQL refuses to run as root, and
-/// RabbitMQ's files belong to its own user), else as ourselves.
-fn as_user(user: &str, program: &Path) -> Command {
-    if is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", user, "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    }
-}
-
-fn chown(path: &Path, user: &str) -> anyhow::Result<()> {
-    if is_root() {
-        let ok = Command::new("chown")
-            .args(["-R", user])
-            .arg(path)
-            .status()
-            .context("chown")?
-            .success();
-        anyhow::ensure!(ok, "chown {} to {user} failed", path.display());
-    }
-    Ok(())
-}
-
-/// A fresh temporary directory, removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(prefix: &str) -> anyhow::Result<Self> {
-        let dir = std::env::temp_dir().join(flashsale_test_support::unique_name(prefix));
-        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-        Ok(Self(dir))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-async fn wait_port(port: u16, timeout: Duration, what: &str) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("{what} did not accept connections on port {port} within {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+pub use flashsale_test_support::servers::{TempDir, free_port};
+use flashsale_test_support::servers::{as_user, chown, pg_bin, wait_port};
 
 /// Sends `signal` (`KILL`, `TERM`, `STOP`, `CONT`) to the process group `pgid`.
 pub fn signal_group(pgid: u32, signal: &str) {

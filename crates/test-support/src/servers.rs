@@ -19,7 +19,17 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
-fn is_root() -> bool {
+/// A PostgreSQL server program (Debian's layout; `FLASHSALE_TEST_PG_BIN`, or the fault suite's
+/// `FLASHSALE_FAULTS_PG_BIN`, names another directory).
+pub fn pg_bin(program: &str) -> PathBuf {
+    let dir = std::env::var("FLASHSALE_TEST_PG_BIN")
+        .or_else(|_| std::env::var("FLASHSALE_FAULTS_PG_BIN"))
+        .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned());
+    Path::new(&dir).join(program)
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -27,7 +37,9 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn as_user(user: &str, program: &Path) -> Command {
+/// `program` run as `user` when this process is root (PostgreSQL refuses to run as root, and
+/// RabbitMQ's files belong to its own user), else as ourselves.
+pub fn as_user(user: &str, program: &Path) -> Command {
     if is_root() {
         let mut c = Command::new("runuser");
         c.args(["-u", user, "--"]).arg(program);
@@ -37,7 +49,8 @@ fn as_user(user: &str, program: &Path) -> Command {
     }
 }
 
-fn chown(path: &Path, user: &str) -> anyhow::Result<()> {
+/// Gives `path` (recursively) to `user` when this process is root.
+pub fn chown(path: &Path, user: &str) -> anyhow::Result<()> {
     if is_root() {
         let ok = Command::new("chown")
             .args(["-R", user])
@@ -51,10 +64,10 @@ fn chown(path: &Path, user: &str) -> anyhow::Result<()> {
 }
 
 /// A fresh temporary directory, removed on drop.
-struct TempDir(PathBuf);
+pub struct TempDir(pub PathBuf);
 
 impl TempDir {
-    fn new(prefix: &str) -> anyhow::Result<Self> {
+    pub fn new(prefix: &str) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(crate::unique_name(prefix));
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         Ok(Self(dir))
@@ -121,11 +134,7 @@ impl Postgres {
         let dir = TempDir::new("fs_pg")?;
         let data = dir.0.join("data");
         chown(&dir.0, "postgres")?;
-        let bin = |p: &str| {
-            let base = std::env::var("FLASHSALE_TEST_PG_BIN")
-                .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned());
-            Path::new(&base).join(p)
-        };
+        let bin = pg_bin;
         let out = as_user("postgres", &bin("initdb"))
             .arg("-D")
             .arg(&data)
@@ -185,9 +194,7 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        let base = std::env::var("FLASHSALE_TEST_PG_BIN")
-            .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned());
-        let _ = as_user("postgres", &Path::new(&base).join("pg_ctl"))
+        let _ = as_user("postgres", &pg_bin("pg_ctl"))
             .arg("-D")
             .arg(self.dir.0.join("data"))
             .args(["-m", "immediate", "-w", "stop"])
