@@ -334,7 +334,11 @@ pub async fn figures(
         "SELECT count(*) FROM shipments WHERE status = 'PICKING'",
     )
     .await?;
-    for db in [&order, &product, &outbound] {
+    for (name, db) in [
+        ("order", &order),
+        ("product-stock", &product),
+        ("outbound", &outbound),
+    ] {
         f.stuck += count(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL").await?;
         f.parked += count(
             db,
@@ -342,6 +346,17 @@ pub async fn figures(
         )
         .await
         .unwrap_or(0);
+        // Why each kind of message was parked, so a failure explains itself.
+        let why: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT routing_key, left(error, 160), count(*) FROM dead_letters \
+             WHERE state = 'PARKED' GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 5",
+        )
+        .fetch_all(db)
+        .await
+        .unwrap_or_default();
+        for (key, error, n) in why {
+            f.notes.push(format!("parked_in_{name}({key}×{n}: {error})"));
+        }
     }
     f.stuck += queued(s).await.unwrap_or(0);
     f.parked += parked_in_queues(s).await.unwrap_or(0);
