@@ -355,7 +355,8 @@ pub async fn figures(
         .await
         .unwrap_or_default();
         for (key, error, n) in why {
-            f.notes.push(format!("parked_in_{name}({key}×{n}: {error})"));
+            f.notes
+                .push(format!("parked_in_{name}({key}×{n}: {error})"));
         }
     }
     f.stuck += queued(s).await.unwrap_or(0);

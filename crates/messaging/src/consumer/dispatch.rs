@@ -243,7 +243,30 @@ async fn settle<H: Handler>(ctx: &Ctx<H>, unit: Unit, msg: Incoming) -> Settled 
             metrics::counter!("flashsale_messages_consumed_total", "queue" => queue).increment(1);
             Settled::Done
         }
-        Err(HandlerError::Transient(e)) if attempt < ctx.max_attempts => {
+        // Waits out the outage on the ladder's longest queue; the attempt is not spent.
+        Err(HandlerError::Unavailable(e)) if ctx.topology.retries() > 0 => {
+            let retry_queue = ctx.topology.retry_queue(ctx.topology.retries());
+            warn!(error = format!("{e:#}"), retry_queue = %retry_queue, "service unavailable, the message waits");
+            let mut hdrs = unit.hdrs.clone();
+            set(
+                &mut hdrs,
+                headers::ATTEMPT,
+                AMQPValue::LongLongInt(i64::from(attempt)),
+            );
+            set_str(&mut hdrs, headers::ORIGINAL_ROUTING_KEY, &routing_key);
+            let out = forward(&unit, hdrs, retry_queue);
+            match ctx.publisher.publish(&out).await {
+                Ok(()) => {
+                    metrics::counter!("flashsale_messages_waiting_total", "queue" => queue)
+                        .increment(1);
+                    Settled::Done
+                }
+                Err(pe) => Settled::Requeue(format!("cannot put the message to wait: {pe}")),
+            }
+        }
+        Err(HandlerError::Transient(e) | HandlerError::Unavailable(e))
+            if attempt < ctx.max_attempts =>
+        {
             let retry_queue = ctx.topology.retry_queue(attempt);
             warn!(error = format!("{e:#}"), retry_queue = %retry_queue, "handler failed, retrying later");
             let mut hdrs = unit.hdrs.clone();

@@ -30,6 +30,10 @@ pub enum HandlerError {
     Transient(anyhow::Error),
     /// Retrying cannot help (the message is invalid for this service): park it at once.
     Permanent(anyhow::Error),
+    /// The service cannot work at all right now (its database is out of reach): the message
+    /// waits on the last retry queue and comes back, as often as the outage lasts, without
+    /// spending an attempt, so an outage longer than the retry ladder parks nothing.
+    Unavailable(anyhow::Error),
 }
 
 // === impl HandlerError ===
@@ -45,6 +49,11 @@ impl HandlerError {
         Self::Permanent(e.into())
     }
 
+    /// A failure of the service's own footing (its database unreachable), not of the message.
+    pub fn unavailable(e: impl Into<anyhow::Error>) -> Self {
+        Self::Unavailable(e.into())
+    }
+
     /// Whether the message should be parked at once.
     pub fn is_permanent(&self) -> bool {
         matches!(self, Self::Permanent(_))
@@ -56,6 +65,7 @@ impl fmt::Display for HandlerError {
         match self {
             Self::Transient(e) => write!(f, "transient: {e:#}"),
             Self::Permanent(e) => write!(f, "permanent: {e:#}"),
+            Self::Unavailable(e) => write!(f, "unavailable: {e:#}"),
         }
     }
 }

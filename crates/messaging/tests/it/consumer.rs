@@ -70,6 +70,54 @@ async fn undecodable_message_goes_straight_to_the_dlq() {
 }
 
 #[tokio::test]
+async fn a_handler_whose_database_is_down_waits_it_out_without_spending_attempts() {
+    let amqp = Amqp::new(AmqpConfig {
+        max_attempts: 3,
+        ..config()
+    })
+    .await;
+    let t = amqp.topology("outage", &[keys::ORDER_CREATED]).await;
+    let attempts = Recorder::default();
+    let seen = attempts.clone();
+    // Down for twice as many runs as the message has attempts, then back.
+    let consumer = Consumer::new(&amqp.broker, t.clone(), move |m: Incoming| {
+        seen.push(m.attempt);
+        let down = seen.len() <= 6;
+        async move {
+            if down {
+                Err(HandlerError::unavailable(anyhow::anyhow!(
+                    "the database is out of reach"
+                )))
+            } else {
+                Ok(())
+            }
+        }
+    });
+    let running = Running::spawn(|s| consumer.run(s));
+    Publisher::new(&amqp.broker)
+        .publish_envelope(&order_created("o-outage"))
+        .await
+        .unwrap();
+    eventually(
+        WAIT,
+        "the message to be handled after the outage",
+        || async { (attempts.len() == 7).then_some(()) },
+    )
+    .await
+    .unwrap();
+    // Quiet for a moment: no further run, nothing parked, nothing left in the queue.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    running.stop().await;
+    assert_eq!(attempts.all(), vec![1; 7], "the outage spent no attempt");
+    assert_eq!(
+        amqp.count(&t.dead_letter_queue()).await,
+        0,
+        "nothing parked"
+    );
+    assert_eq!(amqp.count(t.queue()).await, 0);
+}
+
+#[tokio::test]
 async fn failing_handler_is_retried_then_parked_with_its_error() {
     retried_then_parked(QueueType::Quorum).await;
 }

@@ -29,6 +29,9 @@ pub async fn handle(shipping: Shipping, msg: Incoming) -> Result<(), HandlerErro
         Err(OutboundError::Invalid(v)) => Err(HandlerError::permanent(anyhow::anyhow!(
             "invalid event: {v:?}"
         ))),
+        Err(e @ OutboundError::DatabaseUnavailable(_)) => {
+            Err(HandlerError::unavailable(anyhow::Error::new(e)))
+        }
         Err(e) => Err(HandlerError::transient(anyhow::Error::new(e))),
     }
 }

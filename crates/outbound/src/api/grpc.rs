@@ -65,6 +65,10 @@ impl From<OutboundError> for ApiError {
                 reason: "DEPENDENCY_UNAVAILABLE",
                 message,
             },
+            OutboundError::DatabaseUnavailable(_) => ApiError::Unavailable {
+                reason: "DATABASE_UNAVAILABLE",
+                message,
+            },
             OutboundError::Internal(e) => ApiError::Internal(e),
         }
     }

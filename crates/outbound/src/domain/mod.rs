@@ -85,6 +85,9 @@ pub enum OutboundError {
     /// Worth retrying later (product-stock or the warehouse unreachable, a database hiccup).
     #[error("{0}")]
     Transient(String),
+    /// The outbound database could not be reached (worth retrying later).
+    #[error("the outbound database is unavailable: {0}")]
+    DatabaseUnavailable(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }

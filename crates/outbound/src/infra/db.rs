@@ -13,7 +13,7 @@ fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
 impl From<sea_orm::DbErr> for OutboundError {
     fn from(e: sea_orm::DbErr) -> Self {
         if flashsale_platform::db::unreachable(&e) {
-            return Self::Transient(format!("the outbound database is unavailable: {e}"));
+            return Self::DatabaseUnavailable(e.to_string());
         }
         Self::Internal(anyhow::Error::new(e))
     }

@@ -33,6 +33,9 @@ pub fn stock_events_topology(config: &AmqpConfig) -> QueueTopology {
 fn classify(e: StockError) -> HandlerError {
     match e {
         StockError::Invalid(v) => HandlerError::permanent(anyhow::anyhow!("invalid event: {v:?}")),
+        e @ (StockError::DatabaseUnavailable(_) | StockError::GateUnavailable(_)) => {
+            HandlerError::unavailable(e)
+        }
         other => HandlerError::transient(other),
     }
 }
