@@ -169,7 +169,10 @@ impl Refunds {
     /// Asks the provider again for a refund parked FAILED (RECORDED again, attempts reset, due
     /// now); a refund still REQUESTED is returned as it is.
     pub async fn retry(&self, order_id: Uuid) -> Result<RefundRecord, OrderError> {
-        payment_store::requeue_failed(&self.db, order_id).await?;
+        // The row as the update left it: the worker may take it up the moment it is due.
+        if let Some(requeued) = payment_store::requeue_failed(&self.db, order_id).await? {
+            return Ok(requeued);
+        }
         let refund = payment_store::refund(&self.db, order_id)
             .await?
             .ok_or(OrderError::NotFound(order_id))?;

@@ -242,17 +242,21 @@ pub async fn refund<C: ConnectionTrait>(
         .transpose()
 }
 
-/// Moves a FAILED refund back to REQUESTED, due now, with its attempts reset; returns whether
-/// it was FAILED.
-pub async fn requeue_failed<C: ConnectionTrait>(c: &C, order_id: Uuid) -> Result<bool, OrderError> {
-    let res = c
-        .execute_raw(stmt(
-            "UPDATE refunds SET status = 'REQUESTED', attempts = 0, next_attempt_at = now(), \
-             updated_at = now() WHERE order_id = $1 AND status = 'FAILED'",
-            [order_id.into()],
-        ))
-        .await?;
-    Ok(res.rows_affected() == 1)
+/// Moves a FAILED refund back to REQUESTED, due now, with its attempts reset; returns the
+/// refund as that update left it, or `None` when it was not FAILED.
+pub async fn requeue_failed<C: ConnectionTrait>(
+    c: &C,
+    order_id: Uuid,
+) -> Result<Option<RefundRecord>, OrderError> {
+    let sql = format!(
+        "UPDATE refunds SET status = 'REQUESTED', attempts = 0, next_attempt_at = now(), \
+         updated_at = now() WHERE order_id = $1 AND status = 'FAILED' RETURNING {REFUND_COLUMNS}"
+    );
+    RefundRow::find_by_statement(stmt(&sql, [order_id.into()]))
+        .one(c)
+        .await?
+        .map(RefundRecord::try_from)
+        .transpose()
 }
 
 /// A page of refunds (in `state`, or any), oldest first, after the `(created_at, order_id)`
