@@ -45,6 +45,7 @@ pub const ALL: &[&str] = &[
     "fp_order_outbound_result_after_commit",
     "fp_outbound_consumer_before_commit",
     "fp_stock_cancel_consumer_before_commit",
+    "fp_stock_cancel_consumer_after_commit",
     "broker_kill",
     "broker_unreachable_30s",
     "net_cut_to_postgres",
@@ -582,6 +583,13 @@ fn plan(name: &str) -> Option<Plan> {
             |w| Box::pin(until_exit(w)),
             Failpoints {
                 product_stock: Some("stock.order_cancelled.before_commit=1*exit".into()),
+                ..Failpoints::default()
+            },
+        ),
+        "fp_stock_cancel_consumer_after_commit" => fp(
+            |w| Box::pin(until_exit(w)),
+            Failpoints {
+                product_stock: Some("stock.order_cancelled.after_commit=1*exit".into()),
                 ..Failpoints::default()
             },
         ),

@@ -24,7 +24,7 @@ use crate::{
     domain::{Reservation, ReservationState, Sku, StockError},
     infra::{
         db,
-        gate::{PendingHold, RedisGate, RepairOutcome},
+        gate::{PendingHold, RedisGate, RepairOutcome, SettleOutcome},
         orders::{OrderPort, OrderState, OrdersUnavailable},
     },
 };
@@ -45,6 +45,47 @@ pub struct DriftReport {
 }
 
 const SETTLE_BATCH: usize = 500;
+
+/// How old a prepared release must be before the sweeper settles it: its own consumer finishes
+/// it within milliseconds of the commit.
+const RELEASE_GRACE_MS: i64 = 5_000;
+
+/// Settles the releases of `sku` prepared before `cutoff_ms` and not finished, by what the
+/// database says: a released reservation (or tombstone) is finished, anything else (the
+/// transaction rolled back and no retry came) is reverted. `txn` must hold the product's stock
+/// row lock: every release prepares under it and keeps it until its commit, so none of those
+/// seen here is still in flight. Returns how many were settled.
+pub(super) async fn settle_releases(
+    txn: &sea_orm::DatabaseTransaction,
+    gate: &RedisGate,
+    sku: &Sku,
+    cutoff_ms: i64,
+) -> Result<u64, StockError> {
+    let ids = gate
+        .releasing_older_than(sku.as_str(), cutoff_ms, SETTLE_BATCH)
+        .await
+        .map_err(gate_err)?;
+    let mut settled = 0;
+    for order_id in ids {
+        let released = db::reservation(txn, order_id, false)
+            .await?
+            .is_some_and(|r| r.state == ReservationState::Released);
+        let outcome = if released {
+            gate.finish_release(sku.as_str(), order_id).await
+        } else {
+            gate.revert_release(sku.as_str(), order_id).await
+        }
+        .map_err(gate_err)?;
+        if outcome != SettleOutcome::NothingPrepared {
+            settled += 1;
+            tracing::warn!(%sku, %order_id, ?outcome, "settled a release its consumer left prepared");
+        }
+    }
+    if settled > 0 {
+        metrics::counter!("flashsale_releases_settled_total").increment(settled);
+    }
+    Ok(settled)
+}
 
 /// What the sweeper does with an expired hold the database does not have, given what the order
 /// service said about its order.
@@ -165,6 +206,7 @@ impl Reconciler {
             .await?
             .ok_or_else(|| StockError::UnknownProduct(sku.to_string()))?;
         self.settle_holds(sku, i64::MAX).await?;
+        settle_releases(&txn, &self.gate, sku, i64::MAX).await?;
         let target = product.gate_target();
         let mut repaired = false;
         let snapshot = match self.gate.snapshot(sku.as_str()).await.map_err(gate_err)? {
@@ -377,12 +419,47 @@ impl Reconciler {
             );
             outbox::enqueue(&txn, &env).await?;
         }
+        // Units go back once the tombstone is committed (see `StockSaga`'s release); the stock
+        // row lock, taken after the insert as `order.created` does, serialises this with the
+        // settling of prepared releases.
+        db::product(&txn, sku, true).await?;
         self.gate
-            .release_unpersisted(sku.as_str(), hold.order_id)
+            .prepare_release_unpersisted(sku.as_str(), hold.order_id)
             .await
             .map_err(gate_err)?;
         txn.commit().await?;
+        self.gate
+            .finish_release(sku.as_str(), hold.order_id)
+            .await
+            .map_err(gate_err)?;
         Ok(true)
+    }
+
+    /// Settles, for every product, the releases prepared more than [`RELEASE_GRACE_MS`] ago
+    /// and not finished (their consumer died between its commit and the finish, or Redis
+    /// refused the finish and no redelivery came). Returns how many were settled.
+    pub async fn settle_stale_releases(&self) -> Result<u64, StockError> {
+        let cutoff = chrono::Utc::now()
+            .timestamp_millis()
+            .saturating_sub(RELEASE_GRACE_MS);
+        let mut total = 0;
+        for sku in db::all_skus(&self.db).await? {
+            let waiting = self
+                .gate
+                .releasing_older_than(sku.as_str(), cutoff, 1)
+                .await
+                .map_err(gate_err)?;
+            if waiting.is_empty() {
+                continue;
+            }
+            let txn = self.db.begin().await?;
+            if db::product(&txn, &sku, true).await?.is_none() {
+                continue;
+            }
+            total += settle_releases(&txn, &self.gate, &sku, cutoff).await?;
+            txn.commit().await?;
+        }
+        Ok(total)
     }
 
     /// One sweep over every product: settle holds older than `stock.hold_ttl_ms`. Returns how
@@ -393,6 +470,7 @@ impl Reconciler {
         let ttl = i64::try_from(self.hold_ttl_ms).unwrap_or(i64::MAX);
         let cutoff = chrono::Utc::now().timestamp_millis().saturating_sub(ttl);
         let (mut total, mut deferred) = (0, Vec::new());
+        self.settle_stale_releases().await?;
         for sku in db::all_skus(&self.db).await? {
             let settled = self.settle_holds(&sku, cutoff).await?;
             total += settled.expired;

@@ -223,7 +223,9 @@ impl StockSaga {
     ) -> Result<(), StockError> {
         let (order_id, sku) = parse_event_fields(&ev.order_id, &ev.sku, ev.quantity)?;
         let Some(txn) = self.claim(consumer, env).await? else {
-            return Ok(());
+            // Handled before: if that attempt committed and died before giving the units back
+            // (or Redis refused it then), this delivery finishes it; otherwise nothing happens.
+            return self.gate_finish_release(&sku, order_id).await;
         };
         let Some(r) = db::reservation(&txn, order_id, true).await? else {
             let policy = self
@@ -253,10 +255,17 @@ impl StockSaga {
                     .release_persisted(txn, env, &r, "order.cancelled")
                     .await;
             }
-            // Units held in the gate for an order the database never saw go straight back.
-            self.gate_release_unpersisted(&sku, order_id).await?;
+            // Units held in the gate for an order the database never saw go back once the
+            // tombstone is committed (see `release_persisted`); the stock row lock, taken after
+            // the insert as `order.created` does, lets the reconciler settle a release whose
+            // consumer died.
+            db::product(&txn, &sku, true).await?;
+            self.gate
+                .prepare_release_unpersisted(sku.as_str(), order_id)
+                .await
+                .map_err(gate_err)?;
             txn.commit().await?;
-            return Ok(());
+            return self.gate_finish_release(&sku, order_id).await;
         };
         self.release_persisted(txn, env, &r, "order.cancelled")
             .await
@@ -280,7 +289,7 @@ impl StockSaga {
             }
             (ReservationState::Released, _) => {
                 txn.commit().await?;
-                return Ok(());
+                return self.gate_finish_release(&r.sku, r.order_id).await;
             }
         };
         if !db::move_stock(&txn, &r.sku, on_hand_delta, reserved_delta).await? {
@@ -311,16 +320,22 @@ impl StockSaga {
             &envelope::caused_by(env, Payload::StockReleased(released), PRODUCER),
         )
         .await?;
-        // The gate follows inside the transaction, while the stock row is locked, so the
-        // reconciler (which takes that lock) never sees the database released and the gate not.
-        // If the commit then fails, the retry finds the gate record released already.
+        // The gate gives the units back only once the database has released them: prepared
+        // here, under the stock row lock, and finished after the commit. Were they given back
+        // before the commit and the commit failed (a lost connection, a crash), the gate would
+        // sell units the database still counts as reserved, and the buyer who took them would
+        // be cancelled OUT_OF_STOCK when their `order.created` met the database's CHECK. A
+        // consumer that dies between the commit and the finish is finished by the redelivery
+        // (see `on_order_cancelled`) or by the reconciler, which settles prepared releases
+        // under the same lock.
         self.gate
-            .release(r.sku.as_str(), r.order_id, &r.user_id, r.quantity)
+            .prepare_release(r.sku.as_str(), r.order_id, &r.user_id, r.quantity)
             .await
             .map_err(gate_err)?;
         failpoint(&self.failpoints, "stock.order_cancelled.before_commit").await?;
         txn.commit().await?;
-        Ok(())
+        failpoint(&self.failpoints, "stock.order_cancelled.after_commit").await?;
+        self.gate_finish_release(&r.sku, r.order_id).await
     }
 
     /// `CommitReservation`: at shipment, `on_hand -= q, reserved -= q`. Idempotent.
@@ -423,6 +438,14 @@ impl StockSaga {
     async fn gate_drop_hold(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
         self.gate
             .drop_hold(sku.as_str(), order_id)
+            .await
+            .map(drop)
+            .map_err(gate_err)
+    }
+
+    async fn gate_finish_release(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
+        self.gate
+            .finish_release(sku.as_str(), order_id)
             .await
             .map(drop)
             .map_err(gate_err)

@@ -14,11 +14,16 @@
 //! | `Pstock:{p:SKU}:pending` | sorted set | order id → reserve time (ms) of those holds |
 //! | `Pstock:{p:SKU}:users` | hash | user id → units bought through the gate, not released |
 //! | `Pstock:{p:SKU}:epoch` | string | bumped by every change that follows a database change |
+//! | `Pstock:{p:SKU}:refills` | string | bumped by every change that may give units back |
+//! | `Pstock:{p:SKU}:generation` | string | set afresh by every load (rebuild) |
+//! | `Pstock:{p:SKU}:releasing` | sorted set | order id → time (ms) of releases prepared, not settled |
 //! | `Pstock:{p:SKU}:o:<order id>` | hash, TTL | the order's record: `s` state, `q` qty, `u` user, `n` first answer |
 //! | `Pstock:{p:SKU}:adj:<request id>` | string, TTL | an applied restock / write-off |
 //!
-//! Order states: `H` held (not in the database yet), `P` persisted, `X` released, `L` / `I`
-//! refused (user limit / insufficient stock). One key per order rather than one hash of all
+//! Order states: `H` held (not in the database yet), `P` persisted, `B` being released (the
+//! database transaction releasing it is open or has just committed; `f` the state it came from,
+//! `g` the generation it was prepared in), `X` released, `L` / `I` refused (user limit /
+//! insufficient stock). One key per order rather than one hash of all
 //! orders keeps every hash small: up to `hash-max-listpack-entries` (512 on Debian's build) a
 //! hash is a flat list scanned on every access, and a reserve script was measured ~35% slower
 //! with 1,000 ids in one hash. Sold-out refusals are not recorded: a flood on a sold-out product
@@ -49,8 +54,8 @@ pub use keys::{
     validate_sku,
 };
 pub use outcome::{
-    AdjustOutcome, GateBuyers, GateError, GateSnapshot, LoadOutcome, PendingHold, RebuiltHold,
-    ReleaseOutcome, RepairOutcome, ReserveOutcome,
+    AdjustOutcome, GateBuyers, GateError, GateSnapshot, LoadOutcome, PendingHold, PrepareOutcome,
+    RebuiltHold, ReleaseFrom, ReleaseOutcome, RepairOutcome, ReserveOutcome, SettleOutcome,
 };
 pub use restart::{RunCheck, check_redis_run, on_connect};
 
@@ -63,6 +68,14 @@ static MARK_PERSISTED: LuaScript = LuaScript::new(
     include_str!("gate/lua/mark_persisted.lua"),
 );
 static RELEASE: LuaScript = LuaScript::new("release", include_str!("gate/lua/release.lua"));
+static PREPARE_RELEASE: LuaScript = LuaScript::new(
+    "prepare_release",
+    include_str!("gate/lua/prepare_release.lua"),
+);
+static SETTLE_RELEASE: LuaScript = LuaScript::new(
+    "settle_release",
+    include_str!("gate/lua/settle_release.lua"),
+);
 static ADJUST: LuaScript = LuaScript::new("adjust", include_str!("gate/lua/adjust.lua"));
 static LOAD: LuaScript = LuaScript::new("load", include_str!("gate/lua/load.lua"));
 static REPAIR: LuaScript = LuaScript::new("repair", include_str!("gate/lua/repair.lua"));
@@ -120,6 +133,8 @@ impl RedisGate {
             &RESERVE,
             &MARK_PERSISTED,
             &RELEASE,
+            &PREPARE_RELEASE,
+            &SETTLE_RELEASE,
             &ADJUST,
             &LOAD,
             &REPAIR,
@@ -377,6 +392,164 @@ impl RedisGate {
         self.run_release(sku, order_id, "-", 1, "drop").await
     }
 
+    /// The first half of a release that follows a database change, called inside the database
+    /// transaction that releases the order's reservation, under its stock row lock: the record
+    /// moves to "being released" and no units move yet. After the commit,
+    /// [`finish_release`](Self::finish_release) gives them back; if the transaction rolls back,
+    /// its retry prepares again (a no-op) and the reconciler reverts what no retry finishes.
+    /// Giving units back only after the commit keeps the gate from selling units the database
+    /// still counts as reserved. `user_id` and `qty` serve when the gate has no record.
+    pub async fn prepare_release(
+        &self,
+        sku: &str,
+        order_id: Uuid,
+        user_id: &str,
+        qty: i64,
+    ) -> Result<PrepareOutcome, GateError> {
+        validate_user(user_id)?;
+        validate_qty(qty)?;
+        self.run_prepare(sku, order_id, user_id, qty, "any").await
+    }
+
+    /// [`prepare_release`](Self::prepare_release) of a hold the database never got (H only):
+    /// for a tombstone written in the transaction. Anything else is `NothingHeld`.
+    pub async fn prepare_release_unpersisted(
+        &self,
+        sku: &str,
+        order_id: Uuid,
+    ) -> Result<PrepareOutcome, GateError> {
+        self.run_prepare(sku, order_id, "-", 1, "hold").await
+    }
+
+    async fn run_prepare(
+        &self,
+        sku: &str,
+        order_id: Uuid,
+        user_id: &str,
+        qty: i64,
+        mode: &str,
+    ) -> Result<PrepareOutcome, GateError> {
+        let k = self.keys(sku)?;
+        let keys = [k.avail(), k.order(order_id), k.releasing(), k.generation()];
+        let args = [
+            order_id.hyphenated().to_string(),
+            user_id.to_owned(),
+            qty.to_string(),
+            self.record_ttl_ms.clone(),
+            mode.to_owned(),
+            chrono::Utc::now().timestamp_millis().to_string(),
+        ];
+        let r = Reply::new(
+            PREPARE_RELEASE
+                .run(&mut *self.conn().await?, &keys, &args)
+                .await?,
+        )?;
+        match r.code()? {
+            "B" => Ok(PrepareOutcome::Prepared {
+                from: ReleaseFrom::parse(r.text(1)?)?,
+                qty: r.int(2)?,
+            }),
+            "X" => Ok(PrepareOutcome::AlreadyReleased),
+            "F" => Ok(PrepareOutcome::NothingHeld),
+            "N" => Ok(PrepareOutcome::NotLoaded),
+            other => Err(unknown_code("prepare_release", other)),
+        }
+    }
+
+    /// The second half of a release: the database has released the order's reservation, so
+    /// its units go back to the counter, once. Nothing happens if no release was prepared (or
+    /// it was settled already); a release prepared before the gate was rebuilt is settled
+    /// without moving units, since the rebuild counted them from the database.
+    pub async fn finish_release(
+        &self,
+        sku: &str,
+        order_id: Uuid,
+    ) -> Result<SettleOutcome, GateError> {
+        self.run_settle(sku, order_id, "finish").await
+    }
+
+    /// Undoes a prepared release whose database transaction rolled back and was not retried:
+    /// the record returns to the state it came from.
+    pub async fn revert_release(
+        &self,
+        sku: &str,
+        order_id: Uuid,
+    ) -> Result<SettleOutcome, GateError> {
+        self.run_settle(sku, order_id, "revert").await
+    }
+
+    async fn run_settle(
+        &self,
+        sku: &str,
+        order_id: Uuid,
+        mode: &str,
+    ) -> Result<SettleOutcome, GateError> {
+        let k = self.keys(sku)?;
+        let keys = [
+            k.avail(),
+            k.held(),
+            k.pending(),
+            k.users(),
+            k.order(order_id),
+            k.epoch(),
+            k.refills(),
+            k.releasing(),
+            k.generation(),
+        ];
+        let args = [
+            order_id.hyphenated().to_string(),
+            mode.to_owned(),
+            chrono::Utc::now().timestamp_millis().to_string(),
+        ];
+        let r = Reply::new(
+            SETTLE_RELEASE
+                .run(&mut *self.conn().await?, &keys, &args)
+                .await?,
+        )?;
+        match r.code()? {
+            "F" => Ok(SettleOutcome::NothingPrepared),
+            "S" => Ok(SettleOutcome::Stale {
+                from: ReleaseFrom::parse(r.text(1)?)?,
+            }),
+            "R" => Ok(SettleOutcome::Reverted {
+                from: ReleaseFrom::parse(r.text(1)?)?,
+            }),
+            code => Ok(SettleOutcome::Released {
+                from: ReleaseFrom::parse(code)?,
+                qty: r.int(1)?,
+                available: r.int(2)?,
+            }),
+        }
+    }
+
+    /// Orders of `sku` whose release was prepared before `cutoff_ms` and is not settled yet
+    /// (at most `limit`), oldest first.
+    pub async fn releasing_older_than(
+        &self,
+        sku: &str,
+        cutoff_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, GateError> {
+        let k = self.keys(sku)?;
+        let ids: Vec<String> = deadpool_redis::redis::cmd("ZRANGEBYSCORE")
+            .arg(k.releasing())
+            .arg("-inf")
+            .arg(cutoff_ms)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut *self.conn().await?)
+            .await
+            .map_err(script::redis_error)?;
+        ids.iter()
+            .map(|id| {
+                Uuid::parse_str(id).map_err(|_| {
+                    GateError::Script(format!("releasing set holds a bad order id {id:?}"))
+                })
+            })
+            .collect()
+    }
+
     async fn run_release(
         &self,
         sku: &str,
@@ -468,6 +641,8 @@ impl RedisGate {
             k.users(),
             k.epoch(),
             k.refills(),
+            k.releasing(),
+            k.generation(),
         ];
         for h in holds {
             validate_user(&h.user_id)?;
@@ -560,7 +735,7 @@ fn reserve_outcome(value: deadpool_redis::redis::Value) -> Result<ReserveOutcome
             "I" => ReserveOutcome::InsufficientStock {
                 available: r.int(2)?,
             },
-            "X" => ReserveOutcome::Released,
+            "X" | "B" => ReserveOutcome::Released,
             other => {
                 return Err(GateError::Script(format!(
                     "order record in unknown state {other:?}"

@@ -83,6 +83,81 @@ async fn reconcile_reports_drift_and_repairs_it() {
 }
 
 #[tokio::test]
+async fn reconcile_settles_releases_their_consumers_left_prepared() {
+    let app = spawn_app().await;
+    app.create("K9", 10, 0, RTC).await;
+    let mut c = app.client().await;
+    let (done, undone) = (Uuid::new_v4(), Uuid::new_v4());
+    for (order, user) in [(done, "u1"), (undone, "u2")] {
+        c.reserve_stock(service(reserve_req(order, user, "K9", 2)))
+            .await
+            .unwrap();
+        app.publish(created(order, user, "K9", 2), &order.to_string())
+            .await;
+    }
+    app.wait_count(
+        "SELECT COUNT(*) AS n FROM reservations WHERE state = 'RESERVED'",
+        2,
+    )
+    .await;
+    // Two releases were prepared in the gate: one committed in the database and its consumer
+    // died before finishing it, the other rolled back and was never retried.
+    app.gate.prepare_release("K9", done, "u1", 2).await.unwrap();
+    app.gate
+        .prepare_release("K9", undone, "u2", 2)
+        .await
+        .unwrap();
+    app.exec(&format!(
+        "UPDATE reservations SET state = 'RELEASED' WHERE order_id = '{done}'"
+    ))
+    .await;
+    app.exec("UPDATE stock SET reserved = reserved - 2 WHERE sku = 'K9'")
+        .await;
+    let gate = app.gate.snapshot("K9").await.unwrap().unwrap();
+    assert_eq!(gate.available, 6, "prepared releases move nothing");
+
+    let report = c
+        .reconcile_stock(admin(req(&["K9"], false)))
+        .await
+        .unwrap()
+        .into_inner()
+        .reports;
+    assert_eq!(
+        (report[0].gate_available, report[0].drift),
+        (8, 0),
+        "the committed release is finished, the other reverted: {report:?}"
+    );
+    assert!(
+        app.gate
+            .releasing_older_than("K9", i64::MAX, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The reverted order is still persisted: its real cancel gives its units back once.
+    app.publish(
+        crate::saga::cancelled(undone, "u2", "K9", 2),
+        &undone.to_string(),
+    )
+    .await;
+    app.wait_count(
+        "SELECT COUNT(*) AS n FROM reservations WHERE state = 'RELEASED'",
+        2,
+    )
+    .await;
+    flashsale_test_support::eventually(
+        std::time::Duration::from_secs(10),
+        "every unit back",
+        || async {
+            let s = app.gate.snapshot("K9").await.unwrap().unwrap();
+            (s.available == 10).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
 async fn reconcile_with_repair_reloads_a_lost_gate() {
     let app = spawn_app().await;
     app.create("K3", 7, 0, RTC).await;

@@ -315,6 +315,97 @@ async fn a_cancel_that_fails_after_the_gate_release_gives_the_units_back_once() 
 }
 
 #[tokio::test]
+async fn a_cancel_gives_nothing_to_the_gate_until_its_release_has_committed() {
+    let app = spawn_app().await;
+    app.create("G1", 1, 0, RTC).await;
+    let first = Uuid::new_v4();
+    gate_reserve(&app, first, "u1", "G1", 1).await;
+    app.publish(created(first, "u1", "G1", 1), &first.to_string())
+        .await;
+    app.wait_count(&state_sql(first, "RESERVED"), 1).await;
+    // The release's transaction stays open for a while: the database still counts the unit.
+    app.failpoints.arm_n(
+        "stock.order_cancelled.before_commit",
+        flashsale_platform::failpoint::Action::Sleep(std::time::Duration::from_millis(2000)),
+        Some(1),
+    );
+    app.publish(cancelled(first, "u1", "G1", 1), &first.to_string())
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert_eq!(app.count("SELECT reserved AS n FROM stock").await, 1);
+    let snap = app.gate.snapshot("G1").await.unwrap().unwrap();
+    assert_eq!(
+        (snap.available, snap.held),
+        (0, 0),
+        "the unit is still reserved in the database, so the gate must not sell it"
+    );
+    let second = Uuid::new_v4();
+    let early = app
+        .client()
+        .await
+        .reserve_stock(service(reserve_req(second, "u2", "G1", 1)))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&early), "SOLD_OUT");
+
+    app.wait_count(&state_sql(first, "RELEASED"), 1).await;
+    flashsale_test_support::eventually(
+        std::time::Duration::from_secs(10),
+        "the unit back in the gate",
+        || async {
+            let s = app.gate.snapshot("G1").await.unwrap().unwrap();
+            (s.available == 1).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    // The unit sells again, and the database takes that order.
+    gate_reserve(&app, second, "u2", "G1", 1).await;
+    app.publish(created(second, "u2", "G1", 1), &second.to_string())
+        .await;
+    app.wait_count(&state_sql(second, "RESERVED"), 1).await;
+    assert!(app.outbox_of("stock.reservation_failed").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_cancel_whose_consumer_dies_after_its_commit_gives_the_units_back_on_redelivery() {
+    let app = spawn_app().await;
+    app.create("G2", 5, 0, RTC).await;
+    let order = Uuid::new_v4();
+    gate_reserve(&app, order, "u1", "G2", 2).await;
+    app.publish(created(order, "u1", "G2", 2), &order.to_string())
+        .await;
+    app.wait_count(&state_sql(order, "RESERVED"), 1).await;
+    // The release commits, then the consumer fails before the gate gets the units back; the
+    // delivery is not acknowledged, and its redelivery finds the message handled.
+    app.failpoints.arm_n(
+        "stock.order_cancelled.after_commit",
+        flashsale_platform::failpoint::Action::Error,
+        Some(1),
+    );
+    app.publish(cancelled(order, "u1", "G2", 2), &order.to_string())
+        .await;
+    app.wait_count(&state_sql(order, "RELEASED"), 1).await;
+    flashsale_test_support::eventually(
+        std::time::Duration::from_secs(15),
+        "the units back in the gate",
+        || async {
+            let s = app.gate.snapshot("G2").await.unwrap().unwrap();
+            (s.available == 5).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    // Once: another delivery of the same cancel changes nothing.
+    app.publish(cancelled(order, "u1", "G2", 2), &order.to_string())
+        .await;
+    app.wait_count("SELECT COUNT(*) AS n FROM inbox", 3).await;
+    let snap = app.gate.snapshot("G2").await.unwrap().unwrap();
+    assert_eq!((snap.available, snap.held), (5, 0));
+    assert_eq!(app.outbox_of("stock.released").await.len(), 1);
+}
+
+#[tokio::test]
 async fn a_cancel_racing_its_create_releases_the_reservation_the_create_wrote() {
     let app = spawn_app().await;
     app.create("R1", 5, 0, RTC).await;

@@ -8,5 +8,6 @@ mod helpers;
 mod lifecycle;
 mod operations;
 mod pool;
+mod release;
 mod reserve;
 mod restart;

@@ -270,8 +270,8 @@ async fn forget_deletes_every_key_of_the_product_and_nothing_else() {
     let deleted = t.gate.forget(SKU).await.unwrap();
 
     assert_eq!(
-        deleted, 7,
-        "avail, held, users, epoch, refills, order record, adjustment marker"
+        deleted, 8,
+        "avail, held, users, epoch, refills, generation, order record, adjustment marker"
     );
     assert_eq!(t.gate.snapshot(SKU).await.unwrap(), None);
     let left = t.all_keys().await;

@@ -130,6 +130,19 @@ impl ProductKeys {
         self.part("refills")
     }
 
+    /// Sorted set: order id → prepare time (ms) of releases prepared (state `B`) and not yet
+    /// settled, for the reconciler to settle should their consumer die between commit and
+    /// finish.
+    pub fn releasing(&self) -> String {
+        self.part("releasing")
+    }
+
+    /// String: set afresh by every load, so a release prepared before a rebuild is known as
+    /// such (see `settle_release.lua`).
+    pub fn generation(&self) -> String {
+        self.part("generation")
+    }
+
     /// String with a TTL: while the product's gate is missing, the time (ms) before which it may
     /// not be rebuilt (see [`RedisGate::rebuild_not_before`](super::RedisGate::rebuild_not_before)).
     pub fn rebuild_after(&self) -> String {
@@ -183,6 +196,8 @@ mod tests {
             keys.users(),
             keys.epoch(),
             keys.refills(),
+            keys.releasing(),
+            keys.generation(),
             keys.order(Uuid::new_v4()),
             keys.adjustment("req-1"),
         ];

@@ -64,6 +64,64 @@ pub enum ReleaseOutcome {
     NotLoaded,
 }
 
+/// Where a release started: the state of the order's record when it was prepared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseFrom {
+    /// An unpersisted hold (its units are in `held`).
+    Hold,
+    /// A reservation the database holds.
+    Persisted,
+    /// No record (it expired, or the gate was rebuilt): treated as persisted, with the
+    /// caller's user and qty.
+    Unrecorded,
+}
+
+impl ReleaseFrom {
+    pub(super) fn parse(code: &str) -> Result<Self, GateError> {
+        match code {
+            "H" => Ok(Self::Hold),
+            "P" => Ok(Self::Persisted),
+            "M" => Ok(Self::Unrecorded),
+            other => Err(GateError::Script(format!(
+                "a release from unknown state {other:?}"
+            ))),
+        }
+    }
+}
+
+/// The answer to [`RedisGate::prepare_release`](super::RedisGate::prepare_release) and
+/// [`RedisGate::prepare_release_unpersisted`](super::RedisGate::prepare_release_unpersisted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrepareOutcome {
+    /// The record is marked "being released" (again, for a retry); no units moved yet.
+    Prepared { from: ReleaseFrom, qty: i64 },
+    /// Released before: nothing changed.
+    AlreadyReleased,
+    /// Nothing to release here (refused, or, for the hold-only call, persisted or unknown).
+    NothingHeld,
+    /// The gate has no counter for the product; nothing changed (the rebuild counts it).
+    NotLoaded,
+}
+
+/// The answer to [`RedisGate::finish_release`](super::RedisGate::finish_release) and
+/// [`RedisGate::revert_release`](super::RedisGate::revert_release).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SettleOutcome {
+    /// The units went back to the counter (`available` after).
+    Released {
+        from: ReleaseFrom,
+        qty: i64,
+        available: i64,
+    },
+    /// Prepared before the gate was rebuilt (or while it is missing): marked released without
+    /// moving units, which the rebuild counts from the database.
+    Stale { from: ReleaseFrom },
+    /// The record went back to the state it came from.
+    Reverted { from: ReleaseFrom },
+    /// No release was prepared for the order (or it was settled already).
+    NothingPrepared,
+}
+
 /// The answer to [`RedisGate::adjust`](super::RedisGate::adjust).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AdjustOutcome {

@@ -3,27 +3,29 @@
 -- yet persisted in the database come back as holds: their units stay out of `avail`, their
 -- buyers keep counting them, a replay answers with the order and `order.created` marks them
 -- persisted (docs/architecture.md#the-stock-model).
--- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 epoch, 6 refills, 7.. the held orders' records
+-- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 epoch, 6 refills, 7 releasing, 8 generation,
+--       9.. the held orders' records
 -- ARGV: 1 the database's figure (on_hand - reserved, or on_hand), 2 now ms, 3 record ttl ms,
 --       4 n, then n pairs of user id and units persisted,
---       then per held order (record KEYS[6 + j]) its order id, user id and qty
+--       then per held order (record KEYS[8 + j]) its order id, user id and qty
 -- Reply: {1, avail, held, clamped} loaded | {0} already loaded.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0}
 end
-redis.call('DEL', KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[7])
 local n = tonumber(ARGV[4])
 for i = 5, 4 + 2 * n, 2 do
   redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
 end
 -- A record that survived the loss and moved on (persisted, released, refused) is not a hold:
--- only a missing record or a hold is (re)written.
+-- only a missing record, a hold or a release that never committed (B: the order is still
+-- pending) is (re)written.
 local first = 5 + 2 * n
 local holds, held = {}, 0
-for j = 7, #KEYS do
-  local a = first + 3 * (j - 7)
+for j = 9, #KEYS do
+  local a = first + 3 * (j - 9)
   local s = redis.call('HGET', KEYS[j], 's')
-  if not s or s == 'H' then
+  if not s or s == 'H' or s == 'B' then
     holds[#holds + 1] = {KEYS[j], ARGV[a], ARGV[a + 1], ARGV[a + 2]}
     held = held + tonumber(ARGV[a + 2])
   end
@@ -47,6 +49,9 @@ local t = redis.call('TIME')
 local fresh = t[1] .. string.format('%06d', tonumber(t[2]))
 redis.call('SET', KEYS[5], fresh)
 redis.call('SET', KEYS[6], fresh)
+-- A new generation: a release prepared before this load is finished without moving units
+-- (settle_release.lua), since the database this load read had already released it.
+redis.call('SET', KEYS[8], fresh)
 redis.call('SET', KEYS[2], held)
 redis.call('SET', KEYS[1], avail)
 return {1, avail, held, clamped}
