@@ -135,6 +135,14 @@ impl Catalog {
         if !db::move_stock(&txn, &adj.sku, adj.delta, 0).await? {
             return Err(StockError::WriteOffBelowReserved);
         }
+        // The gate's generation, read under the stock row lock (a rebuild takes it too): the
+        // gate follows this adjustment only while it is still in this generation. Without Redis
+        // nothing is committed: the admin retries with the same request id.
+        let generation = self
+            .gate
+            .generation(adj.sku.as_str())
+            .await
+            .map_err(gate_err)?;
         let kind = if adj.delta > 0 {
             "RESTOCK"
         } else {
@@ -148,6 +156,7 @@ impl Catalog {
             on_hand,
             reserved: product.reserved,
             reason: adj.reason.clone(),
+            gate_generation: generation.clone(),
         };
         let env = envelope::new(
             Payload::StockAdjusted(event),
@@ -156,18 +165,29 @@ impl Catalog {
             PRODUCER,
         );
         outbox::enqueue(&txn, &env).await?;
-        // The gate follows under the stock row lock (see `StockSaga`'s release); when Redis is
-        // down the `stock.adjusted` event applies it later, once.
+        // A write-off leaves the gate first, under the lock: should the commit fail, the gate
+        // sells fewer units for a while, never more. A restock reaches the gate only after the
+        // commit (see `StockSaga`'s release): units the database does not have yet are never on
+        // sale. Either way the `stock.adjusted` event applies it later if this does not, once.
+        if adj.delta < 0 {
+            self.gate_follows(&adj, &generation).await;
+        }
+        failpoint(&self.failpoints, "stock.adjust.before_commit").await?;
+        txn.commit().await?;
+        if adj.delta > 0 {
+            self.gate_follows(&adj, &generation).await;
+        }
+        Ok((self.get_product(&adj.sku).await?, false))
+    }
+
+    async fn gate_follows(&self, adj: &Adjustment, generation: &str) {
         if let Err(e) = self
             .gate
-            .adjust(adj.sku.as_str(), &adj.request_id, adj.delta)
+            .adjust_in_generation(adj.sku.as_str(), &adj.request_id, adj.delta, generation)
             .await
         {
             tracing::warn!(error = %e, "gate not adjusted now; the stock.adjusted event will");
         }
-        failpoint(&self.failpoints, "stock.adjust.before_commit").await?;
-        txn.commit().await?;
-        Ok((self.get_product(&adj.sku).await?, false))
     }
 
     async fn replayed_adjustment(

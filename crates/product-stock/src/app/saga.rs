@@ -420,7 +420,7 @@ impl StockSaga {
             .await?
             .ok_or_else(|| StockError::invalid("sku", "stock.adjusted for an unknown product"))?;
         self.gate
-            .adjust(sku.as_str(), &ev.request_id, ev.delta)
+            .adjust_in_generation(sku.as_str(), &ev.request_id, ev.delta, &ev.gate_generation)
             .await
             .map_err(gate_err)?;
         txn.commit().await?;

@@ -1,7 +1,8 @@
--- Restock (+) or write-off (-) from a `stock.adjusted` event, once per request id.
--- KEYS: 1 avail, 2 the request's marker, 3 epoch, 4 refills
--- ARGV: 1 delta, 2 marker ttl ms
--- Reply: {'D'} seen before | {'N'} not loaded | {'A', applied, available, clamped}
+-- Restock (+) or write-off (-) from a `stock.adjusted` event, once per request id, and only in
+-- the gate generation the database change was committed in (a gate rebuilt since counted it).
+-- KEYS: 1 avail, 2 the request's marker, 3 epoch, 4 refills, 5 generation
+-- ARGV: 1 delta, 2 marker ttl ms, 3 expected generation ('' = any)
+-- Reply: {'D'} seen before | {'N'} not loaded | {'G'} rebuilt since | {'A', applied, available, clamped}
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {'D'}
 end
@@ -11,6 +12,10 @@ if not avail then
   -- redelivery after the rebuild from counting it twice.
   redis.call('SET', KEYS[2], 'N', 'PX', ARGV[2])
   return {'N'}
+end
+if ARGV[3] ~= '' and (redis.call('GET', KEYS[5]) or '') ~= ARGV[3] then
+  redis.call('SET', KEYS[2], 'G', 'PX', ARGV[2])
+  return {'G'}
 end
 avail = tonumber(avail)
 local delta = tonumber(ARGV[1])
