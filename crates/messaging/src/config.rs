@@ -365,6 +365,83 @@ mod tests {
         assert_eq!(both.validate(), Ok(()));
     }
 
+    /// A service's settings with just the `[amqp]` section.
+    #[derive(Debug, Deserialize, Serialize)]
+    struct Service {
+        amqp: AmqpConfig,
+    }
+
+    impl flashsale_platform::config::Validate for Service {
+        fn validate(&self, prefix: &str) -> Result<(), ConfigError> {
+            self.amqp
+                .validate()
+                .map_err(|e| flashsale_platform::config::prefixed(prefix, &e))
+        }
+    }
+
+    fn load(toml: &str, env: &[(&str, &str)]) -> Result<Service, ConfigError> {
+        let dir = std::env::temp_dir().join(format!("fs-amqp-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("default.toml"), toml).unwrap();
+        let env = config::Environment::with_prefix("FLASHSALE")
+            .prefix_separator("_")
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(
+                env.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ));
+        let defaults = Service {
+            amqp: AmqpConfig::default(),
+        };
+        let loaded = flashsale_platform::config::load_from("svc", &defaults, &dir, None, env);
+        let _ = std::fs::remove_dir_all(&dir);
+        loaded
+    }
+
+    #[test]
+    fn urls_load_from_a_toml_list_or_a_comma_separated_environment_variable() {
+        let s = load(
+            "[svc.amqp]\nurls = [\"amqp://a:5672/%2f\", \"amqp://b:5672/%2f\"]\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            s.amqp.nodes(),
+            vec!["amqp://a:5672/%2f", "amqp://b:5672/%2f"]
+        );
+        let s = load(
+            "",
+            &[(
+                "FLASHSALE_SVC__AMQP__URLS",
+                "amqp://a:5672/%2f,amqp://b:5673/%2f,amqp://c:5674/%2f",
+            )],
+        )
+        .unwrap();
+        assert_eq!(s.amqp.nodes().len(), 3);
+        assert_eq!(s.amqp.nodes()[2], "amqp://c:5674/%2f");
+        let s = load("", &[("FLASHSALE_SVC__AMQP__URL", "amqp://one:5672/%2f")]).unwrap();
+        assert_eq!(s.amqp.nodes(), vec!["amqp://one:5672/%2f"]);
+        let e = load("", &[("FLASHSALE_SVC__AMQP__URLS", "amqp://a/,redis://b/")]).unwrap_err();
+        assert!(e.to_string().contains("svc.amqp.urls[1]"), "{e}");
+    }
+
+    #[test]
+    fn the_shipped_config_files_amqp_sections_load() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
+        for service in ["product_stock", "order", "outbound"] {
+            let defaults = Service {
+                amqp: AmqpConfig::default(),
+            };
+            let env =
+                config::Environment::with_prefix("FLASHSALE").source(Some(Default::default()));
+            let s = flashsale_platform::config::load_from(service, &defaults, &dir, None, env)
+                .unwrap_or_else(|e| panic!("{service}: {e}"));
+            assert_eq!(s.amqp.nodes(), vec![DEFAULT_URL.to_owned()], "{service}");
+        }
+    }
+
     #[test]
     fn bad_urls_are_named() {
         let nodes = |urls: &[&str]| -> Vec<String> { urls.iter().map(|u| (*u).into()).collect() };
@@ -444,6 +521,18 @@ mod tests {
         };
         let shown = format!("{c:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
+        let cluster = AmqpConfig {
+            urls: vec![
+                "amqp://user:s3cret@a/".into(),
+                "amqp://user:s3cret@b/".into(),
+            ],
+            ..AmqpConfig::default()
+        };
+        let shown = format!("{cluster:?}");
+        assert!(
+            !shown.contains("s3cret") && shown.contains("@b/"),
+            "{shown}"
+        );
         assert!(shown.contains("user"), "{shown}");
         let err = bad(|c| c.url = "ftp://user:s3cret@host/".into());
         assert!(!err.contains("s3cret"), "{err}");

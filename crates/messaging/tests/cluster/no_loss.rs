@@ -29,7 +29,10 @@ async fn killing_the_node_leading_a_queue_mid_sale_loses_no_confirmed_message() 
     assert_eq!(before.members.len(), 3, "{before:?}");
     // RabbitMQ starts a quorum queue's leader on the node that declared it: killing the leader
     // also cuts the service's connection, so the relay and the consumer must fail over too.
-    assert_eq!(leader, home, "the queue is led by the service's node: {before:?}");
+    assert_eq!(
+        leader, home,
+        "the queue is led by the service's node: {before:?}"
+    );
 
     let tally = Tally::default();
     let consumer = Consumer::new(
