@@ -118,3 +118,82 @@ async fn a_connection_fails_over_to_a_surviving_node_when_its_node_dies() {
     consumer.stop().await;
     subscriber.stop().await;
 }
+
+#[tokio::test]
+async fn a_consumer_on_a_surviving_node_keeps_consuming_when_its_queue_leader_dies() {
+    let mut cluster = RabbitCluster::start().await.unwrap();
+    let config = config(&cluster);
+    let t = QueueTopology::new(&config, "follower", &[keys::ORDER_CREATED]);
+    let declarer = Broker::connect(config.clone()).await.unwrap();
+    t.declare(&declarer.channel().await.unwrap()).await.unwrap();
+    declarer.close().await;
+    let leader = cluster
+        .quorum_queue(t.queue())
+        .await
+        .unwrap()
+        .leader
+        .unwrap();
+    // The consumer's and the publisher's connections go to the other two nodes only.
+    let survivors = flashsale_messaging::AmqpConfig {
+        urls: (0..cluster.len())
+            .filter(|i| *i != leader)
+            .map(|i| cluster.url(i))
+            .collect(),
+        ..config.clone()
+    };
+    let broker = Broker::connect(survivors).await.unwrap();
+    let node = broker.node_url().unwrap();
+
+    let consumed: Arc<Mutex<Vec<String>>> = Arc::default();
+    let rec = consumed.clone();
+    let consumer = Consumer::new(&broker, t.clone(), move |m: Incoming| {
+        rec.lock().unwrap().push(m.envelope.correlation_id.clone());
+        async { Ok(()) }
+    });
+    let consumer = Running::spawn(|s| consumer.run(s));
+    let has = |id: &str| consumed.lock().unwrap().iter().any(|c| c == id);
+    let publisher = Publisher::new(&broker);
+    publisher
+        .publish_envelope(&order_created("before"))
+        .await
+        .unwrap();
+    eventually(WAIT, "the first message", || async {
+        has("before").then_some(())
+    })
+    .await
+    .unwrap();
+
+    let killed_at = Instant::now();
+    cluster.kill(leader).await.unwrap();
+    eventually(WAIT, "a confirmed publish after the election", || async {
+        publisher
+            .publish_envelope(&order_created("after"))
+            .await
+            .ok()
+    })
+    .await
+    .unwrap();
+    eventually(
+        WAIT,
+        "the consumer to get the message published after",
+        || async { has("after").then_some(()) },
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "leader node {leader} killed; the consumer on node {:?} got a new message {:?} later",
+        cluster.index_of(&node),
+        killed_at.elapsed()
+    );
+    assert_eq!(
+        broker.node_url(),
+        Some(node),
+        "the connection never had to move"
+    );
+    let placement = cluster.quorum_queue(t.queue()).await.unwrap();
+    assert!(
+        placement.leader.is_some_and(|l| l != leader),
+        "{placement:?}"
+    );
+    consumer.stop().await;
+}
