@@ -5,7 +5,8 @@
 //! node 0 with `rabbitmqctl stop_app; join_cluster; start_app`. The shared broker
 //! (`rabbit@<host>` on 5672) is never touched; epmd is shared with it.
 //!
-//! Dropping the value kills every node and removes its files. Starting takes tens of seconds
+//! [`RabbitCluster::kill`] SIGKILLs one node's Erlang VM; [`RabbitCluster::restart`] starts it
+//! again on its data. Dropping the value kills every node and removes its files. Starting takes tens of seconds
 //! (three Erlang VMs and two joins on a small machine): [`RabbitCluster::started_in`] says how
 //! long.
 
@@ -260,6 +261,23 @@ impl RabbitCluster {
         Ok(())
     }
 
+    /// Starts killed node `i` again on its data (it rejoins the cluster by itself) and waits
+    /// until the cluster lists it running.
+    pub async fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(self.is_killed(i), "node {i} is running");
+        self.spawn_node(i)?;
+        wait_port(self.nodes[i].port, NODE_START, &self.nodes[i].name).await?;
+        let name = self.nodes[i].name.clone();
+        let deadline = tokio::time::Instant::now() + NODE_START;
+        while !self.running_nodes().await?.contains(&name) {
+            if tokio::time::Instant::now() >= deadline {
+                bail!("{name} did not rejoin the cluster within {NODE_START:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Ok(())
+    }
+
     /// A node that has not been killed, to ask the cluster questions.
     fn live_node(&self) -> anyhow::Result<&str> {
         self.nodes
@@ -280,7 +298,7 @@ impl RabbitCluster {
         Ok(strings(&json["running_nodes"]))
     }
 
-    /// The leader and the members of quorum queue `queue` (in vhost `/`) as node indexes; the
+    /// The leader, the members and the running members of quorum queue `queue` (in vhost `/`) as node indexes; the
     /// leader is `None` while an election runs.
     pub async fn quorum_queue(&self, queue: &str) -> anyhow::Result<QuorumQueue> {
         let node = self.live_node()?.to_owned();
@@ -297,6 +315,7 @@ impl RabbitCluster {
                     "type",
                     "leader",
                     "members",
+                    "online",
                 ],
             )
             .await?;
@@ -311,11 +330,17 @@ impl RabbitCluster {
             "queue {queue} is not a quorum queue: {row}"
         );
         let leader = row["leader"].as_str().and_then(|l| self.index_of(l));
-        let members = strings(&row["members"])
-            .iter()
-            .filter_map(|m| self.index_of(m))
-            .collect();
-        Ok(QuorumQueue { leader, members })
+        let nodes = |key: &str| {
+            strings(&row[key])
+                .iter()
+                .filter_map(|m| self.index_of(m))
+                .collect()
+        };
+        Ok(QuorumQueue {
+            leader,
+            members: nodes("members"),
+            online: nodes("online"),
+        })
     }
 
     /// Runs `rabbitmqctl -n <node> <args>` (as the `rabbitmq` user, with the cluster's cookie)
@@ -358,6 +383,8 @@ pub struct QuorumQueue {
     pub leader: Option<usize>,
     /// The nodes holding a replica.
     pub members: Vec<usize>,
+    /// The members whose replica runs.
+    pub online: Vec<usize>,
 }
 
 /// The strings of a JSON array (empty for anything else).

@@ -115,6 +115,25 @@ async fn a_connection_fails_over_to_a_surviving_node_when_its_node_dies() {
     );
     // The broadcast queue died with its node; the subscriber declared a new one and said so.
     assert_eq!(*subscriptions.lock().unwrap(), 2);
+
+    // The node comes back on its data and its replica of the work queue runs again.
+    cluster.restart(dead).await.unwrap();
+    eventually(WAIT, "the restarted node's replica online", || async {
+        let q = cluster.quorum_queue(t.queue()).await.ok()?;
+        q.online.contains(&dead).then_some(())
+    })
+    .await
+    .unwrap();
+    publisher
+        .publish_envelope(&order_created("back"))
+        .await
+        .unwrap();
+    eventually(WAIT, "a message after the node came back", || async {
+        (has(&consumed, "back") && has(&heard, "back")).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(broker.node_url(), Some(now_on), "no move back needed");
     consumer.stop().await;
     subscriber.stop().await;
 }
