@@ -13,6 +13,7 @@ pub mod decode;
 pub mod error;
 pub mod failpoint;
 pub mod grpc;
+pub mod lease;
 pub mod limit;
 pub mod metrics;
 pub mod pressure;
