@@ -275,12 +275,22 @@ impl World {
         // product-stock asks the order service about orders (its hold sweeper, a gate rebuild)
         // and starts first: the order service's port is chosen now.
         let order_port = crate::servers::free_port()?;
+        // With replicas, product-stock spreads its questions over both order replicas.
+        let two = wiring.replicas;
+        let order_port_2 = if two {
+            Some(crate::servers::free_port()?)
+        } else {
+            None
+        };
+        let order_urls_for_stock = std::iter::once(order_port)
+            .chain(order_port_2)
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
         let mut ps = common(&ps_urls);
         ps.extend([
-            (
-                "ORDER_SERVICE__URL".into(),
-                format!("http://127.0.0.1:{order_port}"),
-            ),
+            ("ORDER_SERVICE__URL".into(), order_urls_for_stock),
+            ("ORDER_SERVICE__REFRESH_MS".into(), "500".into()),
             ("REDIS__URL".into(), ps_redis),
             ("REDIS__KEY_PREFIX".into(), gate_prefix.clone()),
             (
@@ -289,7 +299,6 @@ impl World {
             ),
             ("STOCK__SWEEP_INTERVAL_MS".into(), "500".into()),
         ]);
-        let two = wiring.replicas;
         let mut replicas = Vec::new();
         let mut product_stock = Service::new(Kind::ProductStock, &dir.0, &ps)?;
         if two {
@@ -333,8 +342,8 @@ impl World {
             ("SAGA__STOCK_CALL_TIMEOUT_MS".into(), "1000".into()),
         ]);
         let mut order = Service::on_port(Kind::Order, &dir.0, &os, order_port)?;
-        if two {
-            let mut second = Service::new(Kind::Order, &dir.0, &os)?.labelled(2);
+        if let Some(port) = order_port_2 {
+            let mut second = Service::on_port(Kind::Order, &dir.0, &os, port)?.labelled(2);
             let (a, b) = tokio::join!(order.start(fp.order.as_deref()), second.start(None));
             a?;
             b?;

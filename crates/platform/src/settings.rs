@@ -423,34 +423,43 @@ impl Default for UpstreamSettings {
 /// Most URLs one upstream list may hold.
 const MAX_UPSTREAM_URLS: usize = 64;
 
-impl Validate for UpstreamSettings {
-    fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        let key = format!("{p}.product_stock_url");
-        let urls = self.product_stock_urls();
-        if urls.len() > MAX_UPSTREAM_URLS {
+/// Checks a comma-separated list of one or more distinct `http`/`https` URLs (an upstream's
+/// replicas, [`crate::balance`]).
+pub fn check_url_list(key: &str, list: &str) -> Result<(), ConfigError> {
+    let urls = crate::balance::split_urls(list);
+    if urls.len() > MAX_UPSTREAM_URLS {
+        return Err(ConfigError::invalid(
+            key,
+            format!("at most {MAX_UPSTREAM_URLS} URLs"),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for url in urls {
+        if url.is_empty() {
+            return Err(ConfigError::invalid(key, "an empty URL in the list"));
+        }
+        check_url(key, url, &["http", "https"])?;
+        if !seen.insert(url) {
             return Err(ConfigError::invalid(
-                &key,
-                format!("at most {MAX_UPSTREAM_URLS} URLs"),
+                key,
+                format!("`{url}` is listed twice"),
             ));
         }
-        let mut seen = std::collections::BTreeSet::new();
-        for url in urls {
-            if url.is_empty() {
-                return Err(ConfigError::invalid(&key, "an empty URL in the list"));
-            }
-            check_url(&key, url, &["http", "https"])?;
-            if !seen.insert(url) {
-                return Err(ConfigError::invalid(
-                    &key,
-                    format!("`{url}` is listed twice"),
-                ));
-            }
-        }
-        check_range(
+    }
+    Ok(())
+}
+
+/// Checks how often an upstream's names are resolved again: 100 ms to 10 minutes.
+pub fn check_refresh_ms(key: &str, value: u64) -> Result<(), ConfigError> {
+    check_range(key, value, 100, 600_000)
+}
+
+impl Validate for UpstreamSettings {
+    fn validate(&self, p: &str) -> Result<(), ConfigError> {
+        check_url_list(&format!("{p}.product_stock_url"), &self.product_stock_url)?;
+        check_refresh_ms(
             &format!("{p}.product_stock_refresh_ms"),
             self.product_stock_refresh_ms,
-            100,
-            600_000,
         )
     }
 }
