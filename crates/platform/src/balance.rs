@@ -82,8 +82,13 @@ impl Target {
         Ok(found.collect())
     }
 
-    fn endpoint(&self, addr: SocketAddr, timeout: Duration) -> anyhow::Result<Endpoint> {
-        let url = format!("{}://{addr}", self.scheme);
+    /// The endpoint of `key`: one of its addresses, or the URL itself (resolved by tonic when it
+    /// connects).
+    fn endpoint(&self, key: &Key, timeout: Duration) -> anyhow::Result<Endpoint> {
+        let url = match key {
+            Key::Addr(addr) => format!("{}://{addr}", self.scheme),
+            Key::Url(_) => self.origin.to_string(),
+        };
         let mut endpoint = Endpoint::from_shared(url.clone())
             .with_context(|| format!("endpoint {url}"))?
             .origin(self.origin.clone())
@@ -99,11 +104,19 @@ impl Target {
     }
 }
 
+/// Where calls may go: an address a target resolved to, or (while no name has resolved yet)
+/// the target's URL as configured.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Key {
+    Addr(SocketAddr),
+    Url(usize),
+}
+
 /// A channel over every replica behind `urls` (see the module docs), re-resolved and probed
-/// every `refresh` by a task that ends when the channel is dropped. Calls made before the first
-/// resolution wait for it (at most a few seconds). `https://` URLs are reached over TLS with
-/// `tls`, their certificate checked against the URL's host, never in plain text. Must be called
-/// inside a Tokio runtime.
+/// every `refresh` by a task that ends when the channel is dropped. A name that does not
+/// resolve keeps the addresses it had; until any name has resolved, calls go to the URLs as
+/// given. `https://` URLs are reached over TLS with `tls`, their certificate checked against
+/// the URL's host, never in plain text. Must be called inside a Tokio runtime.
 pub fn channel(
     urls: &[&str],
     refresh: Duration,
@@ -115,35 +128,42 @@ pub fn channel(
         .iter()
         .map(|u| Target::parse(u, tls))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let (channel, tx) = Channel::balance_channel::<SocketAddr>(64);
+    let (channel, tx) = Channel::balance_channel::<Key>(64);
     tokio::spawn(async move {
-        let mut current: BTreeSet<SocketAddr> = BTreeSet::new();
+        let mut last: Vec<Vec<SocketAddr>> = vec![Vec::new(); targets.len()];
+        let mut current: BTreeSet<Key> = BTreeSet::new();
         loop {
-            let found = discover(&targets).await;
-            let chosen = choose(&found);
-            for (addr, (target, _)) in &found {
-                if chosen.contains(addr) && !current.contains(addr) {
-                    match target.endpoint(*addr, timeout) {
-                        Ok(e) => {
-                            if tx.send(Change::Insert(*addr, e)).await.is_err() {
-                                return;
-                            }
-                            tracing::info!(upstream = %target.origin, %addr, "upstream replica added");
-                            current.insert(*addr);
+            let found = discover(&targets, &mut last).await;
+            let wanted: BTreeMap<Key, usize> = if found.is_empty() {
+                (0..targets.len()).map(|i| (Key::Url(i), i)).collect()
+            } else {
+                choose(&found)
+                    .into_iter()
+                    .filter_map(|a| Some((Key::Addr(a), found.get(&a)?.0)))
+                    .collect()
+            };
+            for (key, &i) in &wanted {
+                if current.contains(key) {
+                    continue;
+                }
+                match targets[i].endpoint(key, timeout) {
+                    Ok(e) => {
+                        if tx.send(Change::Insert(key.clone(), e)).await.is_err() {
+                            return;
                         }
-                        Err(e) => {
-                            tracing::warn!(error = format!("{e:#}"), "upstream replica skipped")
-                        }
+                        tracing::info!(upstream = %targets[i].origin, ?key, "upstream replica added");
+                        current.insert(key.clone());
                     }
+                    Err(e) => tracing::warn!(error = format!("{e:#}"), "upstream replica skipped"),
                 }
             }
-            for addr in current.clone() {
-                if !chosen.contains(&addr) {
-                    if tx.send(Change::Remove(addr)).await.is_err() {
+            for key in current.clone() {
+                if !wanted.contains_key(&key) {
+                    if tx.send(Change::Remove(key.clone())).await.is_err() {
                         return;
                     }
-                    tracing::info!(%addr, "upstream replica removed");
-                    current.remove(&addr);
+                    tracing::info!(?key, "upstream replica removed");
+                    current.remove(&key);
                 }
             }
             tokio::select! {
@@ -155,18 +175,22 @@ pub fn channel(
     Ok(channel)
 }
 
-/// What a round of resolution found: each address, the target naming it, and whether it
-/// accepted a connection.
-async fn discover(targets: &[Target]) -> BTreeMap<SocketAddr, (Target, bool)> {
+/// What a round of resolution found: each address, the index of the target naming it, and
+/// whether it accepted a connection. A target whose name does not resolve this round keeps the
+/// addresses of its last resolution (`last`).
+async fn discover(
+    targets: &[Target],
+    last: &mut [Vec<SocketAddr>],
+) -> BTreeMap<SocketAddr, (usize, bool)> {
     let mut found = BTreeMap::new();
-    for target in targets {
+    for (i, target) in targets.iter().enumerate() {
         match target.resolve().await {
-            Ok(addrs) => {
-                for addr in addrs {
-                    found.entry(addr).or_insert_with(|| (target.clone(), false));
-                }
-            }
+            Ok(addrs) if !addrs.is_empty() => last[i] = addrs,
+            Ok(_) => tracing::warn!(upstream = %target.origin, "upstream resolved to no address"),
             Err(e) => tracing::warn!(error = format!("{e:#}"), "upstream not resolved"),
+        }
+        for addr in &last[i] {
+            found.entry(*addr).or_insert((i, false));
         }
     }
     let probes = found.keys().map(|addr| async move {
@@ -220,6 +244,25 @@ mod tests {
             ["http://a:1", "http://b:2"]
         );
         assert_eq!(split_urls("http://a:1"), ["http://a:1"]);
+    }
+
+    #[tokio::test]
+    async fn calls_to_a_name_that_never_resolves_fail_unavailable_instead_of_waiting() {
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let channel = channel(
+            &["http://no-such-host.invalid:50051"],
+            Duration::from_millis(100),
+            Duration::from_secs(2),
+            &GrpcTlsSettings::default(),
+        )
+        .unwrap();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(20),
+            HealthClient::new(channel).check(HealthCheckRequest::default()),
+        )
+        .await
+        .expect("the call came back");
+        assert_eq!(answer.unwrap_err().code(), tonic::Code::Unavailable);
     }
 
     #[tokio::test]
