@@ -130,7 +130,16 @@ pub struct Clients {
     keys: Arc<JwtKeys>,
 }
 
+/// A channel to `url`, or over every replica when it lists several (comma-separated).
 fn lazy(url: &str) -> anyhow::Result<Channel> {
+    if url.contains(',') {
+        return flashsale_platform::balance::channel(
+            &flashsale_platform::balance::split_urls(url),
+            Duration::from_millis(500),
+            CALL_TIMEOUT,
+            &Default::default(),
+        );
+    }
     Ok(tonic::transport::Endpoint::from_shared(url.to_owned())
         .with_context(|| format!("parse {url}"))?
         .connect_timeout(CALL_TIMEOUT)

@@ -8,6 +8,7 @@
 pub mod check;
 pub mod driver;
 pub mod proxy;
+pub mod replicas;
 pub mod scenario;
 pub mod servers;
 pub mod services;

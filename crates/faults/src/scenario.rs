@@ -53,6 +53,8 @@ pub const ALL: &[&str] = &[
     "net_cut_to_broker",
     "sigstop_order",
     "sigstop_outbound",
+    "two_replicas",
+    "replica_kill",
 ];
 
 /// How long a gate hold may wait for its order to be persisted when a scenario wants a broker
@@ -162,7 +164,11 @@ pub struct World {
     pub product_stock: Service,
     pub order: Service,
     pub outbound: Service,
-    /// Between order and product-stock.
+    /// A second replica of each service, in that order (scenarios that run two); the first
+    /// replicas are the fields above.
+    pub replicas: Vec<Service>,
+    /// Between order and product-stock (unused when there are replicas: order then spreads
+    /// its calls over both product-stock replicas directly).
     pub proxy: Proxy,
     /// Between each service and each server it uses (only when the scenario asked for them).
     pub links: Vec<Link>,
@@ -192,6 +198,8 @@ pub struct Wiring {
     pub failpoints: Failpoints,
     /// Every service reaches PostgreSQL, Redis and RabbitMQ through a proxy of its own.
     pub links: bool,
+    /// Two replicas of every service, each pair started at the same moment on a fresh database.
+    pub replicas: bool,
 }
 
 impl World {
@@ -267,12 +275,22 @@ impl World {
         // product-stock asks the order service about orders (its hold sweeper, a gate rebuild)
         // and starts first: the order service's port is chosen now.
         let order_port = crate::servers::free_port()?;
+        // With replicas, product-stock spreads its questions over both order replicas.
+        let two = wiring.replicas;
+        let order_port_2 = if two {
+            Some(crate::servers::free_port()?)
+        } else {
+            None
+        };
+        let order_urls_for_stock = std::iter::once(order_port)
+            .chain(order_port_2)
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
         let mut ps = common(&ps_urls);
         ps.extend([
-            (
-                "ORDER_SERVICE__URL".into(),
-                format!("http://127.0.0.1:{order_port}"),
-            ),
+            ("ORDER_SERVICE__URL".into(), order_urls_for_stock),
+            ("ORDER_SERVICE__REFRESH_MS".into(), "500".into()),
             ("REDIS__URL".into(), ps_redis),
             ("REDIS__KEY_PREFIX".into(), gate_prefix.clone()),
             (
@@ -281,9 +299,28 @@ impl World {
             ),
             ("STOCK__SWEEP_INTERVAL_MS".into(), "500".into()),
         ]);
+        let mut replicas = Vec::new();
         let mut product_stock = Service::new(Kind::ProductStock, &dir.0, &ps)?;
-        product_stock.start(fp.product_stock.as_deref()).await?;
+        if two {
+            let mut second = Service::new(Kind::ProductStock, &dir.0, &ps)?.labelled(2);
+            let (a, b) = tokio::join!(
+                product_stock.start(fp.product_stock.as_deref()),
+                second.start(None)
+            );
+            a?;
+            b?;
+            replicas.push(second);
+        } else {
+            product_stock.start(fp.product_stock.as_deref()).await?;
+        }
         let proxy = Proxy::start(product_stock.port).await?;
+        // With replicas, order and outbound reach both product-stock replicas and spread their
+        // calls (`upstream.product_stock_url` lists both).
+        let stock_urls = std::iter::once(&product_stock)
+            .chain(replicas.first())
+            .map(Service::url)
+            .collect::<Vec<_>>()
+            .join(",");
 
         let provider_port = crate::servers::free_port()?;
         let mut os = common(&order_urls);
@@ -292,7 +329,11 @@ impl World {
                 "PAYMENT__PROVIDER_URL".into(),
                 format!("http://127.0.0.1:{provider_port}"),
             ),
-            ("UPSTREAM__PRODUCT_STOCK_URL".into(), proxy.url()),
+            (
+                "UPSTREAM__PRODUCT_STOCK_URL".into(),
+                if two { stock_urls.clone() } else { proxy.url() },
+            ),
+            ("UPSTREAM__PRODUCT_STOCK_REFRESH_MS".into(), "500".into()),
             (
                 "SAGA__PAYMENT_TIMEOUT_MS".into(),
                 PAYMENT_TIMEOUT_MS.to_string(),
@@ -301,17 +342,34 @@ impl World {
             ("SAGA__STOCK_CALL_TIMEOUT_MS".into(), "1000".into()),
         ]);
         let mut order = Service::on_port(Kind::Order, &dir.0, &os, order_port)?;
-        order.start(fp.order.as_deref()).await?;
+        if let Some(port) = order_port_2 {
+            let mut second = Service::on_port(Kind::Order, &dir.0, &os, port)?.labelled(2);
+            let (a, b) = tokio::join!(order.start(fp.order.as_deref()), second.start(None));
+            a?;
+            b?;
+            replicas.push(second);
+        } else {
+            order.start(fp.order.as_deref()).await?;
+        }
 
         let mut ob = common(&outbound_urls);
         ob.extend([
-            ("UPSTREAM__PRODUCT_STOCK_URL".into(), product_stock.url()),
+            ("UPSTREAM__PRODUCT_STOCK_URL".into(), stock_urls),
+            ("UPSTREAM__PRODUCT_STOCK_REFRESH_MS".into(), "500".into()),
             ("SHIPPING__STUCK_AFTER_MS".into(), "5000".into()),
             ("SHIPPING__SWEEP_INTERVAL_MS".into(), "1000".into()),
             ("SHIPPING__COMMIT_TIMEOUT_MS".into(), "1000".into()),
         ]);
         let mut outbound = Service::new(Kind::Outbound, &dir.0, &ob)?;
-        outbound.start(fp.outbound.as_deref()).await?;
+        if two {
+            let mut second = Service::new(Kind::Outbound, &dir.0, &ob)?.labelled(2);
+            let (a, b) = tokio::join!(outbound.start(fp.outbound.as_deref()), second.start(None));
+            a?;
+            b?;
+            replicas.push(second);
+        } else {
+            outbound.start(fp.outbound.as_deref()).await?;
+        }
 
         let sku = format!("FAULT-{}", &tag[2..]);
         let stores = Stores {
@@ -343,6 +401,7 @@ impl World {
             product_stock,
             order,
             outbound,
+            replicas,
             proxy,
             links,
             tap,
@@ -355,18 +414,34 @@ impl World {
         })
     }
 
+    /// The sale's clients; with replicas, buyers' calls are spread over both order replicas.
     pub fn clients(&self) -> anyhow::Result<Clients> {
+        let urls = |kind: Kind, first: &Service| {
+            std::iter::once(first)
+                .chain(self.replicas.iter().filter(|r| r.kind == kind))
+                .map(Service::url)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         Clients::new(
-            &self.order.url(),
-            &self.product_stock.url(),
+            &urls(Kind::Order, &self.order),
+            &urls(Kind::ProductStock, &self.product_stock),
             &format!("http://127.0.0.1:{}", self.sale.provider_port),
         )
+    }
+
+    /// Every service process, first replicas first.
+    pub fn services(&self) -> impl Iterator<Item = &Service> {
+        [&self.product_stock, &self.order, &self.outbound]
+            .into_iter()
+            .chain(self.replicas.iter())
     }
 
     /// Restarts (without failpoints) every service whose process has ended.
     pub async fn revive(&mut self) -> anyhow::Result<u32> {
         let mut n = 0;
-        for s in [&mut self.product_stock, &mut self.order, &mut self.outbound] {
+        let firsts = [&mut self.product_stock, &mut self.order, &mut self.outbound];
+        for s in firsts.into_iter().chain(self.replicas.iter_mut()) {
             if s.exited() {
                 s.start(None).await?;
                 n += 1;
@@ -383,9 +458,8 @@ impl World {
     }
 
     pub fn logs(&self) -> String {
-        [&self.product_stock, &self.order, &self.outbound]
-            .iter()
-            .map(|s| format!("--- {} ---\n{}", s.kind.name(), s.log_tail()))
+        self.services()
+            .map(|s| format!("--- {} ---\n{}", s.label(), s.log_tail()))
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -434,6 +508,8 @@ struct Plan {
     failpoints: Failpoints,
     /// Proxies between every service and every server.
     links: bool,
+    /// Two replicas of every service.
+    replicas: bool,
     /// Delay after the flood starts before the fault.
     at: Duration,
     inject: Inject,
@@ -445,6 +521,7 @@ fn plan(name: &str) -> Option<Plan> {
         own_broker: false,
         failpoints: Failpoints::default(),
         links: false,
+        replicas: false,
         at: Duration::from_millis(1500),
         inject,
     };
@@ -620,6 +697,14 @@ fn plan(name: &str) -> Option<Plan> {
         },
         "sigstop_order" => base(|w| Box::pin(sigstop_service(w, Kind::Order))),
         "sigstop_outbound" => base(|w| Box::pin(sigstop_service(w, Kind::Outbound))),
+        "two_replicas" => Plan {
+            replicas: true,
+            ..base(|_| Box::pin(async { Ok(0) }))
+        },
+        "replica_kill" => Plan {
+            replicas: true,
+            ..base(|w| Box::pin(replica_kill(w)))
+        },
         "fp_order_after_batch_write" => Plan {
             failpoints: Failpoints {
                 order: Some("order.create.after_batch_write=1*exit".into()),
@@ -642,6 +727,7 @@ pub async fn run(name: &str, seed: u64, broker: Option<&SharedBroker>) -> anyhow
     let wiring = Wiring {
         failpoints: p.failpoints.clone(),
         links: p.links,
+        replicas: p.replicas,
     };
     let mut w = World::start(name, seed, p.size, broker, wiring).await?;
     let clients = w.clients()?;
@@ -670,6 +756,11 @@ pub(crate) async fn conclude(
     started: Instant,
 ) -> anyhow::Result<Figures> {
     let (converged, converge_ms) = quiesce(w, fault_over).await;
+    if !w.replicas.is_empty() {
+        // Only where no replica was stopped must every one of them have worked.
+        let undisturbed = w.services().all(|s| s.restarts == 0);
+        crate::replicas::shares(w, undisturbed).await;
+    }
     let mut f = check::figures(&w.stores, seen, w.sale.units, w.adjusted).await?;
     f.dup_delivered = w.tap.duplicates();
     f.poison = poison;
@@ -686,7 +777,7 @@ pub(crate) async fn conclude(
         seen.gave_up,
         seen.retried,
         seen.paid.len(),
-        w.product_stock.restarts + w.order.restarts + w.outbound.restarts,
+        w.services().map(|s| s.restarts).sum::<u32>(),
         started.elapsed().as_secs()
     );
     if !f.pass() {
@@ -702,6 +793,23 @@ async fn order_sigkill(w: &mut World) -> anyhow::Result<u64> {
     w.order.kill().await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     w.order.start(None).await?;
+    Ok(0)
+}
+
+/// With two replicas of each service: the first replica of every service SIGKILLed at the same
+/// moment; the second ones carry the sale alone for 3 s, then the killed ones start again (as
+/// their pods would be restarted).
+async fn replica_kill(w: &mut World) -> anyhow::Result<u64> {
+    anyhow::ensure!(
+        w.replicas.len() == 3,
+        "replica_kill needs two replicas of each service"
+    );
+    tokio::join!(w.product_stock.kill(), w.order.kill(), w.outbound.kill());
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    w.notes.push("killed=product-stock,order,outbound".into());
+    w.product_stock.start(None).await?;
+    w.order.start(None).await?;
+    w.outbound.start(None).await?;
     Ok(0)
 }
 

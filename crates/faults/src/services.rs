@@ -43,12 +43,16 @@ impl Kind {
 pub struct Service {
     pub kind: Kind,
     pub port: u16,
+    /// Where it answers `GET /metrics`.
+    pub metrics_port: u16,
     exe: PathBuf,
     env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<Child>,
     /// Started more than once (a scenario restarted it).
     pub restarts: u32,
+    /// Which replica of its service (1 unless a scenario runs several).
+    pub replica: u32,
 }
 
 impl Service {
@@ -78,6 +82,7 @@ impl Service {
             );
         }
         let key = kind.env_key();
+        let metrics_port = free_port()?;
         let config_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
         let mut env = vec![
             (
@@ -91,7 +96,7 @@ impl Service {
             ),
             (
                 format!("FLASHSALE_{key}__METRICS__ADDR"),
-                format!("127.0.0.1:{}", free_port()?),
+                format!("127.0.0.1:{metrics_port}"),
             ),
         ];
         env.extend(
@@ -102,12 +107,29 @@ impl Service {
         Ok(Self {
             kind,
             port,
+            metrics_port,
             exe,
             env,
             log: dir.join(format!("{}.log", kind.name())),
             child: None,
             restarts: 0,
+            replica: 1,
         })
+    }
+
+    /// The same service as replica `n` (its own log file).
+    pub fn labelled(mut self, n: u32) -> Self {
+        self.replica = n;
+        self.log.set_file_name(format!("{}.log", self.label()));
+        self
+    }
+
+    /// Its name, with its replica number when it is not the first.
+    pub fn label(&self) -> String {
+        match self.replica {
+            1 => self.kind.name().to_owned(),
+            n => format!("{}-{n}", self.kind.name()),
+        }
     }
 
     pub fn url(&self) -> String {
@@ -155,14 +177,14 @@ impl Service {
             {
                 bail!(
                     "{} exited ({status}) before SERVING:\n{}",
-                    self.kind.name(),
+                    self.label(),
                     self.log_tail()
                 );
             }
             if tokio::time::Instant::now() >= deadline {
                 bail!(
                     "{} did not become SERVING within {timeout:?}:\n{}",
-                    self.kind.name(),
+                    self.label(),
                     self.log_tail()
                 );
             }
@@ -202,6 +224,33 @@ impl Service {
         if let Some(pid) = self.pid() {
             signal(pid, "CONT");
         }
+    }
+
+    /// The sum of every sample of the counters named `names` (any labels) on its `/metrics`
+    /// since it last started; `None` when it does not answer.
+    pub async fn counters(&self, names: &[&str]) -> Option<f64> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let scrape = async {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await?;
+            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                .await?;
+            let mut body = String::new();
+            s.read_to_string(&mut body).await?;
+            Ok::<_, std::io::Error>(body)
+        };
+        let body = tokio::time::timeout(Duration::from_secs(5), scrape)
+            .await
+            .ok()?
+            .ok()?;
+        Some(
+            body.lines()
+                .filter(|l| {
+                    let name = l.split(['{', ' ']).next().unwrap_or_default();
+                    names.contains(&name)
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum(),
+        )
     }
 
     /// The last lines of its log.

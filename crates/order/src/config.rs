@@ -400,7 +400,7 @@ mod tests {
 
     #[test]
     fn bad_saga_values_name_their_key() {
-        let cases: [Case; 19] = [
+        let cases: [Case; 23] = [
             ("order.saga.payment_timeout_ms", |s| {
                 s.saga.payment_timeout_ms = 0
             }),
@@ -432,6 +432,18 @@ mod tests {
             }),
             ("order.upstream.product_stock_url", |s| {
                 s.upstream.product_stock_url = "ftp://x".into()
+            }),
+            ("order.upstream.product_stock_url", |s| {
+                s.upstream.product_stock_url = "http://a:1, http://b:1,".into()
+            }),
+            ("order.upstream.product_stock_url", |s| {
+                s.upstream.product_stock_url = "http://a:1,https://b:1,http://a:1".into()
+            }),
+            ("order.upstream.product_stock_refresh_ms", |s| {
+                s.upstream.product_stock_refresh_ms = 99
+            }),
+            ("order.upstream.product_stock_refresh_ms", |s| {
+                s.upstream.product_stock_refresh_ms = 600_001
             }),
             ("order.limits.create_order_per_sec", |s| {
                 s.limits.create_order_per_sec = MAX_RATE + 1

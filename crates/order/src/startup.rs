@@ -54,7 +54,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         ServiceToken::new(keys, "order").map_err(|e| anyhow::anyhow!("mint service token: {e}"))?,
     );
     let stock = GrpcStock::new(
-        &settings.upstream.product_stock_url,
+        &settings.upstream,
         &settings.grpc.tls,
         token,
         Duration::from_millis(settings.saga.stock_call_timeout_ms),

@@ -169,7 +169,7 @@ mod tests {
     #[test]
     fn bad_shipping_and_warehouse_values_name_their_key() {
         type Case = (&'static str, fn(&mut Settings));
-        let cases: [Case; 5] = [
+        let cases: [Case; 7] = [
             ("outbound.shipping.max_attempts", |s| {
                 s.shipping.max_attempts = 0
             }),
@@ -184,6 +184,12 @@ mod tests {
             }),
             ("outbound.upstream.product_stock_url", |s| {
                 s.upstream.product_stock_url = "nope".into()
+            }),
+            ("outbound.upstream.product_stock_url", |s| {
+                s.upstream.product_stock_url = "http://a:1,,http://b:1".into()
+            }),
+            ("outbound.upstream.product_stock_refresh_ms", |s| {
+                s.upstream.product_stock_refresh_ms = 0
             }),
         ];
         assert!(Settings::default().validate(SERVICE_KEY).is_ok());

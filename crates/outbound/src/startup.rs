@@ -47,7 +47,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
             .map_err(|e| anyhow::anyhow!("mint service token: {e}"))?,
     );
     let stock = GrpcCommitter::new(
-        &settings.upstream.product_stock_url,
+        &settings.upstream,
         &settings.grpc.tls,
         token,
         Duration::from_millis(settings.shipping.commit_timeout_ms),

@@ -108,7 +108,8 @@ impl Runner {
     }
 }
 
-/// What every service builds first: its database (created if missing, migrated), the auth
+/// What every service builds first: its database (created if missing, migrated under the
+/// service's migration lock, so replicas starting together never race), the auth
 /// interceptor, and the bound listeners.
 pub struct Foundation {
     pub db: sea_orm::DatabaseConnection,
@@ -127,9 +128,7 @@ impl Foundation {
         // Keys first: a service that would refuse every token must not start at all.
         let verifier = crate::auth::Verifier::from_settings(auth, service)?;
         let db = crate::db::connect(database).await?;
-        M::up(&db, None)
-            .await
-            .map_err(|e| anyhow::anyhow!("migrate {service} database: {e}"))?;
+        crate::db::migrate::<M>(&db, service).await?;
         let runner = Runner::bind(grpc, metrics).await?;
         Ok(Self {
             db,

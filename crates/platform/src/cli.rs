@@ -62,14 +62,9 @@ pub async fn migrate<M: MigratorTrait>(
     database: &DatabaseSettings,
 ) -> anyhow::Result<()> {
     let db = crate::db::connect(database).await?;
-    let result = async {
-        let pending = M::get_pending_migrations(&db).await?.len();
-        M::up(&db, None).await?;
-        Ok::<_, sea_orm::DbErr>(pending)
-    }
-    .await;
+    let result = crate::db::migrate::<M>(&db, service).await;
     db.close().await.ok();
-    let applied = result.map_err(|e| anyhow::anyhow!("migrate {service} database: {e}"))?;
+    let applied = result?;
     println!("{service}: database migrated ({applied} migrations applied)");
     Ok(())
 }

@@ -64,13 +64,73 @@ async fn ensure_database(url: &str) -> anyhow::Result<()> {
             .await
         {
             Ok(_) => tracing::info!(database = %name, "created database"),
-            // Another replica may have created it at the same moment.
-            Err(e) if e.to_string().contains("already exists") => {}
+            // Another replica may have created it at the same moment: it then exists already
+            // (42P04) or its catalog row appears under ours (23505).
+            Err(e) if created_meanwhile(&e) => {}
             Err(e) => return Err(e).context("create database"),
         }
     }
     admin.close().await.ok();
     Ok(())
+}
+
+fn created_meanwhile(e: &sea_orm::DbErr) -> bool {
+    use sea_orm::{DbErr, RuntimeErr, sqlx::Error};
+    match e {
+        DbErr::Exec(RuntimeErr::SqlxError(s)) | DbErr::Query(RuntimeErr::SqlxError(s)) => {
+            matches!(s.as_ref(), Error::Database(d) if matches!(d.code().as_deref(), Some("42P04" | "23505")))
+        }
+        _ => false,
+    }
+}
+
+/// How long a replica waits for another one's migrations before giving up.
+const WAIT_FOR_MIGRATION_LOCK: &str = "SET lock_timeout = '300s'";
+
+/// Applies the migrations `M` has not applied yet while holding `service`'s migration lock, and
+/// returns how many it applied. Replicas starting together take turns: the first migrates, the
+/// others wait (at most five minutes), then find nothing pending. The lock is a session-level
+/// advisory lock on a connection of its own, taken out of the pool, so it is never left behind
+/// on a pooled connection; if this process dies, the server drops the session and the lock.
+pub async fn migrate<M: sea_orm_migration::MigratorTrait>(
+    db: &DatabaseConnection,
+    service: &str,
+) -> anyhow::Result<usize> {
+    use sea_orm::sqlx;
+    let key = format!("flashsale/migrate/{service}");
+    let mut lock = db
+        .get_postgres_connection_pool()
+        .acquire()
+        .await
+        .context("take a connection for the migration lock")?
+        .detach();
+    let locked = async {
+        sqlx::query(WAIT_FOR_MIGRATION_LOCK)
+            .execute(&mut lock)
+            .await?;
+        sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
+            .bind(&key)
+            .execute(&mut lock)
+            .await
+    }
+    .await;
+    if let Err(e) = locked {
+        sea_orm::sqlx::Connection::close(lock).await.ok();
+        return Err(e).with_context(|| format!("take the migration lock of {service}"));
+    }
+    let result = async {
+        let pending = M::get_pending_migrations(db).await?.len();
+        M::up(db, None).await?;
+        Ok::<_, sea_orm::DbErr>(pending)
+    }
+    .await;
+    // Closing the session releases the lock too; unlocking first says so at once.
+    let _ = sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+        .bind(&key)
+        .execute(&mut lock)
+        .await;
+    sea_orm::sqlx::Connection::close(lock).await.ok();
+    result.map_err(|e| anyhow::anyhow!("migrate {service} database: {e}"))
 }
 
 /// A multi-row `INSERT … VALUES (…), (…)` for PostgreSQL: each row's values become numbered

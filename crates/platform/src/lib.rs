@@ -5,6 +5,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod balance;
 pub mod batch;
 pub mod cli;
 pub mod config;
@@ -13,6 +14,7 @@ pub mod decode;
 pub mod error;
 pub mod failpoint;
 pub mod grpc;
+pub mod lease;
 pub mod limit;
 pub mod metrics;
 pub mod pressure;

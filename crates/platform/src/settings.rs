@@ -392,26 +392,75 @@ impl Validate for TelemetrySettings {
 /// `upstream.*`: other services this one calls.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct UpstreamSettings {
-    /// The product-stock gRPC endpoint.
+    /// The product-stock gRPC endpoint: one URL, or several separated by commas. Each URL's host
+    /// is resolved to all its addresses (a headless Service names every ready pod) and calls
+    /// are spread over those that answer ([`crate::balance`]).
     pub product_stock_url: String,
+    /// How often the product-stock URLs are resolved again and their addresses probed.
+    pub product_stock_refresh_ms: u64,
+}
+
+impl UpstreamSettings {
+    /// The product-stock URLs, trimmed.
+    pub fn product_stock_urls(&self) -> Vec<&str> {
+        crate::balance::split_urls(&self.product_stock_url)
+    }
+
+    pub fn product_stock_refresh(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.product_stock_refresh_ms)
+    }
 }
 
 impl Default for UpstreamSettings {
     fn default() -> Self {
         Self {
             product_stock_url: "http://127.0.0.1:50051".into(),
+            product_stock_refresh_ms: 2_000,
         }
     }
 }
 
+/// Most URLs one upstream list may hold.
+const MAX_UPSTREAM_URLS: usize = 64;
+
+/// Checks a comma-separated list of one or more distinct `http`/`https` URLs (an upstream's
+/// replicas, [`crate::balance`]).
+pub fn check_url_list(key: &str, list: &str) -> Result<(), ConfigError> {
+    let urls = crate::balance::split_urls(list);
+    if urls.len() > MAX_UPSTREAM_URLS {
+        return Err(ConfigError::invalid(
+            key,
+            format!("at most {MAX_UPSTREAM_URLS} URLs"),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for url in urls {
+        if url.is_empty() {
+            return Err(ConfigError::invalid(key, "an empty URL in the list"));
+        }
+        check_url(key, url, &["http", "https"])?;
+        if !seen.insert(url) {
+            return Err(ConfigError::invalid(
+                key,
+                format!("`{url}` is listed twice"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks how often an upstream's names are resolved again: 100 ms to 10 minutes.
+pub fn check_refresh_ms(key: &str, value: u64) -> Result<(), ConfigError> {
+    check_range(key, value, 100, 600_000)
+}
+
 impl Validate for UpstreamSettings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        check_url(
-            &format!("{p}.product_stock_url"),
-            &self.product_stock_url,
-            &["http", "https"],
+        check_url_list(&format!("{p}.product_stock_url"), &self.product_stock_url)?;
+        check_refresh_ms(
+            &format!("{p}.product_stock_refresh_ms"),
+            self.product_stock_refresh_ms,
         )
-        .map(drop)
     }
 }
 
@@ -473,4 +522,39 @@ pub fn validate_common(
     database.validate(&format!("{p}.database"))?;
     auth.validate(&format!("{p}.auth"))?;
     telemetry.validate(&format!("{p}.telemetry"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_product_stock_urls_are_accepted_and_bad_lists_name_the_key() {
+        let list = UpstreamSettings {
+            product_stock_url: "http://stock-0:50051, https://stock.ns.svc:50051".into(),
+            ..UpstreamSettings::default()
+        };
+        assert!(list.validate("order.upstream").is_ok());
+        assert_eq!(
+            list.product_stock_urls(),
+            ["http://stock-0:50051", "https://stock.ns.svc:50051"]
+        );
+        for bad in [
+            "",
+            "http://a:1,",
+            "http://a:1,ftp://b:1",
+            "http://a:1,http://a:1",
+        ] {
+            let s = UpstreamSettings {
+                product_stock_url: bad.into(),
+                ..UpstreamSettings::default()
+            };
+            let e = s.validate("order.upstream").map_err(|e| e.to_string());
+            assert!(
+                e.as_ref()
+                    .is_err_and(|e| e.contains("order.upstream.product_stock_url")),
+                "{bad:?}: {e:?}"
+            );
+        }
+    }
 }

@@ -4,10 +4,10 @@
 
 use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
-    config::{ConfigError, Validate, check_range, check_url},
+    config::{ConfigError, Validate, check_range},
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
-        RedisSettings, TelemetrySettings, validate_common,
+        RedisSettings, TelemetrySettings, check_refresh_ms, check_url_list, validate_common,
     },
 };
 use serde::{Deserialize, Serialize};
@@ -105,10 +105,13 @@ impl Validate for StockSettings {
 /// orders (docs/architecture.md#operations).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct OrderServiceSettings {
-    /// The order service's gRPC endpoint.
+    /// The order service's gRPC endpoint, or several separated by commas; calls are spread over
+    /// every replica they resolve to ([`flashsale_platform::balance`]).
     pub url: String,
     /// Deadline of one call to the order service.
     pub timeout_ms: u64,
+    /// How often the URLs' names are resolved again and their addresses probed.
+    pub refresh_ms: u64,
 }
 
 impl Default for OrderServiceSettings {
@@ -116,14 +119,16 @@ impl Default for OrderServiceSettings {
         Self {
             url: "http://127.0.0.1:50052".into(),
             timeout_ms: 3_000,
+            refresh_ms: 2_000,
         }
     }
 }
 
 impl Validate for OrderServiceSettings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        check_url(&format!("{p}.url"), &self.url, &["http", "https"])?;
-        check_range(&format!("{p}.timeout_ms"), self.timeout_ms, 10, 60_000)
+        check_url_list(&format!("{p}.url"), &self.url)?;
+        check_range(&format!("{p}.timeout_ms"), self.timeout_ms, 10, 60_000)?;
+        check_refresh_ms(&format!("{p}.refresh_ms"), self.refresh_ms)
     }
 }
 
@@ -188,7 +193,7 @@ mod tests {
     #[test]
     fn bad_stock_and_redis_values_name_their_key() {
         type Case = (&'static str, fn(&mut Settings));
-        let cases: [Case; 12] = [
+        let cases: [Case; 16] = [
             ("product_stock.stock.max_quantity", |s| {
                 s.stock.max_quantity = 0
             }),
@@ -223,6 +228,18 @@ mod tests {
             }),
             ("product_stock.order_service.timeout_ms", |s| {
                 s.order_service.timeout_ms = 60_001
+            }),
+            ("product_stock.order_service.url", |s| {
+                s.order_service.url = "http://a:1,,http://b:1".into()
+            }),
+            ("product_stock.order_service.url", |s| {
+                s.order_service.url = "http://a:1, http://a:1".into()
+            }),
+            ("product_stock.order_service.refresh_ms", |s| {
+                s.order_service.refresh_ms = 0
+            }),
+            ("product_stock.order_service.refresh_ms", |s| {
+                s.order_service.refresh_ms = 600_001
             }),
         ];
         for (key, mutate) in cases {

@@ -38,12 +38,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         ServiceToken::new(keys, "product-stock")
             .map_err(|e| anyhow::anyhow!("mint service token: {e}"))?,
     );
-    let orders = GrpcOrders::new(
-        &settings.order_service.url,
-        &settings.grpc.tls,
-        token,
-        Duration::from_millis(settings.order_service.timeout_ms),
-    )?;
+    let orders = GrpcOrders::new(&settings.order_service, &settings.grpc.tls, token)?;
     build_with_orders(settings, failpoints, Arc::new(orders)).await
 }
 

@@ -170,3 +170,82 @@ async fn server_tls_settings_that_cannot_work_are_refused_naming_the_key() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_balanced_channel_reaches_every_tls_replica_by_its_name_and_goes_on_when_one_stops() {
+    use flashsale_platform::balance;
+    let pki = Pki::new("grpc-ca").unwrap();
+    let own = pki.service("product-stock").unwrap();
+    let server_tls = GrpcTlsSettings {
+        cert_file: own.cert_path(),
+        key_file: own.key_path(),
+        client_ca_file: pki.ca_path(),
+        ..GrpcTlsSettings::default()
+    };
+    let (a, stop_a) = server(server_tls.clone()).await;
+    let (b, _stop_b) = server(server_tls).await;
+    let client = pki.client("order").unwrap();
+    let client_tls = GrpcTlsSettings {
+        ca_file: pki.ca_path(),
+        client_cert_file: client.cert_path(),
+        client_key_file: client.key_path(),
+        ..GrpcTlsSettings::default()
+    };
+    // `localhost` resolves to loopback addresses; the certificate is checked against the name
+    // in the URL although the channel connects to each address.
+    let urls = [
+        format!("https://localhost:{a}"),
+        format!("https://localhost:{b}"),
+    ];
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let check = |tls: GrpcTlsSettings| {
+        let channel = balance::channel(
+            &urls,
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(5),
+            &tls,
+        )
+        .unwrap();
+        async move {
+            HealthClient::new(channel)
+                .check(HealthCheckRequest::default())
+                .await
+                .map(drop)
+        }
+    };
+    for _ in 0..10 {
+        check(client_tls.clone()).await.unwrap();
+    }
+    // Another CA's view of the same servers: refused, never answered in plain text.
+    let stranger = Pki::new("stranger").unwrap();
+    let refused = check(GrpcTlsSettings {
+        ca_file: stranger.ca_path(),
+        ..client_tls.clone()
+    })
+    .await;
+    assert!(refused.is_err());
+
+    // One stops; the same channel settles on the other.
+    let channel = balance::channel(
+        &urls,
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(5),
+        &client_tls,
+    )
+    .unwrap();
+    let mut health = HealthClient::new(channel);
+    health.check(HealthCheckRequest::default()).await.unwrap();
+    drop(stop_a);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut in_a_row = 0;
+    while in_a_row < 10 {
+        assert!(tokio::time::Instant::now() < deadline, "never settled");
+        match health.check(HealthCheckRequest::default()).await {
+            Ok(_) => in_a_row += 1,
+            Err(_) => {
+                in_a_row = 0;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
+}

@@ -545,3 +545,64 @@ async fn a_relay_that_yields_still_publishes_within_its_max_lag_during_an_endles
     y.consumer.stop().await;
     assert_eq!(received.all(), vec!["despite-the-burst".to_owned()]);
 }
+
+#[tokio::test]
+async fn relays_of_two_replicas_over_one_outbox_publish_every_row_exactly_once() {
+    let (tdb, db) = database().await;
+    let amqp = Amqp::new(config()).await;
+    let t = amqp.topology("two-relays", &[keys::ORDER_CREATED]).await;
+    let received = Recorder::default();
+    let seen = received.clone();
+    let consumer = Consumer::new(&amqp.broker, t.clone(), move |m: Incoming| {
+        seen.push(m.envelope.correlation_id.clone());
+        async { Ok(()) }
+    });
+    let consumer = Running::spawn(|s| consumer.run(s));
+
+    // Two replicas: each its own pool and its own relay, both woken by every commit.
+    let options = RelayOptions {
+        batch_size: 7,
+        batches_in_flight: 2,
+        ..RelayOptions::default()
+    };
+    let mut relays = Vec::new();
+    for pool in [db.clone(), tdb.connect().await.unwrap()] {
+        let relay = OutboxRelay::new(&pool, Publisher::new(&amqp.broker))
+            .unwrap()
+            .with_options(options.clone());
+        relays.push(Running::spawn(|s| relay.run(s)));
+    }
+    // Rows committed while both relays run, in small transactions, as the services write them.
+    let expected: BTreeSet<String> = (0..200).map(|i| format!("row-{i:03}")).collect();
+    let ids: Vec<&String> = expected.iter().collect();
+    for chunk in ids.chunks(5) {
+        let txn = db.begin().await.unwrap();
+        for id in chunk {
+            outbox::enqueue(&txn, &order_created(id)).await.unwrap();
+        }
+        txn.commit().await.unwrap();
+    }
+    eventually(WAIT, "every row to arrive", || async {
+        (received.len() >= expected.len()).then_some(())
+    })
+    .await
+    .unwrap();
+    // Time for a duplicate to show up, were one published.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for relay in relays {
+        relay.stop().await;
+    }
+    consumer.stop().await;
+
+    let got = received.all();
+    assert_eq!(got.len(), expected.len(), "a row was published twice");
+    assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), expected);
+    assert_eq!(
+        scalar(
+            &db,
+            "SELECT count(*) AS n FROM outbox WHERE published_at IS NOT NULL AND attempts = 1"
+        )
+        .await,
+        200
+    );
+}

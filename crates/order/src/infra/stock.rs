@@ -4,7 +4,7 @@
 use std::{sync::Arc, time::Duration};
 
 use flashsale_platform::batch::Batcher;
-use flashsale_platform::{auth::ServiceToken, tls::GrpcTlsSettings};
+use flashsale_platform::{auth::ServiceToken, settings::UpstreamSettings, tls::GrpcTlsSettings};
 use flashsale_proto::product::v1::{
     GetGateBuyersRequest, ReserveStockBatchRequest, ReserveStockRequest,
     product_stock_service_client::ProductStockServiceClient,
@@ -102,16 +102,21 @@ const MAX_BATCH: usize = 128;
 const PARALLEL_BATCHES: usize = 2;
 
 impl GrpcStock {
-    /// A lazily connecting client of `url` (the order service starts even if product-stock is
-    /// not up yet; calls then fail `UNAVAILABLE`), over TLS with `tls` for an `https://` URL.
+    /// A client of every product-stock replica behind `upstream.product_stock_url`, balanced
+    /// ([`flashsale_platform::balance`]); it connects lazily (the order service starts even if
+    /// product-stock is not up yet; calls then fail `UNAVAILABLE`), over TLS with `tls` for
+    /// `https://` URLs. Must be called inside a Tokio runtime.
     pub fn new(
-        url: &str,
+        upstream: &UpstreamSettings,
         tls: &GrpcTlsSettings,
         token: Arc<ServiceToken>,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let client = ProductStockServiceClient::new(flashsale_platform::grpc::lazy_channel(
-            url, timeout, tls,
+        let client = ProductStockServiceClient::new(flashsale_platform::balance::channel(
+            &upstream.product_stock_urls(),
+            upstream.product_stock_refresh(),
+            timeout,
+            tls,
         )?);
         let (c, t) = (client.clone(), token.clone());
         let batch = Batcher::spawn(

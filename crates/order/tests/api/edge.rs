@@ -87,7 +87,10 @@ async fn a_poisoned_order_beside_forty_concurrent_buyers_fails_alone_and_gives_i
     let keys = JwtKeys::from_settings(&auth, "test").unwrap();
     let token = Arc::new(ServiceToken::new(keys, "order").unwrap());
     let stock = GrpcStock::new(
-        &format!("http://127.0.0.1:{}", app.stock_port),
+        &flashsale_platform::settings::UpstreamSettings {
+            product_stock_url: format!("http://127.0.0.1:{}", app.stock_port),
+            ..Default::default()
+        },
         &flashsale_platform::tls::GrpcTlsSettings::default(),
         token,
         Duration::from_secs(5),

@@ -259,9 +259,44 @@ pub fn create_req(request_id: &str, sku: &str, quantity: i64) -> CreateOrderRequ
     }
 }
 
+/// Another replica of a [`TestApp`]'s order service: same database, queues and upstream; its
+/// own ports. Stops when dropped.
+pub struct Replica {
+    pub grpc_port: u16,
+    shutdown: Shutdown,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+    }
+}
+
+impl Replica {
+    pub async fn client(&self) -> Client {
+        OrderServiceClient::new(channel(self.grpc_port).await.unwrap())
+    }
+}
+
 // === impl TestApp ===
 
 impl TestApp {
+    /// A second replica of this order service.
+    pub async fn spawn_replica(&self) -> Replica {
+        let mut settings = self.settings.clone();
+        settings.grpc.addr = "127.0.0.1:0".into();
+        settings.metrics.addr = "127.0.0.1:0".into();
+        let app = flashsale_order::startup::build_with(settings, Failpoints::default())
+            .await
+            .unwrap();
+        let (grpc_port, shutdown) = (app.grpc_port(), app.shutdown());
+        tokio::spawn(app.run_until_stopped());
+        Replica {
+            grpc_port,
+            shutdown,
+        }
+    }
+
     pub async fn client(&self) -> Client {
         OrderServiceClient::new(channel(self.grpc_port).await.unwrap())
     }

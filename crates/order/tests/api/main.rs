@@ -18,6 +18,7 @@ mod query;
 mod saga;
 mod saga_batch;
 mod sold_out;
+mod stock_balance;
 mod stock_fallback;
 mod stock_lookups;
 mod stuck;

@@ -21,7 +21,7 @@ use flashsale_proto::{
     product::v1::ReconcileStockRequest,
 };
 
-use crate::helpers::{TestApp, as_admin, as_user, create_req, reason, spawn_stack};
+use crate::helpers::{Client, TestApp, as_admin, as_user, create_req, reason, spawn_stack};
 
 /// A gate that is sold out and lists its buyers with a refills count (no list when the caller
 /// knows the count); counts the reservations it is asked for and the lists it sends.
@@ -279,7 +279,11 @@ async fn with_the_real_gate_an_unchanged_list_is_kept_without_reading_it_again()
 /// Waits until `user`'s orders for `sku` are refused from this replica's sold-out memory (the
 /// list of possible replayers is read in the background after the first SOLD_OUT).
 async fn refused_from_memory(app: &TestApp, user: &str, sku: &str) {
-    order_until(app, user, sku, "a refusal from the sold-out memory", |r| {
+    refused_from_memory_by(&app.client().await, user, sku).await
+}
+
+async fn refused_from_memory_by(c: &Client, user: &str, sku: &str) {
+    order_until(c, user, sku, "a refusal from the sold-out memory", |r| {
         let err = r.err()?;
         (reason(&err) == "SOLD_OUT" && err.message() == SOLD_OUT_REMEMBERED).then_some(())
     })
@@ -288,8 +292,12 @@ async fn refused_from_memory(app: &TestApp, user: &str, sku: &str) {
 
 /// Retries `user`'s order for `sku` until one is accepted.
 async fn buy_when_open(app: &TestApp, user: &str, sku: &str) -> CreateOrderResponse {
+    buy_when_open_by(&app.client().await, user, sku).await
+}
+
+async fn buy_when_open_by(c: &Client, user: &str, sku: &str) -> CreateOrderResponse {
     order_until(
-        app,
+        c,
         user,
         sku,
         "the buyer gets the unit that came back",
@@ -298,16 +306,15 @@ async fn buy_when_open(app: &TestApp, user: &str, sku: &str) -> CreateOrderRespo
     .await
 }
 
-/// Orders one unit of `sku` as `user`, a new request id each time, until `pick` takes the
-/// answer (within 20 s).
+/// Orders one unit of `sku` as `user` through `c`, a new request id each time, until `pick`
+/// takes the answer (within 20 s).
 async fn order_until<T>(
-    app: &TestApp,
+    c: &Client,
     user: &str,
     sku: &str,
     what: &str,
     pick: impl Fn(Result<CreateOrderResponse, tonic::Status>) -> Option<T>,
 ) -> T {
-    let c = app.client().await;
     let (mut n, pick) = (0, &pick);
     flashsale_test_support::eventually(Duration::from_secs(20), what, || {
         n += 1;
@@ -360,4 +367,51 @@ async fn a_gate_repaired_upwards_reopens_a_sold_out_product_at_once() {
         OrderStatus::Pending as i32,
         "a new order for the repaired unit"
     );
+}
+
+#[tokio::test]
+async fn every_order_replica_reopens_a_sold_out_product_when_units_come_back() {
+    // Two order replicas over one database and one set of queues, as two pods; a minute-long
+    // memory, so only each replica's own broadcast subscription can reopen the product within
+    // the test's bound.
+    let app = spawn_stack(|s| s.saga.sold_out_cache_ms = 60_000).await;
+    let other = app.spawn_replica().await;
+    let (a, b) = (app.client().await, other.client().await);
+    app.product("TWIN", 1, 0).await;
+    let first = app.order("alice", "a", "TWIN", 1).await.unwrap();
+    app.wait_status("alice", &first.order_id, OrderStatus::AwaitingPayment)
+        .await;
+    for (c, user) in [(&a, "bob"), (&b, "carol")] {
+        let sold = c
+            .clone()
+            .create_order(as_user(user, create_req(&format!("{user}-0"), "TWIN", 1)))
+            .await
+            .unwrap_err();
+        assert_eq!(reason(&sold), "SOLD_OUT");
+        refused_from_memory_by(c, user, "TWIN").await;
+    }
+
+    // Two units come back through a repair: product-stock says so once, and each replica hears
+    // it on its own queue.
+    app.stock_exec("UPDATE stock SET on_hand = on_hand + 2 WHERE sku = 'TWIN'")
+        .await;
+    let report = app
+        .stock()
+        .await
+        .reconcile_stock(as_admin(ReconcileStockRequest {
+            skus: vec!["TWIN".into()],
+            repair: true,
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .reports;
+    assert_eq!((report[0].drift, report[0].repaired), (-2, true));
+
+    let on_a = buy_when_open_by(&a, "bob", "TWIN").await;
+    let on_b = buy_when_open_by(&b, "carol", "TWIN").await;
+    for order in [on_a, on_b] {
+        assert!(!order.replayed);
+        assert_eq!(order.order.unwrap().status, OrderStatus::Pending as i32);
+    }
 }

@@ -126,7 +126,10 @@ async fn a_product_stock_without_the_batch_call_gets_one_call_per_reservation() 
     let keys = JwtKeys::new(b"fallback-test-secret").unwrap();
     let token = Arc::new(ServiceToken::new(keys, "order").unwrap());
     let stock = GrpcStock::new(
-        &format!("http://127.0.0.1:{port}"),
+        &flashsale_platform::settings::UpstreamSettings {
+            product_stock_url: format!("http://127.0.0.1:{port}"),
+            ..Default::default()
+        },
         &Default::default(),
         token,
         Duration::from_secs(5),

@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use flashsale_platform::{auth::ServiceToken, tls::GrpcTlsSettings};
+use flashsale_platform::{auth::ServiceToken, settings::UpstreamSettings, tls::GrpcTlsSettings};
 use flashsale_proto::product::v1::{
     CommitReservationRequest, product_stock_service_client::ProductStockServiceClient,
 };
@@ -34,16 +34,21 @@ pub struct GrpcCommitter {
 }
 
 impl GrpcCommitter {
-    /// A lazily connecting client of `url`, over TLS with `tls` for an `https://` URL.
+    /// A lazily connecting client of every product-stock replica behind
+    /// `upstream.product_stock_url`, balanced ([`flashsale_platform::balance`]), over TLS with
+    /// `tls` for `https://` URLs. Must be called inside a Tokio runtime.
     pub fn new(
-        url: &str,
+        upstream: &UpstreamSettings,
         tls: &GrpcTlsSettings,
         token: Arc<ServiceToken>,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
         Ok(Self {
-            client: ProductStockServiceClient::new(flashsale_platform::grpc::lazy_channel(
-                url, timeout, tls,
+            client: ProductStockServiceClient::new(flashsale_platform::balance::channel(
+                &upstream.product_stock_urls(),
+                upstream.product_stock_refresh(),
+                timeout,
+                tls,
             )?),
             token,
         })

@@ -20,7 +20,7 @@ mod terms;
 
 pub use catalog::Catalog;
 pub use gate::{Gate, Reserved};
-pub use reconcile::{DriftReport, Reconciler, Settled};
+pub use reconcile::{DriftReport, HOLD_SWEEP, Reconciler, Settled};
 pub use saga::StockSaga;
 pub use saga_batch::{Created, CreatedBatcher, created_batcher};
 pub use terms::Terms;

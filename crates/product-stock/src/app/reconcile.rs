@@ -7,6 +7,7 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use flashsale_messaging::{envelope, outbox};
+use flashsale_platform::lease::Singleton;
 use flashsale_proto::events::v1::{
     Envelope, ReservationFailureReason, StockGateRefilled, StockReservationFailed,
     envelope::Payload,
@@ -45,6 +46,9 @@ pub struct DriftReport {
 }
 
 const SETTLE_BATCH: usize = 500;
+
+/// The hold sweep's [`Singleton`] name.
+pub const HOLD_SWEEP: &str = "product-stock/hold-sweep";
 
 /// How old a prepared release must be before the sweeper settles it: its own consumer finishes
 /// it within milliseconds of the commit.
@@ -489,14 +493,22 @@ impl Reconciler {
         Ok(total)
     }
 
-    /// Runs [`Self::sweep_expired_holds`] every `stock.sweep_interval_ms` until `shutdown`.
+    /// Runs [`Self::sweep_expired_holds`] every `stock.sweep_interval_ms` until `shutdown`, on
+    /// one replica at a time: a sweep asks the order service about holds and changes the gate
+    /// outside any row lock, so two replicas sweeping the same holds at once would ask twice and
+    /// race each other's gate changes. A replica whose tick finds another sweeping skips it.
     pub async fn run_sweeper(
         self,
         shutdown: flashsale_platform::shutdown::Shutdown,
     ) -> anyhow::Result<()> {
         let period = Duration::from_millis(self.sweep_interval_ms);
-        flashsale_platform::shutdown::every(period, shutdown, "hold sweep", || {
-            self.sweep_expired_holds()
+        let singleton = Singleton::new(self.db.clone(), HOLD_SWEEP);
+        flashsale_platform::shutdown::every(period, shutdown, "hold sweep", || async {
+            singleton
+                .run(|| self.sweep_expired_holds())
+                .await
+                .map_err(StockError::from)?
+                .transpose()
         })
         .await
     }

@@ -16,6 +16,8 @@ use flashsale_proto::order::v1::{
 use tonic::transport::Channel;
 use uuid::Uuid;
 
+use crate::config::OrderServiceSettings;
+
 /// Most ids one lookup may carry (the order service's limit).
 pub const MAX_LOOKUP: usize = 500;
 /// Orders per page of the pending list (the order service's maximum page).
@@ -65,17 +67,21 @@ pub struct GrpcOrders {
 }
 
 impl GrpcOrders {
-    /// A lazily connecting client of `url` (product-stock starts even if the order service is
-    /// not up yet; calls then fail and nothing is given away), over TLS with `tls` for an
-    /// `https://` URL.
+    /// A lazily connecting client of every order replica behind `settings.url`, balanced
+    /// ([`flashsale_platform::balance`]; product-stock starts even if the order service is not
+    /// up yet; calls then fail and nothing is given away), over TLS with `tls` for `https://`
+    /// URLs. Must be called inside a Tokio runtime.
     pub fn new(
-        url: &str,
+        settings: &OrderServiceSettings,
         tls: &GrpcTlsSettings,
         token: Arc<ServiceToken>,
-        timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let client =
-            OrderServiceClient::new(flashsale_platform::grpc::lazy_channel(url, timeout, tls)?);
+        let client = OrderServiceClient::new(flashsale_platform::balance::channel(
+            &flashsale_platform::balance::split_urls(&settings.url),
+            Duration::from_millis(settings.refresh_ms),
+            Duration::from_millis(settings.timeout_ms),
+            tls,
+        )?);
         Ok(Self { client, token })
     }
 

@@ -315,3 +315,47 @@ async fn a_lost_gate_waits_for_orders_in_flight_before_it_is_rebuilt() {
     assert_eq!(sold, 9, "10 units − the order written during the wait");
     assert_eq!(gate(&app, "HW").await, (0, 10));
 }
+
+#[tokio::test]
+async fn the_sweeper_skips_its_rounds_while_another_replica_is_sweeping() {
+    use flashsale_platform::lease::Singleton;
+    use flashsale_product_stock::app::HOLD_SWEEP;
+    let db = TestDatabase::create().await.unwrap();
+    let app = spawn_with(quick_sweep(&db), db).await;
+    app.create("HS", 4, 0, RTC).await;
+    // The order was never written: a sweep that runs gives the hold away.
+    let order = Uuid::new_v4();
+    reserve(&app, order, "u1", "HS", 3).await.unwrap();
+
+    // Another replica's sweep holds the lease, on a pool of its own, for several rounds.
+    let other = Singleton::new(app.db.connect().await.unwrap(), HOLD_SWEEP);
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let holder = tokio::spawn(async move {
+        other
+            .run(|| async move {
+                entered_tx.send(()).unwrap();
+                release_rx.await.ok();
+            })
+            .await
+    });
+    entered_rx.await.unwrap();
+    let_sweeps_run().await;
+    assert_eq!(gate(&app, "HS").await, (1, 3), "this replica did not sweep");
+    assert_eq!(app.count("SELECT COUNT(*) AS n FROM reservations").await, 0);
+    let (_, metrics) = http_get(app.metrics_port, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("flashsale_singleton_skips_total"),
+        "metric missing"
+    );
+
+    // The other replica's sweep ends: this one's next round gives the hold away.
+    release_tx.send(()).unwrap();
+    assert_eq!(holder.await.unwrap().unwrap(), Some(()));
+    app.wait_count(
+        &format!("SELECT COUNT(*) AS n FROM reservations WHERE order_id = '{order}' AND cause = 'HOLD_EXPIRED'"),
+        1,
+    )
+    .await;
+    assert_eq!(gate(&app, "HS").await, (4, 0));
+}
