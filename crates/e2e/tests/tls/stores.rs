@@ -98,6 +98,7 @@ fn redis(url: String, tls: StoreTlsSettings) -> RedisSettings {
         key_prefix: String::new(),
         pool_size: 1,
         tls,
+        ..Default::default()
     }
 }
 

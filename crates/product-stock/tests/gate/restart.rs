@@ -19,7 +19,7 @@ fn checked_gate(t: &TestGate) -> RedisGate {
         url: flashsale_test_support::redis_url(),
         key_prefix: t.prefix.clone(),
         pool_size: 2,
-        tls: Default::default(),
+        ..Default::default()
     };
     let pool = RedisGate::pool(&settings, &t.prefix).unwrap();
     RedisGate::new(pool, t.prefix.clone(), Duration::from_secs(3600))
