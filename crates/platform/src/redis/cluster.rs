@@ -215,7 +215,7 @@ pub fn parse_masters(text: &str) -> Vec<Node> {
             slots,
         });
     }
-    out.sort_by(|a, b| a.first_slot().cmp(&b.first_slot()));
+    out.sort_by_key(Node::first_slot);
     out
 }
 

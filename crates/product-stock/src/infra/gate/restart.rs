@@ -188,7 +188,7 @@ async fn check_node(
 /// The `run_id` line of `INFO server` of `node`.
 async fn run_id(conn: &mut Conn, node: &Node) -> RedisResult<String> {
     let reply = conn
-        .query_node(node, &redis::cmd("INFO").arg("server"))
+        .query_node(node, redis::cmd("INFO").arg("server"))
         .await?;
     let info = String::from_redis_value(reply)?;
     info.lines()
