@@ -279,6 +279,7 @@ impl RedisSettings {
                     ));
                 }
                 let mut scheme: Option<String> = None;
+                let mut credentials: Option<(String, Option<String>)> = None;
                 let mut seen = std::collections::HashSet::new();
                 for (i, node) in self.cluster_nodes.iter().enumerate() {
                     let key = format!("{nodes_key}[{i}]");
@@ -301,6 +302,17 @@ impl RedisSettings {
                     );
                     if !seen.insert(addr) {
                         return Err(ConfigError::invalid(key, "listed twice"));
+                    }
+                    let these = (url.username().to_owned(), url.password().map(str::to_owned));
+                    match &credentials {
+                        Some(first) if *first != these => {
+                            return Err(ConfigError::invalid(
+                                key,
+                                "every node must carry the same user and password (one cluster, \
+                                 one set of credentials)",
+                            ));
+                        }
+                        _ => credentials = Some(these),
                     }
                     match &scheme {
                         Some(s) if s != url.scheme() => {

@@ -281,6 +281,10 @@ mod tests {
                 nodes(&["redis://a:7000", "rediss://b:7000"]),
             ),
             (
+                "product_stock.redis.cluster_nodes[1]",
+                nodes(&["redis://:pw@a:7000", "redis://:other@b:7000"]),
+            ),
+            (
                 "product_stock.redis.cluster_nodes",
                 nodes(&["redis://a:7000"; 65]),
             ),
@@ -299,7 +303,7 @@ mod tests {
             assert!(e.contains(key), "`{e}` does not name {key} ({shown})");
         }
         assert_eq!(
-            error_of(|s| s.redis = nodes(&["redis://a:7000", "redis://b:7001/0"])),
+            error_of(|s| s.redis = nodes(&["redis://:pw@a:7000", "redis://:pw@b:7001/0"])),
             ""
         );
     }

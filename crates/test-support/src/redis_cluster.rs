@@ -12,7 +12,10 @@ use std::{
 use anyhow::{Context as _, bail};
 use flashsale_platform::redis::{Node, cluster::parse_masters};
 
-use crate::servers::{TempDir, free_port, wait_port};
+use crate::{
+    servers::{TempDir, free_port, wait_port},
+    tls::{CertFiles, Pki},
+};
 
 /// `cluster-node-timeout` of the nodes (ms): how long a master may be unreachable before the
 /// others fail it over.
@@ -24,7 +27,51 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Three masters, each with one replica, on loopback.
 pub struct RedisCluster {
     nodes: Vec<ClusterNode>,
+    tls: Option<NodeTls>,
     _dir: TempDir,
+}
+
+/// The files of a cluster that speaks only TLS: the CA, the nodes' certificate (also their
+/// client certificate towards each other) and `redis-cli`'s client certificate.
+struct NodeTls {
+    ca: String,
+    server: CertFiles,
+    cli: CertFiles,
+}
+
+impl NodeTls {
+    fn server_args(&self) -> Vec<String> {
+        [
+            "--tls-cluster",
+            "yes",
+            "--tls-replication",
+            "yes",
+            "--tls-auth-clients",
+            "yes",
+            "--tls-cert-file",
+            &self.server.cert_path(),
+            "--tls-key-file",
+            &self.server.key_path(),
+            "--tls-ca-cert-file",
+            &self.ca,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+
+    fn cli_args(&self) -> Vec<String> {
+        [
+            "--tls",
+            "--cacert",
+            &self.ca,
+            "--cert",
+            &self.cli.cert_path(),
+            "--key",
+            &self.cli.key_path(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
 }
 
 struct ClusterNode {
@@ -37,8 +84,22 @@ impl RedisCluster {
     /// and waits until every node says `cluster_state:ok` and every master has an in-sync
     /// replica.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(None).await
+    }
+
+    /// [`Self::start`], every node speaking only TLS (clients, the cluster bus and replication)
+    /// with a certificate of `pki`, and requiring a client certificate signed by its CA.
+    pub async fn start_tls(pki: &Pki) -> anyhow::Result<Self> {
+        Self::start_with(Some(NodeTls {
+            ca: pki.ca_path(),
+            server: pki.service("redis-cluster")?,
+            cli: pki.client("redis-cli")?,
+        }))
+        .await
+    }
+
+    async fn start_with(tls: Option<NodeTls>) -> anyhow::Result<Self> {
         check_binaries()?;
-        use std::os::unix::process::CommandExt as _;
         let dir = TempDir::new("fs_redis_cluster")?;
         let mut nodes = Vec::with_capacity(6);
         let mut taken = std::collections::HashSet::new();
@@ -46,8 +107,15 @@ impl RedisCluster {
             let (port, bus) = (distinct_port(&mut taken)?, distinct_port(&mut taken)?);
             let node_dir = dir.0.join(port.to_string());
             std::fs::create_dir_all(&node_dir).context("create a node's directory")?;
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            let mut server = Command::new("redis-server");
+            match &tls {
+                None => server.args(["--port", &port.to_string()]),
+                Some(tls) => server
+                    .args(["--port", "0", "--tls-port", &port.to_string()])
+                    .args(tls.server_args()),
+            };
+            let child = server
+                .args(["--bind", "127.0.0.1"])
                 .args([
                     "--cluster-enabled",
                     "yes",
@@ -67,7 +135,8 @@ impl RedisCluster {
                 .arg(&node_dir)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
-                .process_group(0)
+                // In the test's process group (no group of their own): a test runner that kills
+                // a timed-out test's group takes the nodes with it.
                 .spawn()
                 .context("start redis-server --cluster-enabled yes")?;
             nodes.push(ClusterNode {
@@ -75,7 +144,11 @@ impl RedisCluster {
                 child: Some(child),
             });
         }
-        let cluster = Self { nodes, _dir: dir };
+        let cluster = Self {
+            nodes,
+            tls,
+            _dir: dir,
+        };
         for node in &cluster.nodes {
             wait_port(node.port, Duration::from_secs(15), "a Redis Cluster node").await?;
         }
@@ -84,14 +157,23 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = tokio::process::Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addrs)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .await
-            .context("run redis-cli --cluster create")?;
+        let mut create = tokio::process::Command::new("redis-cli");
+        if let Some(tls) = &cluster.tls {
+            create.args(tls.cli_args());
+        }
+        let out = tokio::time::timeout(
+            SETTLE_TIMEOUT,
+            create
+                .arg("--cluster")
+                .arg("create")
+                .args(&addrs)
+                .args(["--cluster-replicas", "1", "--cluster-yes"])
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .context("redis-cli --cluster create timed out")?
+        .context("run redis-cli --cluster create")?;
         if !out.status.success() {
             bail!(
                 "redis-cli --cluster create failed: {}{}",
@@ -103,18 +185,24 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// `redis://127.0.0.1:PORT` of every node (what `redis.cluster_nodes` lists).
+    /// `redis://127.0.0.1:PORT` (`rediss://` with TLS) of every node (what
+    /// `redis.cluster_nodes` lists).
     pub fn urls(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         self.nodes
             .iter()
-            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .map(|n| format!("{scheme}://127.0.0.1:{}", n.port))
             .collect()
     }
 
     /// The masters serving slots now, as a live node sees them.
     pub async fn masters(&self) -> anyhow::Result<Vec<Node>> {
         for node in self.live() {
-            if let Ok(text) = cli(node.port, &["CLUSTER", "NODES"]).await {
+            if let Ok(text) = self.cli(node.port, &["CLUSTER", "NODES"]).await {
                 let masters = parse_masters(&text);
                 if !masters.is_empty() {
                     return Ok(masters);
@@ -161,9 +249,13 @@ impl RedisCluster {
     /// already connected stay authenticated.
     pub async fn cut_replication(&self, port: u16) -> anyhow::Result<()> {
         let password = crate::unique_name("cut");
-        let set = cli(port, &["CONFIG", "SET", "requirepass", &password]).await?;
+        let set = self
+            .cli(port, &["CONFIG", "SET", "requirepass", &password])
+            .await?;
         anyhow::ensure!(set.trim() == "OK", "CONFIG SET requirepass: {set}");
-        let killed = cli_auth(port, &password, &["CLIENT", "KILL", "TYPE", "replica"]).await?;
+        let killed = self
+            .cli_auth(port, &password, &["CLIENT", "KILL", "TYPE", "replica"])
+            .await?;
         anyhow::ensure!(
             killed.trim().parse::<u32>().is_ok_and(|n| n >= 1),
             "CLIENT KILL TYPE replica: {killed}"
@@ -208,13 +300,13 @@ impl RedisCluster {
 
     async fn settled(&self, dead: Option<u16>) -> anyhow::Result<()> {
         for node in self.live() {
-            let info = cli(node.port, &["CLUSTER", "INFO"]).await?;
+            let info = self.cli(node.port, &["CLUSTER", "INFO"]).await?;
             anyhow::ensure!(
                 info.lines().any(|l| l.trim() == "cluster_state:ok"),
                 "node {} is not cluster_state:ok",
                 node.port
             );
-            let masters = parse_masters(&cli(node.port, &["CLUSTER", "NODES"]).await?);
+            let masters = parse_masters(&self.cli(node.port, &["CLUSTER", "NODES"]).await?);
             anyhow::ensure!(
                 masters.len() == 3 && masters.iter().all(|m| Some(m.port) != dead),
                 "node {} sees masters {:?}",
@@ -228,7 +320,7 @@ impl RedisCluster {
                 .sum();
             anyhow::ensure!(served == 16_384, "node {} sees {served} slots", node.port);
             if masters.iter().any(|m| m.port == node.port) {
-                let repl = cli(node.port, &["INFO", "replication"]).await?;
+                let repl = self.cli(node.port, &["INFO", "replication"]).await?;
                 let replicas = repl
                     .lines()
                     .filter(|l| l.starts_with("slave") && l.contains("state=online"))
@@ -288,19 +380,29 @@ fn check_binaries() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `redis-cli -p PORT ARGS…`'s output (bounded by a timeout).
-async fn cli(port: u16, args: &[&str]) -> anyhow::Result<String> {
-    cli_with(port, None, args).await
+impl RedisCluster {
+    /// `redis-cli -p PORT ARGS…`'s output (bounded by a timeout).
+    async fn cli(&self, port: u16, args: &[&str]) -> anyhow::Result<String> {
+        cli_with(self.tls.as_ref(), port, None, args).await
+    }
+
+    /// [`Self::cli`] authenticated with `password`.
+    async fn cli_auth(&self, port: u16, password: &str, args: &[&str]) -> anyhow::Result<String> {
+        cli_with(self.tls.as_ref(), port, Some(password), args).await
+    }
 }
 
-/// [`cli`] authenticated with `password`.
-async fn cli_auth(port: u16, password: &str, args: &[&str]) -> anyhow::Result<String> {
-    cli_with(port, Some(password), args).await
-}
-
-async fn cli_with(port: u16, password: Option<&str>, args: &[&str]) -> anyhow::Result<String> {
+async fn cli_with(
+    tls: Option<&NodeTls>,
+    port: u16,
+    password: Option<&str>,
+    args: &[&str],
+) -> anyhow::Result<String> {
     let mut cmd = tokio::process::Command::new("redis-cli");
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(tls) = tls {
+        cmd.args(tls.cli_args());
+    }
     if let Some(password) = password {
         // Through the environment, not the command line.
         cmd.env("REDISCLI_AUTH", password);
