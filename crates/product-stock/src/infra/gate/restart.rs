@@ -15,9 +15,7 @@
 //! A cluster connection reconnects to a new master on its own, without a new pool connection,
 //! so in cluster mode the check also runs periodically ([`RedisGate::watch_redis_runs`]).
 
-use std::sync::Arc;
-
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use deadpool_redis::redis::{self, FromRedisValue as _, RedisError, RedisResult};
 use flashsale_platform::redis::{Conn, KeyScan, Node, OnConnect, Pool};
