@@ -1,4 +1,12 @@
-//! A Redis connection pool from settings.
+//! A Redis connection pool from settings: one server (`redis.mode = "standalone"`) or a Redis
+//! Cluster (`"cluster"`), behind one [`Conn`] type.
+//!
+//! In cluster mode each [`Conn`] is a redis-rs cluster connection: it routes a command by its
+//! first key's slot, follows `MOVED`/`ASK`, refreshes its slot map and retries (bounded, see
+//! [`cluster`]) when a master fails over. A pipeline is sent as its single commands, each
+//! routed on its own (they still share each node's connection), so one may mix slots, and a
+//! redirect retries only the command it hit. Commands without a key (`SCAN`, `INFO`) go to one
+//! node chosen with [`Conn::query_node`]; [`Conn::masters`] lists them.
 //!
 //! deadpool-redis checks every connection it hands out with a round trip (`UNWATCH` + `PING`),
 //! so each call of the stock gate — one pipeline for a whole batch of reservations — cost two
@@ -11,6 +19,9 @@
 //! are checked before they serve again. Why, and what it costs after a Redis restart:
 //! docs/adr/0006-redis-pool-ping-bypass.md.
 
+pub mod cluster;
+mod scan;
+
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
@@ -18,9 +29,13 @@ use deadpool::managed::{self, Metrics, QueueMode, RecycleError, RecycleResult};
 use deadpool_redis::redis::{
     Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value,
     aio::{ConnectionLike, MultiplexedConnection},
+    cluster_async::ClusterConnection,
 };
 
 use crate::settings::RedisSettings;
+
+pub use cluster::{Node, key_slot, slot_tag};
+pub use scan::KeyScan;
 
 /// A connection handed out again within this long of its last hand-out is not checked first.
 pub const CHECK_AFTER_IDLE: Duration = Duration::from_millis(500);
@@ -36,7 +51,8 @@ pub type Connection = managed::Object<Manager>;
 /// nothing on connections already open.
 pub type OnConnect = Arc<dyn for<'a> Fn(&'a mut Conn) -> RedisFuture<'a, ()> + Send + Sync>;
 
-/// A pool of `settings.pool_size` connections to `settings.url` (connections open lazily).
+/// A pool of `settings.pool_size` connections to `settings.url`, or to the cluster of
+/// `settings.cluster_nodes` in cluster mode (connections open lazily).
 pub fn pool(settings: &RedisSettings) -> anyhow::Result<Pool> {
     pool_with(settings, CHECK_AFTER_IDLE)
 }
@@ -55,8 +71,15 @@ pub fn pool_with_hook(
     check_after: Duration,
     on_connect: Option<OnConnect>,
 ) -> anyhow::Result<Pool> {
+    let inner = if settings.is_cluster() {
+        Connector::Cluster(cluster::client(settings)?)
+    } else {
+        Connector::Standalone(
+            deadpool_redis::Manager::new(connection_info(settings)?).context("Redis URL")?,
+        )
+    };
     let manager = Manager {
-        inner: deadpool_redis::Manager::new(connection_info(settings)?).context("Redis URL")?,
+        inner,
         check_after,
         on_connect,
     };
@@ -101,11 +124,27 @@ pub fn connection_info(
     Ok(client.get_connection_info().clone())
 }
 
-/// Opens multiplexed connections and decides whether one can serve again.
+/// Opens multiplexed connections (or cluster connections) and decides whether one can serve
+/// again.
 pub struct Manager {
-    inner: deadpool_redis::Manager,
+    inner: Connector,
     check_after: Duration,
     on_connect: Option<OnConnect>,
+}
+
+/// What a [`Manager`] opens connections with.
+enum Connector {
+    Standalone(deadpool_redis::Manager),
+    Cluster(deadpool_redis::redis::cluster::ClusterClient),
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Standalone(m) => f.debug_tuple("Standalone").field(m).finish(),
+            Self::Cluster(_) => f.write_str("Cluster"),
+        }
+    }
 }
 
 impl std::fmt::Debug for Manager {
@@ -123,8 +162,12 @@ impl managed::Manager for Manager {
     type Error = RedisError;
 
     async fn create(&self) -> Result<Conn, RedisError> {
+        let inner = match &self.inner {
+            Connector::Standalone(m) => Inner::Standalone(m.create().await?),
+            Connector::Cluster(client) => Inner::Cluster(client.get_async_connection().await?),
+        };
         let mut conn = Conn {
-            inner: self.inner.create().await?,
+            inner,
             broken: false,
             in_flight: false,
         };
@@ -146,19 +189,59 @@ impl managed::Manager for Manager {
             return Ok(());
         }
         conn.in_flight = false;
-        self.inner.recycle(&mut conn.inner, metrics).await
+        match (&self.inner, &mut conn.inner) {
+            (Connector::Standalone(m), Inner::Standalone(c)) => m.recycle(c, metrics).await,
+            (_, Inner::Cluster(c)) => cluster::ping(c).await.map_err(RecycleError::Backend),
+            (Connector::Cluster(_), Inner::Standalone(_)) => Err(RecycleError::message(
+                "a standalone connection in a cluster pool",
+            )),
+        }
     }
 }
 
-/// A multiplexed connection that remembers whether a command failed in a way that leaves the
-/// connection unusable, and whether a command was cut off before its answer.
+/// A multiplexed connection (to one server, or to every node of a cluster) that remembers
+/// whether a command failed in a way that leaves the connection unusable, and whether a command
+/// was cut off before its answer.
 pub struct Conn {
-    inner: MultiplexedConnection,
+    inner: Inner,
     broken: bool,
     in_flight: bool,
 }
 
+enum Inner {
+    Standalone(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
 impl Conn {
+    /// Whether this is a connection to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner, Inner::Cluster(_))
+    }
+
+    /// The masters serving slots, as the cluster sees them now (`CLUSTER NODES`); on one
+    /// server, that server alone (with no address: [`Conn::query_node`] sends to it).
+    pub async fn masters(&mut self) -> RedisResult<Vec<Node>> {
+        let result = match &mut self.inner {
+            Inner::Standalone(_) => Ok(vec![Node::standalone()]),
+            Inner::Cluster(c) => cluster::masters(c).await,
+        };
+        self.note(&result);
+        result
+    }
+
+    /// Sends `cmd` to `node` (one of [`Conn::masters`]) rather than where its key routes it:
+    /// for the commands without a key that answer for one node (`SCAN`, `INFO`).
+    pub async fn query_node(&mut self, node: &Node, cmd: &Cmd) -> RedisResult<Value> {
+        self.in_flight = true;
+        let result = match &mut self.inner {
+            Inner::Standalone(c) => c.req_packed_command(cmd).await,
+            Inner::Cluster(c) => cluster::query_node(c, node, cmd).await,
+        };
+        self.note(&result);
+        result
+    }
+
     /// Whether a command failed in a way that leaves this connection unusable (the pool then
     /// replaces it).
     pub fn is_broken(&self) -> bool {
@@ -191,7 +274,10 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             self.in_flight = true;
-            let result = self.inner.req_packed_command(cmd).await;
+            let result = match &mut self.inner {
+                Inner::Standalone(c) => c.req_packed_command(cmd).await,
+                Inner::Cluster(c) => c.req_packed_command(cmd).await,
+            };
             self.note(&result);
             result
         })
@@ -205,16 +291,19 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             self.in_flight = true;
-            let result = self
-                .inner
-                .req_packed_commands(pipeline, offset, count)
-                .await;
+            let result = match &mut self.inner {
+                Inner::Standalone(c) => c.req_packed_commands(pipeline, offset, count).await,
+                Inner::Cluster(c) => cluster::pipeline(c, pipeline, offset, count).await,
+            };
             self.note(&result);
             result
         })
     }
 
     fn get_db(&self) -> i64 {
-        self.inner.get_db()
+        match &self.inner {
+            Inner::Standalone(c) => c.get_db(),
+            Inner::Cluster(c) => c.get_db(),
+        }
     }
 }

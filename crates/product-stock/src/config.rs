@@ -247,4 +247,145 @@ mod tests {
             assert!(e.contains(key), "`{e}` does not name {key}");
         }
     }
+
+    #[test]
+    fn bad_redis_cluster_values_name_their_key() {
+        use flashsale_platform::settings::RedisSettings;
+        let nodes = |list: &[&str]| RedisSettings::cluster(list.iter().copied());
+        let cases: Vec<(&str, RedisSettings)> = vec![
+            (
+                "product_stock.redis.mode",
+                RedisSettings {
+                    mode: "sentinel".into(),
+                    ..RedisSettings::default()
+                },
+            ),
+            // A node list in standalone mode would be ignored: refused instead.
+            (
+                "product_stock.redis.cluster_nodes",
+                RedisSettings {
+                    cluster_nodes: vec!["redis://127.0.0.1:7000".into()],
+                    ..RedisSettings::default()
+                },
+            ),
+            ("product_stock.redis.cluster_nodes", nodes(&[])),
+            (
+                "product_stock.redis.cluster_nodes[1]",
+                nodes(&["redis://127.0.0.1:7000", ""]),
+            ),
+            (
+                "product_stock.redis.cluster_nodes[0]",
+                nodes(&["127.0.0.1:7000"]),
+            ),
+            (
+                "product_stock.redis.cluster_nodes[0]",
+                nodes(&["http://a:7000"]),
+            ),
+            (
+                "product_stock.redis.cluster_nodes[0]",
+                nodes(&["redis://:7000"]),
+            ),
+            (
+                "product_stock.redis.cluster_nodes[0]",
+                nodes(&["redis://a:7000/2"]),
+            ),
+            (
+                "product_stock.redis.cluster_nodes[1]",
+                nodes(&["redis://a:7000", "redis://a:7000"]),
+            ),
+            (
+                "product_stock.redis.cluster_nodes[1]",
+                nodes(&["redis://a:7000", "rediss://b:7000"]),
+            ),
+            (
+                "product_stock.redis.cluster_nodes[1]",
+                nodes(&["redis://:pw@a:7000", "redis://:other@b:7000"]),
+            ),
+            (
+                "product_stock.redis.cluster_nodes",
+                nodes(&["redis://a:7000"; 65]),
+            ),
+            // Checked in cluster mode too, though unused there.
+            (
+                "product_stock.redis.url",
+                RedisSettings {
+                    url: "http://x".into(),
+                    ..nodes(&["redis://a:7000"])
+                },
+            ),
+        ];
+        for (key, redis) in cases {
+            let shown = format!("{:?}", redis.cluster_nodes);
+            let e = error_of(|s| s.redis = redis);
+            assert!(e.contains(key), "`{e}` does not name {key} ({shown})");
+        }
+        assert_eq!(
+            error_of(|s| s.redis = nodes(&["redis://:pw@a:7000", "redis://:pw@b:7001/0"])),
+            ""
+        );
+    }
+
+    #[test]
+    fn cluster_nodes_load_from_a_toml_array_or_one_comma_separated_variable() {
+        let dir = std::env::temp_dir().join(format!("fs-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("default.toml"),
+            "[product_stock.redis]\nmode = \"cluster\"\n\
+             cluster_nodes = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]\n",
+        )
+        .unwrap();
+        let env = |vars: &[(&str, &str)]| {
+            config::Environment::with_prefix("FLASHSALE")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(
+                    vars.iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ))
+        };
+        let load = |vars: &[(&str, &str)]| {
+            flashsale_platform::config::load_from(
+                SERVICE_KEY,
+                &Settings::default(),
+                &dir,
+                None,
+                env(vars),
+            )
+        };
+        // The shipped file: standalone, with an empty node list.
+        let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
+        let s = flashsale_platform::config::load_from(
+            SERVICE_KEY,
+            &Settings::default(),
+            &shipped,
+            None,
+            env(&[]),
+        )
+        .unwrap();
+        assert!(!s.redis.is_cluster() && s.redis.cluster_nodes.is_empty());
+        let s = load(&[]).unwrap();
+        assert!(s.redis.is_cluster());
+        assert_eq!(
+            s.redis.cluster_nodes,
+            ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]
+        );
+        let var = "FLASHSALE_PRODUCT_STOCK__REDIS__CLUSTER_NODES";
+        let s = load(&[(var, "redis://a:7000, redis://b:7001,redis://c:7002")]).unwrap();
+        assert_eq!(
+            s.redis.cluster_nodes,
+            ["redis://a:7000", "redis://b:7001", "redis://c:7002"]
+        );
+        let e = load(&[(var, "redis://a:7000,,redis://c:7002")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("product_stock.redis.cluster_nodes[1]"), "{e}");
+        let e = load(&[("FLASHSALE_PRODUCT_STOCK__REDIS__MODE", "standalone")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("product_stock.redis.cluster_nodes"), "{e}");
+        std::fs::remove_dir_all(dir).ok();
+    }
 }

@@ -26,6 +26,11 @@ use crate::{
     migration::Migrator,
 };
 
+/// How often, on a Redis Cluster, the gate checks each master's run id (a replica promoted by a
+/// failover has its own): the longest a promoted master serves gates that may miss its former
+/// master's last writes before they are dropped and rebuilt.
+pub const CLUSTER_RUN_CHECK_PERIOD: Duration = Duration::from_secs(1);
+
 /// [`build_with`] with failpoints from `FLASHSALE_FAILPOINTS`.
 pub async fn build(settings: Settings) -> anyhow::Result<Application> {
     build_with(settings, flashsale_platform::failpoint::from_env()?).await
@@ -81,6 +86,15 @@ pub async fn build_with_orders(
         terms.clone(),
         failpoints.clone(),
     );
+    if settings.redis.is_cluster() {
+        // A failover reaches existing cluster connections without a new one: check the
+        // masters' run ids periodically too (docs/architecture.md#operations).
+        f.runner.spawn(
+            redis_gate
+                .clone()
+                .watch_redis_runs(CLUSTER_RUN_CHECK_PERIOD, f.runner.shutdown()),
+        );
+    }
     let reconciler = Reconciler::new(f.db.clone(), redis_gate, orders, terms, &settings.stock);
 
     let topologies = [

@@ -7,6 +7,7 @@ pub mod foundation;
 pub mod grpc;
 pub mod probe;
 pub mod rabbit_cluster;
+pub mod redis_cluster;
 pub mod servers;
 pub mod tls;
 

@@ -279,7 +279,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     url: args.redis_url.clone(),
                     key_prefix: format!("fs_bench_gate_{tag}:"),
                     pool_size: load.concurrency.clamp(1, 256),
-                    tls: Default::default(),
+                    ..Default::default()
                 };
                 let pool = flashsale_platform::redis::pool(&settings)?;
                 let gate = flashsale_product_stock::infra::gate::RedisGate::new(

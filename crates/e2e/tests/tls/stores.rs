@@ -5,11 +5,13 @@ use std::time::Duration;
 
 use flashsale_messaging::{AmqpConfig, Broker};
 use flashsale_platform::{
+    config::Validate as _,
     settings::{DatabaseSettings, RedisSettings},
     tls::StoreTlsSettings,
 };
 use flashsale_test_support::{
     amqp_url,
+    redis_cluster::RedisCluster,
     servers::{Postgres, TlsRabbit, TlsRedis},
     tls::Pki,
 };
@@ -98,6 +100,7 @@ fn redis(url: String, tls: StoreTlsSettings) -> RedisSettings {
         key_prefix: String::new(),
         pool_size: 1,
         tls,
+        ..Default::default()
     }
 }
 
@@ -192,4 +195,58 @@ async fn rabbitmq_is_reached_over_tls_with_a_client_certificate_and_never_in_pla
     // TLS files with a plain amqp:// URL are refused by validation.
     let err = amqp(amqp_url(), full).validate().unwrap_err();
     assert!(err.starts_with("amqp.tls"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_is_reached_over_tls_with_a_client_certificate() {
+    let pki = Pki::new("redis-cluster-ca").unwrap();
+    let cluster = RedisCluster::start_tls(&pki).await.unwrap();
+    let client = pki.client("product-stock").unwrap();
+    let settings = RedisSettings {
+        pool_size: 1,
+        tls: StoreTlsSettings {
+            ca_file: pki.ca_path(),
+            cert_file: client.cert_path(),
+            key_file: client.key_path(),
+        },
+        ..RedisSettings::cluster(cluster.urls())
+    };
+    settings.validate("redis").unwrap();
+    let pool = flashsale_platform::redis::pool(&settings).unwrap();
+    let mut conn = tokio::time::timeout(Duration::from_secs(10), pool.get())
+        .await
+        .unwrap()
+        .unwrap();
+    // Keys on every master: each is reached over TLS.
+    for i in 0..32 {
+        let key = format!("tls-cluster-{i}");
+        let _: () = deadpool_redis::redis::cmd("SET")
+            .arg(&key)
+            .arg(i)
+            .query_async(&mut *conn)
+            .await
+            .unwrap();
+        let back: i64 = deadpool_redis::redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(back, i);
+    }
+    assert_eq!(conn.masters().await.unwrap().len(), 3);
+
+    // Without a client certificate the nodes refuse.
+    let mut anonymous = settings.clone();
+    anonymous.tls.cert_file = String::new();
+    anonymous.tls.key_file = String::new();
+    let refused = match flashsale_platform::redis::pool(&anonymous) {
+        Ok(pool) => tokio::time::timeout(Duration::from_secs(10), pool.get())
+            .await
+            .map_or(true, |r| r.is_err()),
+        Err(_) => true,
+    };
+    assert!(
+        refused,
+        "a cluster node accepted a client without a certificate"
+    );
 }

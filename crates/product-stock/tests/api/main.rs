@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod catalog;
+mod cluster;
 mod contract;
 mod edge;
 mod foundation;

@@ -27,7 +27,7 @@ impl TestGate {
             url: flashsale_test_support::redis_url(),
             key_prefix: prefix.clone(),
             pool_size: size,
-            tls: Default::default(),
+            ..Default::default()
         };
         let pool = flashsale_platform::redis::pool(&settings).unwrap();
         let gate = RedisGate::new(pool.clone(), prefix.clone(), Duration::from_secs(3600));

@@ -17,7 +17,7 @@ fn settings() -> RedisSettings {
         url: flashsale_test_support::redis_url(),
         key_prefix: format!("{}:", flashsale_test_support::unique_name("pool_test")),
         pool_size: 1,
-        tls: Default::default(),
+        ..Default::default()
     }
 }
 

@@ -19,7 +19,7 @@ fn checked_gate(t: &TestGate) -> RedisGate {
         url: flashsale_test_support::redis_url(),
         key_prefix: t.prefix.clone(),
         pool_size: 2,
-        tls: Default::default(),
+        ..Default::default()
     };
     let pool = RedisGate::pool(&settings, &t.prefix).unwrap();
     RedisGate::new(pool, t.prefix.clone(), Duration::from_secs(3600))
@@ -90,13 +90,13 @@ async fn of_the_connections_that_found_a_stale_run_id_one_records_the_new_one() 
     gate_with_keys(&t).await;
     record(&t, EARLIER).await;
     let mut conn = t.pool.get().await.unwrap();
-    let first = check_redis_run(&mut *conn, &t.prefix).await.unwrap();
+    let first = check_redis_run(&mut conn, &t.prefix).await.unwrap();
     assert!(
         matches!(first, RunCheck::Stale { deleted, won: true } if deleted > 0),
         "{first:?}"
     );
     assert_eq!(
-        check_redis_run(&mut *conn, &t.prefix).await.unwrap(),
+        check_redis_run(&mut conn, &t.prefix).await.unwrap(),
         RunCheck::Same
     );
     drop(conn);

@@ -83,6 +83,30 @@ pub(super) fn gate_run_key(prefix: &str) -> String {
     format!("{prefix}gate_run")
 }
 
+/// On a Redis Cluster, the key holding the run id of the master serving `slot` (one of its
+/// slots): `<prefix>gate_run:{sN}`, a hash tag of that slot, so it lives on that master.
+pub(super) fn node_run_key(prefix: &str, slot: u16) -> Option<String> {
+    use std::{collections::HashMap, sync::Mutex};
+    // Finding a tag costs ~16,000 checksums; a cluster has few masters, so remember them.
+    static TAGS: Mutex<Option<HashMap<u16, String>>> = Mutex::new(None);
+    let cached = TAGS
+        .lock()
+        .ok()
+        .and_then(|tags| tags.as_ref()?.get(&slot).cloned());
+    let tag = match cached {
+        Some(tag) => tag,
+        None => {
+            let tag = flashsale_platform::redis::slot_tag(slot)?;
+            if let Ok(mut tags) = TAGS.lock() {
+                tags.get_or_insert_with(HashMap::new)
+                    .insert(slot, tag.clone());
+            }
+            tag
+        }
+    };
+    Some(format!("{prefix}gate_run:{tag}"))
+}
+
 /// The keys of one product: `<prefix>stock:{p:SKU}:<part>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProductKeys {
@@ -210,6 +234,16 @@ mod tests {
             cluster_hash_part(&other.avail()),
             cluster_hash_part(&keys.avail())
         );
+    }
+
+    #[test]
+    fn a_master_s_run_key_lives_in_the_slot_it_is_made_for() {
+        for slot in [0, 5461, 10923, 16383] {
+            let key = node_run_key("fs:", slot).unwrap();
+            assert!(key.starts_with("fs:gate_run:{"), "{key}");
+            assert_eq!(flashsale_platform::redis::key_slot(key.as_bytes()), slot);
+            assert!(!key.contains("stock:"), "{key}");
+        }
     }
 
     #[test]

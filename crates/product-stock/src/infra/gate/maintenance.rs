@@ -2,6 +2,7 @@
 //! holds, repairing drift from the database, and deleting a product.
 
 use deadpool_redis::redis::{self, Value};
+use flashsale_platform::redis::KeyScan;
 use uuid::Uuid;
 
 use super::script::{Reply, int, redis_error, text};
@@ -233,18 +234,13 @@ impl RedisGate {
     pub async fn forget(&self, sku: &str) -> Result<u64, GateError> {
         let k = self.keys(sku)?;
         let mut conn = self.conn().await?;
-        let mut cursor: u64 = 0;
+        // SCAN answers for one master: the product's keys are all on one, which the scan finds
+        // by asking each.
+        let mut scan = KeyScan::start(&mut conn, &k.pattern(), 1000)
+            .await
+            .map_err(redis_error)?;
         let mut deleted = 0;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(k.pattern())
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut *conn)
-                .await
-                .map_err(redis_error)?;
+        while let Some(batch) = scan.next_batch(&mut conn).await.map_err(redis_error)? {
             if !batch.is_empty() {
                 let n: u64 = redis::cmd("DEL")
                     .arg(&batch)
@@ -253,10 +249,7 @@ impl RedisGate {
                     .map_err(redis_error)?;
                 deleted += n;
             }
-            if next == 0 {
-                return Ok(deleted);
-            }
-            cursor = next;
         }
+        Ok(deleted)
     }
 }

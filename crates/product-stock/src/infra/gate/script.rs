@@ -1,12 +1,16 @@
 //! Running the gate's Lua scripts by digest, and reading their replies defensively.
 //!
 //! `redis::Script` would do the EVALSHA/NOSCRIPT dance, but deadpool-redis builds redis without
-//! its `script` feature; a script here learns its digest from `SCRIPT LOAD` once, then runs with
-//! `EVALSHA`. Redis's script cache is volatile (restart, failover, `SCRIPT FLUSH`): on
+//! its `script` feature; a script here loads itself with `SCRIPT LOAD` on first use, then runs
+//! with `EVALSHA` and its digest (SHA-1 of the source, computed here). On a Redis Cluster the
+//! first use skips `SCRIPT LOAD`, which goes to every node and fails while one is down. Redis's script cache is volatile (restart, failover, `SCRIPT FLUSH`): on
 //! `NOSCRIPT` the call is retried with `EVAL`, which runs the source and caches it again in one
 //! round trip, so a flush racing the retry cannot fail it.
 
-use std::sync::OnceLock;
+use std::sync::{
+    OnceLock,
+    atomic::{AtomicBool, Ordering},
+};
 
 use deadpool_redis::redis::{self, ErrorKind, RedisError, ServerErrorKind, Value};
 
@@ -17,6 +21,7 @@ pub(super) struct LuaScript {
     name: &'static str,
     source: &'static str,
     sha: OnceLock<String>,
+    loaded: AtomicBool,
 }
 
 impl LuaScript {
@@ -25,10 +30,12 @@ impl LuaScript {
             name,
             source,
             sha: OnceLock::new(),
+            loaded: AtomicBool::new(false),
         }
     }
 
-    /// Loads the script into the server's cache and remembers its digest.
+    /// Loads the script into the server's cache (every node's, on a cluster); answers its
+    /// digest.
     pub(super) async fn load(
         &self,
         conn: &mut flashsale_platform::redis::Conn,
@@ -39,7 +46,29 @@ impl LuaScript {
             .query_async(conn)
             .await
             .map_err(redis_error)?;
-        Ok(self.sha.get_or_init(|| sha).clone())
+        if sha != self.sha() {
+            return Err(GateError::Script(format!(
+                "SCRIPT LOAD of {} answered digest {sha}, not {}",
+                self.name,
+                self.sha()
+            )));
+        }
+        self.loaded.store(true, Ordering::Relaxed);
+        Ok(sha)
+    }
+
+    /// The script's digest, as `SCRIPT LOAD` answers it.
+    fn sha(&self) -> &str {
+        self.sha
+            .get_or_init(|| sha1_smol::Sha1::from(self.source).digest().to_string())
+    }
+
+    /// [`load`](Self::load) on the first use, on one server.
+    async fn load_once(&self, conn: &mut flashsale_platform::redis::Conn) -> Result<(), GateError> {
+        if !conn.is_cluster() && !self.loaded.load(Ordering::Relaxed) {
+            self.load(conn).await?;
+        }
+        Ok(())
     }
 
     /// Runs the script, reloading it if the server forgot it.
@@ -49,11 +78,8 @@ impl LuaScript {
         keys: &[String],
         args: &[String],
     ) -> Result<Value, GateError> {
-        if self.sha.get().is_none() {
-            self.load(conn).await?;
-        }
-        // Set by `load`; were it somehow empty, EVALSHA answers NOSCRIPT and EVAL runs instead.
-        let sha = self.sha.get().map_or("", String::as_str);
+        self.load_once(conn).await?;
+        let sha = self.sha();
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg(sha).arg(keys.len()).arg(keys).arg(args);
         match evalsha.query_async::<Value>(conn).await {
@@ -86,10 +112,8 @@ impl LuaScript {
         if calls.is_empty() {
             return Ok(Vec::new());
         }
-        if self.sha.get().is_none() {
-            self.load(conn).await?;
-        }
-        let sha = self.sha.get().map_or("", String::as_str);
+        self.load_once(conn).await?;
+        let sha = self.sha();
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for (keys, args) in calls {
@@ -116,7 +140,9 @@ impl LuaScript {
 }
 
 /// Connection trouble and a server that cannot serve right now are `Unavailable`; anything
-/// else (a script error, a wrong key type) is `Script`.
+/// else (a script error, a wrong key type) is `Script`. On a Redis Cluster a redirect
+/// (`MOVED`/`ASK`) reaches here only when the client ran out of retries while slots moved (a
+/// failover): the caller may try again.
 pub(super) fn redis_error(e: RedisError) -> GateError {
     let unavailable = e.is_io_error()
         || e.is_connection_dropped()
@@ -130,6 +156,8 @@ pub(super) fn redis_error(e: RedisError) -> GateError {
                     | ServerErrorKind::ClusterDown
                     | ServerErrorKind::MasterDown
                     | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
             )
         );
     if unavailable {
