@@ -120,6 +120,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 initial_stock: stock,
                 per_user_limit,
                 deduction_policy,
+                stock_buckets: 0,
             };
             let resp = client
                 .create_product(authorized(req, &token)?)

@@ -332,6 +332,7 @@ impl TestApp {
             initial_stock: stock,
             per_user_limit: limit,
             deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
+            stock_buckets: 0,
         };
         self.stock()
             .await

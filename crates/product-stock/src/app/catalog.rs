@@ -47,14 +47,49 @@ impl Catalog {
         })?;
         txn.commit().await?;
         // A gate that cannot be seeded now is seeded by the first reservation instead.
-        if let Err(e) = self
-            .gate
-            .load(draft.sku.as_str(), product.gate_target(), &[])
-            .await
-        {
+        if let Err(e) = self.seed(&product).await {
             tracing::warn!(error = %e, "could not seed the gate; the first reservation will");
         }
         self.view(product).await
+    }
+
+    /// Loads a new product's gate. Buckets are seeded under the stock row lock, as a rebuild
+    /// loads them, so a reservation that found them missing meanwhile and rebuilt them is not
+    /// followed by a second load of some of them.
+    async fn seed(&self, product: &Product) -> Result<(), StockError> {
+        let sku = product.sku.as_str();
+        if product.stock_buckets == 1 {
+            self.gate
+                .load(sku, product.gate_target(), &[])
+                .await
+                .map_err(gate_err)?;
+            return Ok(());
+        }
+        let txn = self.db.begin().await?;
+        let Some(locked) = db::product(&txn, &product.sku, true).await? else {
+            return Ok(());
+        };
+        let states = self
+            .gate
+            .bucket_states(sku, locked.stock_buckets)
+            .await
+            .map_err(gate_err)?;
+        if states.iter().all(Option::is_none) {
+            let now_ms = chrono::Utc::now().timestamp_millis();
+            self.gate
+                .load_product(
+                    sku,
+                    locked.stock_buckets,
+                    locked.gate_target(),
+                    &[],
+                    &[],
+                    now_ms,
+                )
+                .await
+                .map_err(gate_err)?;
+        }
+        txn.commit().await?;
+        Ok(())
     }
 
     /// One product with its figures.
@@ -68,7 +103,7 @@ impl Catalog {
     async fn view(&self, product: Product) -> Result<ProductView, StockError> {
         let gate = self
             .gate
-            .snapshot(product.sku.as_str())
+            .product_snapshot(product.sku.as_str(), product.stock_buckets)
             .await
             .map_err(gate_err)?;
         Ok((product, gate.map(|g| g.available)))
@@ -160,7 +195,12 @@ impl Catalog {
         // down the `stock.adjusted` event applies it later, once.
         if let Err(e) = self
             .gate
-            .adjust(adj.sku.as_str(), &adj.request_id, adj.delta)
+            .adjust_product(
+                adj.sku.as_str(),
+                product.stock_buckets,
+                &adj.request_id,
+                adj.delta,
+            )
             .await
         {
             tracing::warn!(error = %e, "gate not adjusted now; the stock.adjusted event will");

@@ -20,6 +20,7 @@ fn draft(sku: &str) -> CreateProductRequest {
         initial_stock: 10,
         per_user_limit: 2,
         deduction_policy: RTC as i32,
+        stock_buckets: 0,
     }
 }
 

@@ -1,9 +1,12 @@
 -- Restock (+) or write-off (-) from a `stock.adjusted` event, once per request id.
 -- KEYS: 1 avail, 2 the request's marker, 3 epoch, 4 refills
 -- ARGV: 1 delta, 2 marker ttl ms
--- Reply: {'D'} seen before | {'N'} not loaded | {'A', applied, available, clamped}
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  return {'D'}
+-- Reply: {'D', marker} seen before | {'N'} not loaded | {'A', applied, available, clamped}
+-- The marker holds 'A:<applied>' (older markers: 'A'), or 'N' when the gate was not loaded: a
+-- write-off spread over stock buckets replays from what each bucket applied.
+local seen = redis.call('GET', KEYS[2])
+if seen then
+  return {'D', seen}
 end
 local avail = redis.call('GET', KEYS[1])
 if not avail then
@@ -28,7 +31,7 @@ if delta < 0 and after < 0 then
 else
   after = redis.call('INCRBY', KEYS[1], ARGV[1])
 end
-redis.call('SET', KEYS[2], 'A', 'PX', ARGV[2])
+redis.call('SET', KEYS[2], 'A:' .. (after - avail), 'PX', ARGV[2])
 redis.call('INCR', KEYS[3])
 redis.call('INCR', KEYS[4])
 return {'A', after - avail, after, clamped}
