@@ -197,7 +197,7 @@ impl StockSaga {
             .collect();
         for mark in self
             .gate
-            .mark_persisted_many(&marks)
+            .mark_persisted_many_at(&marks)
             .await
             .map_err(gate_err)?
         {

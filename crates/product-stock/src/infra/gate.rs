@@ -347,13 +347,25 @@ impl RedisGate {
     /// [`mark_persisted`](Self::mark_persisted) for many orders in one Redis round trip (a
     /// pipeline; each script still runs atomically on its own). One answer per item, in order;
     /// `Err` as a whole only when Redis could not be asked at all.
-    pub async fn mark_persisted_many<'a, T: Into<At<'a>> + Copy>(
+    pub async fn mark_persisted_many(
         &self,
-        items: &[(T, Uuid)],
+        items: &[(&str, Uuid)],
+    ) -> Result<Vec<Result<bool, GateError>>, GateError> {
+        let items: Vec<(At<'_>, Uuid)> = items
+            .iter()
+            .map(|(sku, id)| (At::from(*sku), *id))
+            .collect();
+        self.mark_persisted_many_at(&items).await
+    }
+
+    /// [`mark_persisted_many`](Self::mark_persisted_many), each order in its stock bucket.
+    pub async fn mark_persisted_many_at(
+        &self,
+        items: &[(At<'_>, Uuid)],
     ) -> Result<Vec<Result<bool, GateError>>, GateError> {
         let mut calls = Vec::with_capacity(items.len());
         for (at, order_id) in items {
-            let k = self.keys_at((*at).into())?;
+            let k = self.keys_at(*at)?;
             let keys = vec![
                 k.avail(),
                 k.held(),
