@@ -449,3 +449,68 @@ async fn restock_and_write_off_reach_every_bucket_once() {
     assert_eq!(app.gate_total("RESTOCK", BUCKETS).await, (8, 0));
     assert_eq!(app.reconcile("RESTOCK", false).await, (8, 0, 0));
 }
+
+#[tokio::test]
+async fn the_sweeper_and_the_reconciler_settle_holds_and_releases_in_every_bucket() {
+    const BUCKETS: u32 = 4;
+    let db = TestDatabase::create().await.unwrap();
+    let mut settings = test_settings(&db);
+    settings.stock.hold_ttl_ms = 300;
+    settings.stock.sweep_interval_ms = 100;
+    let app = spawn_with(settings, db).await;
+    app.create_bucketed("SWEEP", 8, 0, BUCKETS).await;
+    // A hold in bucket 3 whose order was never written: the sweeper gives it back there.
+    let (ghost, ghost_order) = (user_in("g", 3, BUCKETS), Uuid::new_v4());
+    app.try_reserve(ghost_order, &ghost, "SWEEP", 2)
+        .await
+        .unwrap();
+    assert_eq!(app.buckets_of("SWEEP", BUCKETS).await[3].1, 2);
+    app.wait_count(
+        &format!(
+            "SELECT COUNT(*) AS n FROM reservations WHERE order_id = '{ghost_order}' AND cause = 'HOLD_EXPIRED'"
+        ),
+        1,
+    )
+    .await;
+    let mut waited = 0;
+    while app.gate_total("SWEEP", BUCKETS).await != (8, 0) && waited < 100 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        waited += 1;
+    }
+    assert_eq!(app.gate_total("SWEEP", BUCKETS).await, (8, 0));
+
+    // A release prepared in bucket 1 whose consumer died after the database committed it.
+    let (buyer, order) = (user_in("r", 1, BUCKETS), Uuid::new_v4());
+    app.orders
+        .put("SWEEP", order, &buyer, 3, FakeStatus::Pending);
+    app.try_reserve(order, &buyer, "SWEEP", 3).await.unwrap();
+    app.publish(created(order, &buyer, "SWEEP", 3), &order.to_string())
+        .await;
+    app.wait_count("SELECT reserved AS n FROM stock", 3).await;
+    app.gate
+        .prepare_release(At::new("SWEEP", 1), order, &buyer, 3)
+        .await
+        .unwrap();
+    app.exec(&format!(
+        "UPDATE reservations SET state = 'RELEASED' WHERE order_id = '{order}'"
+    ))
+    .await;
+    app.exec("UPDATE stock SET reserved = reserved - 3 WHERE sku = 'SWEEP'")
+        .await;
+    assert_eq!(
+        app.gate_total("SWEEP", BUCKETS).await.0,
+        5,
+        "prepared moves nothing"
+    );
+    assert_eq!(app.reconcile("SWEEP", false).await, (8, 0, 0));
+    let buyers: Vec<(String, i64)> = {
+        let pool = flashsale_platform::redis::pool(&app.settings.redis).unwrap();
+        let mut conn = pool.get().await.unwrap();
+        redis::cmd("HGETALL")
+            .arg(app.gate.keys_at(At::new("SWEEP", 1)).unwrap().users())
+            .query_async(&mut *conn)
+            .await
+            .unwrap()
+    };
+    assert!(buyers.is_empty(), "{buyers:?}");
+}
