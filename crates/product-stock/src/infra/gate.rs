@@ -4,8 +4,11 @@
 //!
 //! # Key layout
 //!
-//! All keys of one product share the Redis Cluster hash tag `{p:SKU}`, so every script touches
-//! one slot. With `P` the gate's key prefix:
+//! All keys of one stock bucket share one Redis Cluster hash tag, so every script touches one
+//! slot. A product without buckets has one, bucket 0, tagged `{p:SKU}`; a product created with
+//! N stock buckets (docs/architecture.md#stock-buckets, `gate/buckets.rs`) also has buckets 1..N,
+//! tagged `{p:SKU:b}`, each with every key below (written here for bucket 0). With `P` the
+//! gate's key prefix:
 //!
 //! | key | type | holds |
 //! |---|---|---|
@@ -18,7 +21,15 @@
 //! | `Pstock:{p:SKU}:generation` | string | set afresh by every load (rebuild) |
 //! | `Pstock:{p:SKU}:releasing` | sorted set | order id → time (ms) of releases prepared, not settled |
 //! | `Pstock:{p:SKU}:o:<order id>` | hash, TTL | the order's record: `s` state, `q` qty, `u` user, `n` first answer |
-//! | `Pstock:{p:SKU}:adj:<request id>` | string, TTL | an applied restock / write-off |
+//! | `Pstock:{p:SKU}:adj:<request id>` | string, TTL | an applied restock / write-off: `A:<units applied>` |
+//! | `Pstock:{p:SKU}:moving` | string | units taken out of this bucket for another, not landed yet |
+//! | `Pstock:{p:SKU}:xfers` | hash | transfer id → `to:qty:generation` of transfers out of this bucket not settled |
+//! | `Pstock:{p:SKU}:xin:<transfer id>` | string, TTL | what became of a transfer into this bucket: `G` landed, `C` cancelled, `S` stale |
+//! | `Pstock:{p:SKU}:rebuild_after` | string, TTL | bucket 0 only: while the product is missing, when it may be rebuilt |
+//!
+//! The last three parts exist only for products with buckets (`moving` and `xfers` are created
+//! by the first transfer), so a product without buckets has exactly the keys it always had. A
+//! buyer's orders all live in bucket `FNV-1a(user id) mod N` ([`crate::domain::bucket_of`]).
 //!
 //! Order states: `H` held (not in the database yet), `P` persisted, `B` being released (the
 //! database transaction releasing it is open or has just committed; `f` the state it came from,
@@ -32,7 +43,8 @@
 //! # Invariant
 //!
 //! `avail + held == on_hand − reserved` in the database (`== on_hand` under `COMMIT_AT_ORDER`;
-//! docs/invariants.md, invariant 3).
+//! docs/invariants.md, invariant 3); with buckets, `Σ (avail + held + moving)` over the buckets,
+//! `moving` counted until the transfer lands.
 //! Each script keeps it: reserve moves q from `avail` to `held`; mark-persisted takes q out of
 //! `held` as the database's `reserved` grew by q; releasing a hold moves q from `held` back to
 //! `avail`; releasing a persisted order adds q to `avail` as `reserved` shrank by q. A missing

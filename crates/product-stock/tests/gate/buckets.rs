@@ -396,7 +396,14 @@ async fn rebuild_puts_each_hold_and_buyer_in_their_bucket() {
     };
     let loaded = t
         .gate
-        .load_product(SKU, 3, 11, &[(alice.clone(), 4)], &[hold.clone()], NOW)
+        .load_product(
+            SKU,
+            3,
+            11,
+            &[(alice.clone(), 4)],
+            std::slice::from_ref(&hold),
+            NOW,
+        )
         .await
         .unwrap();
     assert_eq!(
