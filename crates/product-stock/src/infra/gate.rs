@@ -6,7 +6,7 @@
 //!
 //! All keys of one stock bucket share one Redis Cluster hash tag, so every script touches one
 //! slot. A product without buckets has one, bucket 0, tagged `{p:SKU}`; a product created with
-//! N stock buckets (docs/architecture.md#stock-buckets, `gate/buckets.rs`) also has buckets 1..N,
+//! N stock buckets (docs/architecture.md#stock-buckets, `gate/buckets.rs`) also has buckets 1..N−1,
 //! tagged `{p:SKU:b}`, each with every key below (written here for bucket 0). With `P` the
 //! gate's key prefix:
 //!
