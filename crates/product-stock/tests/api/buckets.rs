@@ -9,8 +9,8 @@ use flashsale_product_stock::{domain::bucket_of, infra::gate::At};
 use flashsale_proto::{
     events::v1::envelope::Payload,
     product::v1::{
-        AdjustStockRequest, CreateProductRequest, DeductionPolicy, GetProductRequest, Product,
-        ReconcileStockRequest,
+        AdjustStockRequest, CreateProductRequest, DeductionPolicy, GetGateBuyersRequest,
+        GetProductRequest, Product, ReconcileStockRequest, ReserveStockBatchRequest,
     },
 };
 use flashsale_test_support::TestDatabase;
@@ -513,4 +513,69 @@ async fn the_sweeper_and_the_reconciler_settle_holds_and_releases_in_every_bucke
             .unwrap()
     };
     assert!(buyers.is_empty(), "{buyers:?}");
+}
+
+#[tokio::test]
+async fn a_batch_of_reservations_borrows_for_dry_buckets_and_the_gate_buyers_span_them_all() {
+    const BUCKETS: u32 = 4;
+    let app = spawn_app().await;
+    app.create_bucketed("BATCH", 6, 1, BUCKETS).await;
+    // Ten buyers of bucket 0, which holds 2 of the 6 units, and one buying twice.
+    let buyers: Vec<String> = (0..10)
+        .map(|i| user_in(&format!("q{i}"), 0, BUCKETS))
+        .collect();
+    let mut items: Vec<_> = buyers
+        .iter()
+        .map(|b| reserve_req(Uuid::new_v4(), b, "BATCH", 1))
+        .collect();
+    items.push(reserve_req(Uuid::new_v4(), &buyers[0], "BATCH", 1));
+    let outcomes = app
+        .client()
+        .await
+        .reserve_stock_batch(service(ReserveStockBatchRequest { items }))
+        .await
+        .unwrap()
+        .into_inner()
+        .outcomes;
+    let reserved = outcomes.iter().filter(|o| o.reserved.is_some()).count();
+    assert_eq!(reserved, 6, "{outcomes:?}");
+    assert!(
+        outcomes[..6].iter().all(|o| o.reserved.is_some()),
+        "{outcomes:?}"
+    );
+    // Sold out comes before the limit: the buyer asking twice is refused SOLD_OUT too.
+    assert!(
+        outcomes[6..].iter().all(|o| o.reason == "SOLD_OUT"),
+        "{outcomes:?}"
+    );
+    assert_eq!(app.gate_total("BATCH", BUCKETS).await, (0, 6));
+
+    let got = app
+        .client()
+        .await
+        .get_gate_buyers(service(GetGateBuyersRequest {
+            sku: "BATCH".into(),
+            max_buyers: 100,
+            known_refills: String::new(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut listed = got.user_ids.clone();
+    listed.sort();
+    let mut want: Vec<String> = buyers[..6].to_vec();
+    want.sort();
+    assert_eq!((got.gate_available, listed), (0, want));
+    let again = app
+        .client()
+        .await
+        .get_gate_buyers(service(GetGateBuyersRequest {
+            sku: "BATCH".into(),
+            max_buyers: 100,
+            known_refills: got.refills.clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.user_ids.is_empty() && again.unchanged, "{again:?}");
 }

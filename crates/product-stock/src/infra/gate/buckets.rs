@@ -174,7 +174,7 @@ impl RedisGate {
     /// Given the answer of a reservation in bucket `home`: `Some(answer)` when it is final,
     /// `None` when units were borrowed (or may be on their way) and the reservation should be
     /// tried again.
-    pub async fn after_dry(
+    async fn after_dry(
         &self,
         sku: &str,
         buckets: u32,
