@@ -58,16 +58,19 @@ async fn a_flood_on_a_product_in_stock_buckets_accepts_exactly_its_stock_once_pe
     assert_eq!((p.stock_buckets, p.gate_available), (8, 100));
     let clients: Vec<_> = futures_util::future::join_all((0..8).map(|_| app.client())).await;
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..1500usize {
+    for i in 0..1000usize {
         let mut c = clients[i % clients.len()].clone();
         tasks.spawn(async move {
-            let user = format!("u{}", i % 500);
+            let user = format!("u{}", i % 400);
             let req = create_req(&format!("r{i}"), "HOT", 1);
             // UNAVAILABLE is retried as a client would, with the same request id.
             for _ in 0..10 {
                 match c.create_order(as_user(&user, req.clone())).await {
                     Ok(r) => return Ok(r.into_inner().order.unwrap()),
                     Err(s) if s.code() == tonic::Code::Unavailable => continue,
+                    Err(s) if reason(&s).is_empty() => {
+                        return Err(format!("{:?} {}", s.code(), s.message()));
+                    }
                     Err(s) => return Err(reason(&s)),
                 }
             }
@@ -88,7 +91,7 @@ async fn a_flood_on_a_product_in_stock_buckets_accepts_exactly_its_stock_once_pe
         }
     }
     assert_eq!(accepted.len(), 100);
-    assert_eq!(refused, 1400);
+    assert_eq!(refused, 900);
     let users: std::collections::BTreeSet<_> = accepted.iter().map(|o| o.user_id.clone()).collect();
     assert_eq!(users.len(), 100, "a user got two");
     app.wait_count(

@@ -2,7 +2,7 @@
 //! unless the gate has lost the product's keys (then it is rebuilt from the database and the
 //! order service's pending orders first).
 
-use std::sync::Arc;
+use std::{collections::HashSet, sync::Arc};
 
 use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
@@ -157,6 +157,10 @@ impl Gate {
             .map_err(gate_err)?
             .into_iter();
         let mut answers = Vec::with_capacity(reqs.len());
+        // Products in stock buckets found sold out (every bucket empty at one instant) while
+        // this batch was being answered: its other requests were already waiting then, so
+        // `SOLD_OUT` is a true answer for them without asking every bucket again.
+        let mut sold_out: HashSet<Sku> = HashSet::new();
         for (req, t) in reqs.iter().zip(terms) {
             let t = match t {
                 Ok(t) => t,
@@ -165,23 +169,31 @@ impl Gate {
                     continue;
                 }
             };
-            let a =
-                match outcomes.next() {
-                    // The buyer's bucket ran dry: the one-by-one path borrows from the others (the
-                    // refusal wrote nothing, so asking again is no replay).
-                    Some(Ok(
-                        ReserveOutcome::SoldOut | ReserveOutcome::InsufficientStock { .. },
-                    )) if t.stock_buckets > 1 => self.reserve(req.clone()).await,
-                    Some(Ok(outcome)) => match answer(outcome, &t, req) {
-                        Some(a) => a,
-                        // The gate lost the product: the one-by-one path rebuilds it.
-                        None => self.reserve(req.clone()).await,
-                    },
-                    Some(Err(e)) => Err(gate_err(e)),
-                    None => Err(StockError::Internal(anyhow::anyhow!(
-                        "the gate answered fewer reservations than asked"
-                    ))),
-                };
+            let a = match outcomes.next() {
+                Some(Ok(ReserveOutcome::SoldOut)) if sold_out.contains(&req.sku) => {
+                    refused(Refusal::SoldOut, 0)
+                }
+                // The buyer's bucket ran dry: the one-by-one path borrows from the others (the
+                // refusal wrote nothing, so asking again is no replay).
+                Some(Ok(ReserveOutcome::SoldOut | ReserveOutcome::InsufficientStock { .. }))
+                    if t.stock_buckets > 1 =>
+                {
+                    let a = self.reserve(req.clone()).await;
+                    if matches!(a, Err(StockError::Refused(Refusal::SoldOut, _))) {
+                        sold_out.insert(req.sku.clone());
+                    }
+                    a
+                }
+                Some(Ok(outcome)) => match answer(outcome, &t, req) {
+                    Some(a) => a,
+                    // The gate lost the product: the one-by-one path rebuilds it.
+                    None => self.reserve(req.clone()).await,
+                },
+                Some(Err(e)) => Err(gate_err(e)),
+                None => Err(StockError::Internal(anyhow::anyhow!(
+                    "the gate answered fewer reservations than asked"
+                ))),
+            };
             answers.push(a);
         }
         Ok(answers)
@@ -331,16 +343,18 @@ pub(super) async fn rebuild(
     Ok(true)
 }
 
+/// A refusal, counted.
+fn refused(r: Refusal, available: i64) -> Result<Reserved, StockError> {
+    metrics::counter!("flashsale_reserve_refused_total", "reason" => r.reason()).increment(1);
+    Err(StockError::Refused(r, available))
+}
+
 /// What the gate's outcome means for the caller; `None` when the gate lost the product.
 fn answer(
     outcome: ReserveOutcome,
     terms: &ProductTerms,
     req: &ReserveRequest,
 ) -> Option<Result<Reserved, StockError>> {
-    let refused = |r: Refusal, available: i64| {
-        metrics::counter!("flashsale_reserve_refused_total", "reason" => r.reason()).increment(1);
-        Err(StockError::Refused(r, available))
-    };
     Some(match outcome {
         ReserveOutcome::Reserved {
             remaining,
