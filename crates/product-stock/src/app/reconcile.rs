@@ -234,7 +234,7 @@ impl Reconciler {
         let buckets = product.stock_buckets;
         self.settle_holds(sku, i64::MAX).await?;
         settle_releases(&txn, &self.gate, sku, buckets, i64::MAX).await?;
-        let mut refilled = self.settle_transfers(sku, buckets).await?;
+        let mut refilled = self.settle_transfers(sku, buckets, i64::MAX).await?;
         let target = product.gate_target();
         let mut repaired = false;
         let snapshot = match self.stock_snapshot(sku, buckets).await? {
@@ -322,17 +322,18 @@ impl Reconciler {
         Ok(Some(sum))
     }
 
-    /// Settles the transfers between the buckets of `sku` that their borrower left (see
-    /// [`RedisGate::settle_transfers`]); when stranded units went back on sale, the
-    /// `stock.gate_refilled` to send.
+    /// Settles the transfers between the buckets of `sku` taken before `cutoff_ms` that their
+    /// borrower left (see [`RedisGate::settle_transfers`]); when stranded units went back on
+    /// sale, the `stock.gate_refilled` to send.
     async fn settle_transfers(
         &self,
         sku: &Sku,
         buckets: u32,
+        cutoff_ms: i64,
     ) -> Result<Option<Envelope>, StockError> {
         let (settled, returned) = self
             .gate
-            .settle_transfers(sku.as_str(), buckets)
+            .settle_transfers(sku.as_str(), buckets, cutoff_ms)
             .await
             .map_err(gate_err)?;
         if settled == 0 {
@@ -579,6 +580,32 @@ impl Reconciler {
         Ok(total)
     }
 
+    /// Settles, for every product in stock buckets, the transfers between its buckets taken more
+    /// than 5 s ago and not settled (their borrower died between the steps):
+    /// stranded units go back on sale well within the life of the landing markers. Returns how
+    /// many units were returned.
+    pub async fn settle_stale_transfers(&self) -> Result<i64, StockError> {
+        let cutoff = chrono::Utc::now()
+            .timestamp_millis()
+            .saturating_sub(RELEASE_GRACE_MS);
+        let mut returned = 0;
+        for sku in db::all_skus(&self.db).await? {
+            let buckets = self.terms.get(&sku).await?.stock_buckets;
+            if buckets < 2 {
+                continue;
+            }
+            if let Some(event) = self.settle_transfers(&sku, buckets, cutoff).await? {
+                if let Some(Payload::StockGateRefilled(ev)) = &event.payload {
+                    returned += ev.available_after - ev.available_before;
+                }
+                if let Err(e) = outbox::enqueue(&self.db, &event).await {
+                    tracing::warn!(%sku, error = %e, "stock.gate_refilled not recorded");
+                }
+            }
+        }
+        Ok(returned)
+    }
+
     /// One sweep over every product: settle holds older than `stock.hold_ttl_ms`. Returns how
     /// many were released. When the order service cannot be asked, nothing that needed its
     /// answer is released this round; that is logged once and counted in
@@ -588,6 +615,7 @@ impl Reconciler {
         let cutoff = chrono::Utc::now().timestamp_millis().saturating_sub(ttl);
         let (mut total, mut deferred) = (0, Vec::new());
         self.settle_stale_releases().await?;
+        self.settle_stale_transfers().await?;
         for sku in db::all_skus(&self.db).await? {
             let settled = self.settle_holds(&sku, cutoff).await?;
             total += settled.expired;

@@ -23,8 +23,8 @@
 //! | `Pstock:{p:SKU}:o:<order id>` | hash, TTL | the order's record: `s` state, `q` qty, `u` user, `n` first answer |
 //! | `Pstock:{p:SKU}:adj:<request id>` | string, TTL | an applied restock / write-off: `A:<units applied>` |
 //! | `Pstock:{p:SKU}:moving` | string | units taken out of this bucket for another, not landed yet |
-//! | `Pstock:{p:SKU}:xfers` | hash | transfer id → `to:qty:generation` of transfers out of this bucket not settled |
-//! | `Pstock:{p:SKU}:xin:<transfer id>` | string, TTL | what became of a transfer into this bucket: `G` landed, `C` cancelled, `S` stale |
+//! | `Pstock:{p:SKU}:xfers` | hash | transfer id → `to:qty:generation:taken at ms` of transfers out of this bucket not settled |
+//! | `Pstock:{p:SKU}:xin:<transfer id>` | string | what became of a transfer into this bucket: `G` landed (no TTL; deleted once the donor settled), `C` cancelled or `S` stale (TTL) |
 //! | `Pstock:{p:SKU}:rebuild_after` | string, TTL | bucket 0 only: while the product is missing, when it may be rebuilt |
 //!
 //! The last three parts exist only for products with buckets (`moving` and `xfers` are created

@@ -81,18 +81,7 @@ impl TestApp {
         sku: &str,
         q: i64,
     ) -> Result<(), String> {
-        let mut c = self.client().await;
-        for _ in 0..20 {
-            match c
-                .reserve_stock(service(reserve_req(order, user_id, sku, q)))
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) if e.code() == Code::Unavailable => continue,
-                Err(e) => return Err(reason(&e)),
-            }
-        }
-        panic!("no answer after 20 tries");
+        try_reserve_with(&mut self.client().await, order, user_id, sku, q).await
     }
 
     async fn reconcile(&self, sku: &str, repair: bool) -> (i64, i64, i64) {
@@ -110,6 +99,62 @@ impl TestApp {
             .remove(0);
         (r.gate_available, r.unpersisted_holds, r.drift)
     }
+}
+
+/// Reserves through `c`, retrying UNAVAILABLE as a caller does; the refusal reason otherwise
+/// (the code and message when there is no reason).
+async fn try_reserve_with(
+    c: &mut crate::helpers::Client,
+    order: Uuid,
+    user_id: &str,
+    sku: &str,
+    q: i64,
+) -> Result<(), String> {
+    for _ in 0..20 {
+        match c
+            .reserve_stock(service(reserve_req(order, user_id, sku, q)))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.code() == Code::Unavailable => continue,
+            Err(e) if reason(&e).is_empty() => {
+                return Err(format!("{:?} {}", e.code(), e.message()));
+            }
+            Err(e) => return Err(reason(&e)),
+        }
+    }
+    panic!("no answer after 20 tries");
+}
+
+/// Takes `qty` units out of bucket `from` of `sku` for bucket `to`, as at `at_ms`, and lands
+/// nothing: a borrower that died between the steps. The script's code and the units taken.
+async fn strand(
+    app: &TestApp,
+    sku: &str,
+    from: u32,
+    to: u32,
+    qty: i64,
+    at_ms: i64,
+) -> (String, i64) {
+    let k = app.gate.keys_at(At::new(sku, from)).unwrap();
+    let pool = flashsale_platform::redis::pool(&app.settings.redis).unwrap();
+    let mut conn = pool.get().await.unwrap();
+    let reply: (String, i64, String) = redis::cmd("EVAL")
+        .arg(include_str!("../../src/infra/gate/lua/take.lua"))
+        .arg(5)
+        .arg(k.avail())
+        .arg(k.moving())
+        .arg(k.transfers())
+        .arg(k.generation())
+        .arg(k.refills())
+        .arg(Uuid::new_v4().to_string())
+        .arg(qty)
+        .arg(to)
+        .arg(at_ms)
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    (reply.0, reply.1)
 }
 
 /// A user whose bucket (of `buckets`) is `bucket`, named after `tag`.
@@ -171,14 +216,14 @@ async fn a_bucketed_product_sells_exactly_its_stock_and_keeps_the_user_limit() {
     let app = spawn_app().await;
     app.create_bucketed("FLOOD", STOCK, LIMIT as u32, BUCKETS)
         .await;
-    let app = std::sync::Arc::new(app);
+    let clients: Vec<_> = futures_util::future::join_all((0..8).map(|_| app.client())).await;
     let mut tasks = Vec::new();
     for i in 0..300 {
-        let app = app.clone();
+        let mut c = clients[i % clients.len()].clone();
         let buyer = format!("fan-{}", i % 60);
         tasks.push(tokio::spawn(async move {
             let order = Uuid::new_v4();
-            let got = app.try_reserve(order, &buyer, "FLOOD", 1).await;
+            let got = try_reserve_with(&mut c, order, &buyer, "FLOOD", 1).await;
             (buyer, order, got)
         }));
     }
@@ -349,26 +394,15 @@ async fn reconcile_repairs_any_bucket_and_returns_units_a_transfer_stranded() {
     assert_eq!(app.reconcile("DRIFT", false).await, (9, 0, 0));
 
     // A borrower took 2 units out of bucket 0 for bucket 2 and died before landing them.
-    let k = app.gate.keys_at(At::new("DRIFT", 0)).unwrap();
-    let pool = flashsale_platform::redis::pool(&app.settings.redis).unwrap();
-    let mut conn = pool.get().await.unwrap();
-    let (code, taken): (String, i64) = {
-        let reply: (String, i64, String) = redis::cmd("EVAL")
-            .arg(include_str!("../../src/infra/gate/lua/take.lua"))
-            .arg(5)
-            .arg(k.avail())
-            .arg(k.moving())
-            .arg(k.transfers())
-            .arg(k.generation())
-            .arg(k.refills())
-            .arg(Uuid::new_v4().to_string())
-            .arg(2)
-            .arg(2)
-            .query_async(&mut *conn)
-            .await
-            .unwrap();
-        (reply.0, reply.1)
-    };
+    let (code, taken) = strand(
+        &app,
+        "DRIFT",
+        0,
+        2,
+        2,
+        chrono::Utc::now().timestamp_millis(),
+    )
+    .await;
     assert_eq!((code.as_str(), taken), ("T", 2));
     assert_eq!(app.gate_total("DRIFT", BUCKETS).await.0, 7);
     // Moving units are no drift, and are not sold meanwhile.
@@ -578,4 +612,43 @@ async fn a_batch_of_reservations_borrows_for_dry_buckets_and_the_gate_buyers_spa
         .unwrap()
         .into_inner();
     assert!(again.user_ids.is_empty() && again.unchanged, "{again:?}");
+}
+
+#[tokio::test]
+async fn the_sweeper_returns_units_a_transfer_stranded() {
+    const BUCKETS: u32 = 2;
+    let db = TestDatabase::create().await.unwrap();
+    let mut settings = test_settings(&db);
+    settings.stock.sweep_interval_ms = 100;
+    let app = spawn_with(settings, db).await;
+    app.create_bucketed("STRAND", 6, 0, BUCKETS).await;
+    // A minute ago a borrower took units out of bucket 1 and never landed them.
+    let minute_ago = chrono::Utc::now().timestamp_millis() - 60_000;
+    let (code, taken) = strand(&app, "STRAND", 1, 0, 1, minute_ago).await;
+    assert_eq!(code, "T");
+    // One just taken is left to its borrower for a few seconds.
+    let (_, young) = strand(
+        &app,
+        "STRAND",
+        0,
+        1,
+        1,
+        chrono::Utc::now().timestamp_millis(),
+    )
+    .await;
+    assert_eq!(app.gate_total("STRAND", BUCKETS).await.0, 6 - taken - young);
+    let mut waited = 0;
+    while app.gate_total("STRAND", BUCKETS).await.0 != 6 - young && waited < 100 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        waited += 1;
+    }
+    assert_eq!(app.gate_total("STRAND", BUCKETS).await.0, 6 - young);
+    let told = app.outbox_of("stock.gate_refilled").await;
+    assert!(
+        told.iter().any(|e| matches!(
+            &e.payload,
+            Some(Payload::StockGateRefilled(ev)) if ev.cause == "REBALANCE"
+        )),
+        "{told:?}"
+    );
 }

@@ -57,6 +57,11 @@ impl TestGate {
     /// Runs the first step of a transfer alone, as a borrower that died right after it would
     /// have: `qty` units (at least) out of `from` for `to`.
     async fn take_only(&self, from: u32, to: u32, qty: i64) -> (Uuid, i64, String) {
+        self.take_at(from, to, qty, NOW).await
+    }
+
+    /// [`Self::take_only`], as if taken at `at_ms`.
+    async fn take_at(&self, from: u32, to: u32, qty: i64, at_ms: i64) -> (Uuid, i64, String) {
         let k = self.gate.keys_at(At::new(SKU, from)).unwrap();
         let id = Uuid::new_v4();
         let (code, taken, generation): (String, i64, String) = self
@@ -71,7 +76,8 @@ impl TestGate {
                     .arg(k.refills())
                     .arg(id.to_string())
                     .arg(qty)
-                    .arg(to),
+                    .arg(to)
+                    .arg(at_ms),
             )
             .await;
         assert_eq!(code, "T");
@@ -229,8 +235,19 @@ async fn a_bucketed_product_sells_exactly_its_stock_to_a_concurrent_flood() {
         "nothing stranded: {states:?}"
     );
     assert_eq!(states.iter().map(|s| s.held).sum::<i64>(), STOCK);
-    let (settled, returned) = t.gate.settle_transfers(SKU, BUCKETS).await.unwrap();
+    let (settled, returned) = t
+        .gate
+        .settle_transfers(SKU, BUCKETS, i64::MAX)
+        .await
+        .unwrap();
     assert_eq!((settled, returned), (0, 0), "every transfer was settled");
+    let markers: Vec<String> = t
+        .all_keys()
+        .await
+        .into_iter()
+        .filter(|k| k.contains(":xin:"))
+        .collect();
+    assert!(markers.is_empty(), "landing markers left: {markers:?}");
     t.cleanup().await;
 }
 
@@ -332,10 +349,13 @@ async fn a_transfer_cut_short_strands_units_until_the_reconciler_returns_them() 
         "one unit is still moving, so not sold out: {got:?}"
     );
 
-    let (settled, returned) = t.gate.settle_transfers(SKU, 2).await.unwrap();
+    let (settled, returned) = t.gate.settle_transfers(SKU, 2, i64::MAX).await.unwrap();
     assert_eq!((settled, returned), (1, 1));
     let states = t.states(2).await;
     assert_eq!((states[1].available, states[1].moving), (1, 0));
+    let marker = t.gate.keys_at(At::new(SKU, 0)).unwrap().landing(id);
+    let ttl: i64 = t.query(redis::cmd("PTTL").arg(&marker)).await;
+    assert!(ttl > 0, "a cancelled transfer's marker lives on: {ttl}");
     // The borrower waking up late cannot land them any more.
     assert_eq!(t.land(0, id, taken, &generation, "give").await, "C");
     assert_eq!(t.avails(2).await, [0, 1]);
@@ -360,8 +380,16 @@ async fn a_transfer_that_landed_but_was_not_settled_is_settled_without_moving_un
         (states[0].available, states[1].available, states[1].moving),
         (3 + taken, 3 - taken, taken)
     );
-    let (settled, returned) = t.gate.settle_transfers(SKU, 2).await.unwrap();
+    // Younger than the cutoff: left to its borrower.
+    assert_eq!(t.gate.settle_transfers(SKU, 2, NOW).await.unwrap(), (0, 0));
+    let (settled, returned) = t.gate.settle_transfers(SKU, 2, NOW + 1).await.unwrap();
     assert_eq!((settled, returned), (1, 0));
+    let marker = t.gate.keys_at(At::new(SKU, 0)).unwrap().landing(id);
+    let exists: i64 = t.query(redis::cmd("EXISTS").arg(&marker)).await;
+    assert_eq!(
+        exists, 0,
+        "a landed transfer's marker goes once the donor settled"
+    );
     let states = t.states(2).await;
     assert_eq!(
         states.iter().map(|s| s.available + s.moving).sum::<i64>(),
@@ -381,7 +409,10 @@ async fn a_transfer_from_before_a_rebuild_never_lands() {
     t.load_buckets(2, 4).await;
     assert_eq!(t.land(0, id, taken, &generation, "give").await, "S");
     assert_eq!(t.avails(2).await, [2, 2]);
-    assert_eq!(t.gate.settle_transfers(SKU, 2).await.unwrap(), (0, 0));
+    assert_eq!(
+        t.gate.settle_transfers(SKU, 2, i64::MAX).await.unwrap(),
+        (0, 0)
+    );
     t.cleanup().await;
 }
 

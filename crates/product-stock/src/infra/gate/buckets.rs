@@ -6,11 +6,12 @@
 //! - A buyer's orders all live in one bucket, [`bucket_of`] their user id: the per-user limit
 //!   is checked by the bucket's own script, and every later step of an order (persist, release,
 //!   rebuild) finds its record there without asking.
-//! - A bucket that runs dry borrows: units move from another bucket in two steps, taken out of
-//!   the donor (`take.lua`, kept in its `moving` counter) then landed in the dry bucket
-//!   (`land.lua`), then settled on the donor (`settle_transfer.lua`). A crash between the steps
-//!   strands units in `moving`, never doubles them; the reconciler settles every transfer left
-//!   ([`RedisGate::settle_transfers`]), the landing marker deciding once whether they landed.
+//! - A bucket that runs dry borrows: units move from another bucket in steps, taken out of the
+//!   donor (`take.lua`, kept in its `moving` counter), landed in the dry bucket (`land.lua`),
+//!   settled on the donor (`settle_transfer.lua`), the landing marker dropped. A crash between
+//!   the steps strands units in `moving`, never doubles them; the hold sweeper and the
+//!   reconciler settle every transfer left ([`RedisGate::settle_transfers`]), the landing
+//!   marker deciding once whether they landed.
 //! - A product is sold out only when every bucket was empty, with nothing moving, at one
 //!   instant: two reads of every bucket with the same refills counts in between (a bucket's
 //!   counter only grows through a change that bumps its refills count).
@@ -238,6 +239,7 @@ impl RedisGate {
                         id.hyphenated().to_string(),
                         need.to_string(),
                         home.to_string(),
+                        chrono::Utc::now().timestamp_millis().to_string(),
                     ],
                 )
                 .await?,
@@ -344,19 +346,36 @@ impl RedisGate {
                 )
                 .await?,
         )?;
-        Ok(match settled.code()? {
+        let end = match settled.code()? {
             "G" => TransferEnd::Landed,
             "B" => TransferEnd::Returned(settled.int(1)?),
             "F" | "S" => TransferEnd::Void,
             other => return Err(unknown_code("settle_transfer", other)),
-        })
+        };
+        if how == "given" {
+            // The donor no longer records the transfer, so nothing will ask about it again:
+            // the landing marker (kept without a TTL until now) can go. A crash just before
+            // leaves one small key behind, never a second landing.
+            let _: Value = redis::cmd("DEL")
+                .arg(t.landing(id))
+                .query_async(&mut *self.conn().await?)
+                .await
+                .map_err(redis_error)?;
+        }
+        Ok(end)
     }
 
-    /// Settles every transfer between the buckets of `sku` still recorded on its donor: one
-    /// that landed is forgotten, one that did not is cancelled (so a borrower resuming late
-    /// gives nothing) and its units go back to the donor. Safe while borrowers run: the landing
-    /// marker decides once. Returns how many were settled and the units returned.
-    pub async fn settle_transfers(&self, sku: &str, buckets: u32) -> Result<(u64, i64), GateError> {
+    /// Settles every transfer between the buckets of `sku` taken before `cutoff_ms` and still
+    /// recorded on its donor: one that landed is forgotten, one that did not is cancelled (so a
+    /// borrower resuming late gives nothing) and its units go back to the donor. Safe while
+    /// borrowers run: the landing marker decides once. Returns how many were settled and the
+    /// units returned.
+    pub async fn settle_transfers(
+        &self,
+        sku: &str,
+        buckets: u32,
+        cutoff_ms: i64,
+    ) -> Result<(u64, i64), GateError> {
         validate_buckets(buckets)?;
         let (mut settled, mut returned) = (0, 0);
         if buckets == 1 {
@@ -371,16 +390,21 @@ impl RedisGate {
                 .map_err(redis_error)?;
             for (id, record) in entries {
                 let parsed = Uuid::parse_str(&id).ok().and_then(|id| {
-                    let mut parts = record.splitn(3, ':');
+                    let mut parts = record.splitn(4, ':');
                     let to = parts.next()?.parse::<u32>().ok()?;
                     let qty = parts.next()?.parse::<i64>().ok()?;
-                    Some((id, to, qty, parts.next()?.to_owned()))
+                    let generation = parts.next()?.to_owned();
+                    let taken_at = parts.next().and_then(|t| t.parse::<i64>().ok());
+                    Some((id, to, qty, generation, taken_at.unwrap_or(0)))
                 });
-                let Some((id, to, qty, generation)) = parsed else {
+                let Some((id, to, qty, generation, taken_at)) = parsed else {
                     return Err(GateError::Script(format!(
                         "bucket {from} of {sku} records a bad transfer {id:?} = {record:?}"
                     )));
                 };
+                if taken_at >= cutoff_ms {
+                    continue;
+                }
                 let end = self
                     .finish_transfer(sku, from, to, id, qty, &generation, "cancel")
                     .await?;

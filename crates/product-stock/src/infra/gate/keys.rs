@@ -133,13 +133,14 @@ impl ProductKeys {
         self.part("moving")
     }
 
-    /// Hash: transfer id → `to:qty:generation` of the transfers out of this bucket not settled.
+    /// Hash: transfer id → `to:qty:generation:taken at ms` of the transfers out of this bucket
+    /// not settled.
     pub fn transfers(&self) -> String {
         self.part("xfers")
     }
 
-    /// String with a TTL: what became of transfer `id` into this bucket: `G` given, `C`
-    /// cancelled, `S` stale (see `land.lua`).
+    /// String: what became of transfer `id` into this bucket: `G` given (no TTL, deleted once
+    /// the donor settled), `C` cancelled or `S` stale (with a TTL; see `land.lua`).
     pub fn landing(&self, id: Uuid) -> String {
         format!("{}:xin:{}", self.base, id.hyphenated())
     }

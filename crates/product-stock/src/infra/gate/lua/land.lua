@@ -22,5 +22,5 @@ end
 local available = redis.call('INCRBY', KEYS[1], ARGV[2])
 -- Units came back to this bucket: a new buyer may take them (see buyers.lua).
 redis.call('INCR', KEYS[4])
-redis.call('SET', KEYS[2], 'G', 'PX', ARGV[4])
+redis.call('SET', KEYS[2], 'G')
 return {'G', available}

@@ -9,7 +9,7 @@ if not v then
   return {'F'}
 end
 redis.call('HDEL', KEYS[3], ARGV[1])
-local _, qty, g = string.match(v, '^(%d+):(%d+):(.*)$')
+local _, qty, g = string.match(v, '^(%d+):(%d+):([^:]*)')
 if not qty then
   return {'S', 0}
 end
