@@ -32,6 +32,10 @@ use crate::domain::{bucket_of, split_evenly};
 /// `Unavailable` (stock kept moving under it; the caller retries).
 const EXTRA_BORROW_ROUNDS: u32 = 4;
 
+/// Buckets read at once by one reservation looking for units (each read takes a connection of
+/// the pool for one round trip).
+const PROBES_IN_FLIGHT: usize = 8;
+
 /// One bucket's counters, read in one command.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BucketState {
@@ -46,12 +50,12 @@ pub struct BucketState {
 
 /// What one borrowing sweep found.
 enum Borrowed {
-    /// Units landed in the dry bucket.
+    /// Units landed in the dry bucket (or the donor emptied meanwhile): try again.
     Moved,
     /// A bucket is not loaded: the product must be rebuilt.
     NotLoaded,
-    /// Nothing to lend; per bucket what the sweep read (`None`: not read).
-    Nothing(Vec<Option<BucketState>>),
+    /// Nothing to lend; every bucket as the sweep read it.
+    Nothing(Vec<BucketState>),
 }
 
 /// How a transfer ended.
@@ -207,8 +211,24 @@ impl RedisGate {
         }
     }
 
-    /// One sweep over the other buckets, from the one after `home`: the first that has units
-    /// lends some to `home`.
+    /// The counters of every bucket, read concurrently (at most [`PROBES_IN_FLIGHT`] at once);
+    /// `None` when any bucket is not loaded.
+    async fn probe_all(
+        &self,
+        sku: &str,
+        buckets: u32,
+    ) -> Result<Option<Vec<BucketState>>, GateError> {
+        use futures_util::{StreamExt as _, TryStreamExt as _};
+        let states: Vec<Option<BucketState>> = futures_util::stream::iter(0..buckets)
+            .map(|b| self.bucket_state(At::new(sku, b)))
+            .buffered(PROBES_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        Ok(states.into_iter().collect())
+    }
+
+    /// Reads every bucket; the one with the most units (other than `home`) lends some to
+    /// `home`.
     async fn borrow(
         &self,
         sku: &str,
@@ -216,54 +236,50 @@ impl RedisGate {
         home: u32,
         need: i64,
     ) -> Result<Borrowed, GateError> {
-        let mut seen = vec![None; buckets as usize];
-        seen[home as usize] = match self.bucket_state(At::new(sku, home)).await? {
-            Some(s) => Some(s),
-            None => return Ok(Borrowed::NotLoaded),
+        let Some(seen) = self.probe_all(sku, buckets).await? else {
+            return Ok(Borrowed::NotLoaded);
         };
-        for i in 1..buckets {
-            let donor = (home + i) % buckets;
-            let d = self.keys_at(At::new(sku, donor))?;
-            let id = Uuid::new_v4();
-            let r = Reply::new(
-                TAKE.run(
-                    &mut *self.conn().await?,
-                    &[
-                        d.avail(),
-                        d.moving(),
-                        d.transfers(),
-                        d.generation(),
-                        d.refills(),
-                    ],
-                    &[
-                        id.hyphenated().to_string(),
-                        need.to_string(),
-                        home.to_string(),
-                        chrono::Utc::now().timestamp_millis().to_string(),
-                    ],
-                )
-                .await?,
-            )?;
-            match r.code()? {
-                "N" => return Ok(Borrowed::NotLoaded),
-                "E" => {
-                    seen[donor as usize] = Some(BucketState {
-                        moving: r.int(1)?,
-                        refills: r.text(2)?.to_owned(),
-                        ..BucketState::default()
-                    });
-                }
-                "T" => {
-                    let (qty, generation) = (r.int(1)?, r.text(2)?.to_owned());
-                    metrics::counter!("flashsale_gate_transfers_total").increment(1);
-                    self.finish_transfer(sku, donor, home, id, qty, &generation, "give")
-                        .await?;
-                    return Ok(Borrowed::Moved);
-                }
-                other => return Err(unknown_code("take", other)),
+        let donor = (0..buckets)
+            .filter(|b| *b != home)
+            .max_by_key(|b| seen[*b as usize].available)
+            .filter(|b| seen[*b as usize].available > 0);
+        let Some(donor) = donor else {
+            return Ok(Borrowed::Nothing(seen));
+        };
+        let d = self.keys_at(At::new(sku, donor))?;
+        let id = Uuid::new_v4();
+        let r = Reply::new(
+            TAKE.run(
+                &mut *self.conn().await?,
+                &[
+                    d.avail(),
+                    d.moving(),
+                    d.transfers(),
+                    d.generation(),
+                    d.refills(),
+                ],
+                &[
+                    id.hyphenated().to_string(),
+                    need.to_string(),
+                    home.to_string(),
+                    chrono::Utc::now().timestamp_millis().to_string(),
+                ],
+            )
+            .await?,
+        )?;
+        match r.code()? {
+            "N" => Ok(Borrowed::NotLoaded),
+            // Emptied since it was read: the caller looks again.
+            "E" => Ok(Borrowed::Moved),
+            "T" => {
+                let (qty, generation) = (r.int(1)?, r.text(2)?.to_owned());
+                metrics::counter!("flashsale_gate_transfers_total").increment(1);
+                self.finish_transfer(sku, donor, home, id, qty, &generation, "give")
+                    .await?;
+                Ok(Borrowed::Moved)
             }
+            other => Err(unknown_code("take", other)),
         }
-        Ok(Borrowed::Nothing(seen))
     }
 
     /// Whether every bucket is still as the sweep found it: nothing moving, no donor with
@@ -275,26 +291,24 @@ impl RedisGate {
         sku: &str,
         buckets: u32,
         home: u32,
-        first: &[Option<BucketState>],
+        first: &[BucketState],
         sold_out: bool,
     ) -> Result<bool, GateError> {
-        for b in 0..buckets {
-            let Some(before) = first.get(b as usize).and_then(Option::as_ref) else {
-                return Ok(false);
-            };
-            let Some(now) = self.bucket_state(At::new(sku, b)).await? else {
-                return Ok(false);
-            };
-            let must_be_empty = b != home || sold_out;
-            if before.moving != 0
-                || now.moving != 0
-                || now.refills != before.refills
-                || (must_be_empty && (before.available > 0 || now.available > 0))
-            {
-                return Ok(false);
-            }
+        let dry = |b: usize, s: &BucketState| {
+            s.moving == 0 && (s.available <= 0 || (b == home as usize && !sold_out))
+        };
+        if !first.iter().enumerate().all(|(b, s)| dry(b, s)) {
+            return Ok(false);
         }
-        Ok(true)
+        // The second read starts once the first is complete.
+        let Some(now) = self.probe_all(sku, buckets).await? else {
+            return Ok(false);
+        };
+        Ok(now
+            .iter()
+            .zip(first)
+            .enumerate()
+            .all(|(b, (now, before))| dry(b, now) && now.refills == before.refills))
     }
 
     /// Lands (mode `give`) or cancels (mode `cancel`) transfer `id` of `qty` units from bucket
