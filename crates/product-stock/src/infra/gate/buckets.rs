@@ -282,7 +282,7 @@ impl RedisGate {
         }
     }
 
-    /// Whether every bucket is still as the sweep found it: nothing moving, no donor with
+    /// Whether every bucket was dry in `first` and still is: nothing moving, no donor with
     /// units, no refill anywhere since (and, for a sold-out answer, `home` empty too). Each
     /// bucket's counter can only have grown through a change that bumps its refills count, so
     /// two equal reads bracket an instant at which all were empty together.
