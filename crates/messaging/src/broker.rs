@@ -1,4 +1,5 @@
-//! The AMQP connection: one per process, re-established with backoff when it drops.
+//! The AMQP connection: one per process, re-established with backoff when it drops, on the next
+//! node of the cluster that answers.
 
 use std::{sync::Arc, time::Duration};
 
@@ -35,8 +36,11 @@ pub enum BrokerError {
 
 /// A cheap-to-clone handle on the process's AMQP connection.
 ///
-/// A background task owns the connection; when it drops (broker restart, network cut) the task
-/// reconnects with exponential backoff (100 ms … 5 s). Channels are handed out by
+/// A background task owns the connection; when it drops (broker restart, network cut, a cluster
+/// node gone) the task reconnects: it tries every node of [`AmqpConfig::nodes`] once, starting
+/// with the one after the node it lost, and waits with exponential backoff (100 ms … 5 s)
+/// between rounds in which none answered. The first connection starts at a random node, so
+/// the replicas of a service spread over the cluster. Channels are handed out by
 /// [`Broker::channel`]; the [`Publisher`](crate::Publisher) and each
 /// [`Consumer`](crate::Consumer) notice a dead channel, ask for a new one and re-declare their
 /// topology on it. The task stops when the last handle is dropped or [`Broker::close`] is
@@ -48,15 +52,23 @@ pub struct Broker {
 
 struct Inner {
     config: AmqpConfig,
-    current: watch::Receiver<Option<Arc<Connection>>>,
+    /// The current connection and the index (in [`AmqpConfig::nodes`]) of its node.
+    current: watch::Receiver<Option<Current>>,
     /// Dropping it (with the last handle) or sending `true` stops the supervisor.
     stop: watch::Sender<bool>,
+}
+
+/// A live connection and the node it goes to.
+#[derive(Clone)]
+struct Current {
+    conn: Arc<Connection>,
+    node: usize,
 }
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker")
-            .field("url", &redact_url(&self.inner.config.url))
+            .field("node", &self.node_url().map(|u| redact_url(&u)))
             .field("connected", &self.is_connected())
             .finish()
     }
@@ -65,12 +77,18 @@ impl std::fmt::Debug for Broker {
 // === impl Broker ===
 
 impl Broker {
-    /// Connects once (failing fast when the broker is unreachable at start-up), then keeps the
-    /// connection alive in the background.
+    /// Connects to the first node that answers, trying each once from a random one (failing
+    /// fast when none is reachable at start-up), then keeps the connection alive in the
+    /// background.
     pub async fn connect(config: AmqpConfig) -> Result<Self, BrokerError> {
-        let conn = open(&config).await?;
-        info!(url = %redact_url(&config.url), "connected to the broker");
-        let (tx, rx) = watch::channel(Some(Arc::new(conn)));
+        let nodes = config.nodes();
+        let start = random_index(nodes.len());
+        let (conn, node) = open_any(&config, &nodes, start).await?;
+        info!(url = %redact_url(&nodes[node]), node, nodes = nodes.len(), "connected to the broker");
+        let (tx, rx) = watch::channel(Some(Current {
+            conn: Arc::new(conn),
+            node,
+        }));
         let (stop_tx, stop_rx) = watch::channel(false);
         tokio::spawn(supervise(config.clone(), tx, stop_rx));
         Ok(Self {
@@ -114,7 +132,20 @@ impl Broker {
             .current
             .borrow()
             .as_ref()
-            .is_some_and(|c| c.status().connected())
+            .is_some_and(|c| c.conn.status().connected())
+    }
+
+    /// The URL of the node the live connection goes to (password included: redact before
+    /// showing it), or `None` while reconnecting.
+    pub fn node_url(&self) -> Option<String> {
+        let node = self
+            .inner
+            .current
+            .borrow()
+            .as_ref()
+            .filter(|c| c.conn.status().connected())
+            .map(|c| c.node)?;
+        self.inner.config.nodes().get(node).cloned()
     }
 
     /// Opens a new channel, waiting up to 10 s for a connection while one is being re-established.
@@ -124,7 +155,7 @@ impl Broker {
         }
         let mut rx = self.inner.current.clone();
         let conn = {
-            let wait = rx.wait_for(|c| c.as_ref().is_some_and(|c| c.status().connected()));
+            let wait = rx.wait_for(|c| c.as_ref().is_some_and(|c| c.conn.status().connected()));
             match tokio::time::timeout(CHANNEL_WAIT, wait).await {
                 Ok(Ok(guard)) => guard.clone(),
                 Ok(Err(_)) => return Err(BrokerError::Closed),
@@ -132,7 +163,7 @@ impl Broker {
             }
         };
         match conn {
-            Some(conn) => Ok(conn.create_channel().await?),
+            Some(current) => Ok(current.conn.create_channel().await?),
             None => Err(BrokerError::Unavailable(CHANNEL_WAIT)),
         }
     }
@@ -140,18 +171,50 @@ impl Broker {
     /// Closes the connection and stops reconnecting; channels already handed out die with it.
     pub async fn close(&self) {
         self.inner.stop.send_replace(true);
-        let conn = self.inner.current.borrow().clone();
-        if let Some(conn) = conn {
-            let _ = conn.close(200, "bye".into()).await;
+        let current = self.inner.current.borrow().clone();
+        if let Some(current) = current {
+            let _ = current.conn.close(200, "bye".into()).await;
         }
     }
 }
 
-async fn open(config: &AmqpConfig) -> Result<Connection, BrokerError> {
+/// A number in `0..n` (0 when `n` is 0), different from process to process.
+fn random_index(n: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    let r = uuid::Uuid::new_v4().as_u128() % (n as u128);
+    usize::try_from(r).unwrap_or(0)
+}
+
+/// Tries `nodes` once each, from `start` on (wrapping), and returns the first connection that
+/// opens with the index of its node, or the last error.
+async fn open_any(
+    config: &AmqpConfig,
+    nodes: &[String],
+    start: usize,
+) -> Result<(Connection, usize), BrokerError> {
+    let mut last = BrokerError::Unavailable(CONNECT_TIMEOUT);
+    for i in 0..nodes.len() {
+        let node = (start + i) % nodes.len();
+        match open(config, &nodes[node]).await {
+            Ok(conn) => return Ok((conn, node)),
+            Err(e) => {
+                if nodes.len() > 1 {
+                    warn!(url = %redact_url(&nodes[node]), error = %e, "broker node not reachable");
+                }
+                last = e;
+            }
+        }
+    }
+    Err(last)
+}
+
+async fn open(config: &AmqpConfig, url: &str) -> Result<Connection, BrokerError> {
     let props = ConnectionProperties::default().with_connection_name("flashsale".into());
     let connect = async {
         let runtime = lapin::runtime::default_runtime()?;
-        Connection::connect_with_config(&config.url, props, tls_config(config)?, runtime).await
+        Connection::connect_with_config(url, props, tls_config(config)?, runtime).await
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
         Ok(conn) => Ok(conn?),
@@ -181,22 +244,27 @@ fn tls_config(config: &AmqpConfig) -> Result<lapin::tcp::OwnedTLSConfig, lapin::
     })
 }
 
-/// Watches the current connection; when it dies, replaces it with a new one.
+/// Watches the current connection; when it dies, replaces it with one to the next node that
+/// answers.
 async fn supervise(
     config: AmqpConfig,
-    tx: watch::Sender<Option<Arc<Connection>>>,
+    tx: watch::Sender<Option<Current>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let nodes = config.nodes();
+    let mut next = 0;
     loop {
-        let conn = tx.borrow().clone();
-        if let Some(conn) = conn {
+        let current = tx.borrow().clone();
+        if let Some(current) = current {
+            next = current.node + 1;
             tokio::select! {
                 _ = stopped(&mut stop) => {
-                    let _ = conn.close(200, "bye".into()).await;
+                    let _ = current.conn.close(200, "bye".into()).await;
                     return;
                 }
-                reason = lost(&conn) => {
-                    warn!(reason = %reason, "broker connection lost, reconnecting");
+                reason = lost(&current.conn) => {
+                    warn!(url = %redact_url(&nodes[current.node]), reason = %reason,
+                        "broker connection lost, reconnecting");
                 }
             }
         }
@@ -205,10 +273,10 @@ async fn supervise(
         loop {
             tokio::select! {
                 _ = stopped(&mut stop) => return,
-                res = open(&config) => match res {
-                    Ok(conn) => {
-                        info!(url = %redact_url(&config.url), "reconnected to the broker");
-                        tx.send_replace(Some(Arc::new(conn)));
+                res = open_any(&config, &nodes, next % nodes.len().max(1)) => match res {
+                    Ok((conn, node)) => {
+                        info!(url = %redact_url(&nodes[node]), node, "reconnected to the broker");
+                        tx.send_replace(Some(Current { conn: Arc::new(conn), node }));
                         break;
                     }
                     Err(e) => {

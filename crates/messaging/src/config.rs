@@ -32,8 +32,15 @@ impl QueueType {
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AmqpConfig {
-    /// `amqp://user:password@host:port/vhost` (the default vhost is `%2f`).
+    /// `amqp://user:password@host:port/vhost` (the default vhost is `%2f`): the one broker node,
+    /// when `urls` is empty.
     pub url: String,
+    /// The nodes of a RabbitMQ cluster, each an `amqp://` or `amqps://` URL like `url`. When
+    /// set it replaces `url` (which must then be left at its default or be one of them): the
+    /// connection starts at a random node and, whenever it drops, moves on to the next one
+    /// that answers. Also read from a comma-separated string (an environment variable).
+    #[serde(deserialize_with = "list_or_csv")]
+    pub urls: Vec<String>,
     /// The durable topic exchange every event is published to.
     pub exchange: String,
     /// Prefix of every queue this service declares (tests use it for isolation).
@@ -74,7 +81,8 @@ pub struct AmqpConfig {
 impl Default for AmqpConfig {
     fn default() -> Self {
         Self {
-            url: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
+            url: DEFAULT_URL.to_owned(),
+            urls: Vec::new(),
             exchange: "flashsale.events".to_owned(),
             queue_prefix: String::new(),
             prefetch: 64,
@@ -95,6 +103,10 @@ impl fmt::Debug for AmqpConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpConfig")
             .field("url", &redact_url(&self.url))
+            .field(
+                "urls",
+                &self.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+            )
             .field("exchange", &self.exchange)
             .field("queue_prefix", &self.queue_prefix)
             .field("prefetch", &self.prefetch)
@@ -121,23 +133,28 @@ impl AmqpConfig {
                 other => other.to_string(),
             });
         }
-        match url::Url::parse(&self.url) {
-            Ok(u) if u.scheme() == "amqp" && self.tls.is_set() => {
+        if self.urls.len() > MAX_NODES {
+            return Err(format!(
+                "amqp.urls: at most {MAX_NODES} nodes, not {}",
+                self.urls.len()
+            ));
+        }
+        if self.urls.is_empty() {
+            self.check_url("amqp.url", &self.url)?;
+        } else {
+            for (i, u) in self.urls.iter().enumerate() {
+                self.check_url(&format!("amqp.urls[{i}]"), u)?;
+                if self.urls[..i].contains(u) {
+                    return Err(format!("amqp.urls[{i}]: {} is listed twice", redact_url(u)));
+                }
+            }
+            if self.url != DEFAULT_URL && !self.urls.contains(&self.url) {
                 return Err(
-                    "amqp.tls: TLS files are set but amqp.url is not amqps://: the connection \
-                     would be plain"
+                    "amqp.url: set either amqp.url (one node) or amqp.urls (a cluster), not \
+                     both with different nodes"
                         .to_owned(),
                 );
             }
-            Ok(u) if matches!(u.scheme(), "amqp" | "amqps") && u.host_str().is_some() => {}
-            Ok(u) if !matches!(u.scheme(), "amqp" | "amqps") => {
-                return Err(format!(
-                    "amqp.url: scheme must be amqp or amqps, not `{}`",
-                    u.scheme()
-                ));
-            }
-            Ok(_) => return Err("amqp.url: has no host".to_owned()),
-            Err(e) => return Err(format!("amqp.url: not a valid URL ({e})")),
         }
         if self.exchange.trim().is_empty() {
             return Err("amqp.exchange: must not be empty".to_owned());
@@ -183,6 +200,33 @@ impl AmqpConfig {
         Ok(())
     }
 
+    /// The broker nodes to connect to, in configured order: `urls`, or `url` alone.
+    pub fn nodes(&self) -> Vec<String> {
+        if self.urls.is_empty() {
+            vec![self.url.clone()]
+        } else {
+            self.urls.clone()
+        }
+    }
+
+    /// `raw` as a broker URL under `key`: amqp or amqps with a host, amqps when TLS files are
+    /// set.
+    fn check_url(&self, key: &str, raw: &str) -> Result<(), String> {
+        match url::Url::parse(raw) {
+            Ok(u) if u.scheme() == "amqp" && self.tls.is_set() => Err(format!(
+                "amqp.tls: TLS files are set but {key} is not amqps://: the connection would be \
+                 plain"
+            )),
+            Ok(u) if matches!(u.scheme(), "amqp" | "amqps") && u.host_str().is_some() => Ok(()),
+            Ok(u) if !matches!(u.scheme(), "amqp" | "amqps") => Err(format!(
+                "{key}: scheme must be amqp or amqps, not `{}`",
+                u.scheme()
+            )),
+            Ok(_) => Err(format!("{key}: has no host")),
+            Err(e) => Err(format!("{key}: not a valid URL ({e})")),
+        }
+    }
+
     /// The longest a message can spend on the retry ladder: the sum of its retry delays.
     pub fn redelivery_window(&self) -> Duration {
         (1..self.max_attempts).map(|i| self.retry_delay(i)).sum()
@@ -218,6 +262,31 @@ impl AmqpConfig {
     pub fn queue_name(&self, name: &str) -> String {
         format!("{}{name}", self.queue_prefix)
     }
+}
+
+/// `amqp.url`'s default: the broker on this machine.
+const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Most nodes `amqp.urls` may list.
+const MAX_NODES: usize = 16;
+
+/// `amqp.urls` from a list, or from one string of comma-separated URLs (how an environment
+/// variable carries it); blank entries are dropped.
+fn list_or_csv<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ListOrCsv {
+        List(Vec<String>),
+        Csv(String),
+    }
+    let raw = match ListOrCsv::deserialize(d)? {
+        ListOrCsv::List(l) => l,
+        ListOrCsv::Csv(s) => s.split(',').map(str::to_owned).collect(),
+    };
+    Ok(raw
+        .into_iter()
+        .map(|u| u.trim().to_owned())
+        .filter(|u| !u.is_empty())
+        .collect())
 }
 
 /// The URL with its password replaced by `***` (or a placeholder when it does not parse).
@@ -265,6 +334,134 @@ mod tests {
             ..AmqpConfig::default()
         };
         assert_eq!(one.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_cluster_is_a_list_of_urls_and_url_is_a_list_of_one() {
+        let one = AmqpConfig::default();
+        assert_eq!(one.nodes(), vec![DEFAULT_URL.to_owned()]);
+        let c: AmqpConfig = serde_json::from_str(
+            r#"{"urls":["amqp://u:p@a:5672/%2f","amqp://u:p@b:5672/%2f","amqp://u:p@c:5672/%2f"]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.nodes().len(), 3);
+        assert_eq!(c.nodes()[1], "amqp://u:p@b:5672/%2f");
+        // An environment variable carries the list as one comma-separated string.
+        let env: AmqpConfig =
+            serde_json::from_str(r#"{"urls":"amqp://a:5672/%2f, amqp://b:5673/%2f,"}"#).unwrap();
+        assert_eq!(
+            env.nodes(),
+            vec![
+                "amqp://a:5672/%2f".to_owned(),
+                "amqp://b:5673/%2f".to_owned()
+            ]
+        );
+        // `url` left at its default, or naming one of the nodes, is fine beside `urls`.
+        let both = AmqpConfig {
+            url: "amqp://b:5673/%2f".into(),
+            ..env.clone()
+        };
+        assert_eq!(both.validate(), Ok(()));
+    }
+
+    /// A service's settings with just the `[amqp]` section.
+    #[derive(Debug, Deserialize, Serialize)]
+    struct Service {
+        amqp: AmqpConfig,
+    }
+
+    impl flashsale_platform::config::Validate for Service {
+        fn validate(&self, prefix: &str) -> Result<(), ConfigError> {
+            self.amqp
+                .validate()
+                .map_err(|e| flashsale_platform::config::prefixed(prefix, &e))
+        }
+    }
+
+    fn load(toml: &str, env: &[(&str, &str)]) -> Result<Service, ConfigError> {
+        let dir = std::env::temp_dir().join(format!("fs-amqp-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("default.toml"), toml).unwrap();
+        let env = config::Environment::with_prefix("FLASHSALE")
+            .prefix_separator("_")
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(
+                env.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ));
+        let defaults = Service {
+            amqp: AmqpConfig::default(),
+        };
+        let loaded = flashsale_platform::config::load_from("svc", &defaults, &dir, None, env);
+        let _ = std::fs::remove_dir_all(&dir);
+        loaded
+    }
+
+    #[test]
+    fn urls_load_from_a_toml_list_or_a_comma_separated_environment_variable() {
+        let s = load(
+            "[svc.amqp]\nurls = [\"amqp://a:5672/%2f\", \"amqp://b:5672/%2f\"]\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            s.amqp.nodes(),
+            vec!["amqp://a:5672/%2f", "amqp://b:5672/%2f"]
+        );
+        let s = load(
+            "",
+            &[(
+                "FLASHSALE_SVC__AMQP__URLS",
+                "amqp://a:5672/%2f,amqp://b:5673/%2f,amqp://c:5674/%2f",
+            )],
+        )
+        .unwrap();
+        assert_eq!(s.amqp.nodes().len(), 3);
+        assert_eq!(s.amqp.nodes()[2], "amqp://c:5674/%2f");
+        let s = load("", &[("FLASHSALE_SVC__AMQP__URL", "amqp://one:5672/%2f")]).unwrap();
+        assert_eq!(s.amqp.nodes(), vec!["amqp://one:5672/%2f"]);
+        let e = load("", &[("FLASHSALE_SVC__AMQP__URLS", "amqp://a/,redis://b/")]).unwrap_err();
+        assert!(e.to_string().contains("svc.amqp.urls[1]"), "{e}");
+    }
+
+    #[test]
+    fn the_shipped_config_files_amqp_sections_load() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
+        for service in ["product_stock", "order", "outbound"] {
+            let defaults = Service {
+                amqp: AmqpConfig::default(),
+            };
+            let env =
+                config::Environment::with_prefix("FLASHSALE").source(Some(Default::default()));
+            let s = flashsale_platform::config::load_from(service, &defaults, &dir, None, env)
+                .unwrap_or_else(|e| panic!("{service}: {e}"));
+            assert_eq!(s.amqp.nodes(), vec![DEFAULT_URL.to_owned()], "{service}");
+        }
+    }
+
+    #[test]
+    fn bad_urls_are_named() {
+        let nodes = |urls: &[&str]| -> Vec<String> { urls.iter().map(|u| (*u).into()).collect() };
+        let e = bad(|c| c.urls = nodes(&["amqp://a/", "http://b/"]));
+        assert!(e.starts_with("amqp.urls[1]:"), "{e}");
+        let e = bad(|c| c.urls = nodes(&["amqp://"]));
+        assert!(e.starts_with("amqp.urls[0]:"), "{e}");
+        let e = bad(|c| c.urls = nodes(&["amqp://u:s3cret@a/", "amqp://u:s3cret@a/"]));
+        assert!(
+            e.starts_with("amqp.urls[1]:") && e.contains("twice") && !e.contains("s3cret"),
+            "{e}"
+        );
+        let many: Vec<String> = (0..17).map(|i| format!("amqp://n{i}/")).collect();
+        assert!(bad(|c| c.urls = many).starts_with("amqp.urls:"));
+        let e = bad(|c| {
+            c.url = "amqp://elsewhere/".into();
+            c.urls = nodes(&["amqp://a/", "amqp://b/"]);
+        });
+        assert!(e.starts_with("amqp.url:"), "{e}");
+        assert!(serde_json::from_str::<AmqpConfig>(r#"{"urls":7}"#).is_err());
     }
 
     #[test]
@@ -324,6 +521,18 @@ mod tests {
         };
         let shown = format!("{c:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
+        let cluster = AmqpConfig {
+            urls: vec![
+                "amqp://user:s3cret@a/".into(),
+                "amqp://user:s3cret@b/".into(),
+            ],
+            ..AmqpConfig::default()
+        };
+        let shown = format!("{cluster:?}");
+        assert!(
+            !shown.contains("s3cret") && shown.contains("@b/"),
+            "{shown}"
+        );
         assert!(shown.contains("user"), "{shown}");
         let err = bad(|c| c.url = "ftp://user:s3cret@host/".into());
         assert!(!err.contains("s3cret"), "{err}");

@@ -243,10 +243,16 @@ impl Publisher {
         });
         match tokio::time::timeout(CONFIRM_TIMEOUT, join_all(waits)).await {
             Ok(results) => {
+                // A nack gets a fresh channel too: a channel opened on a cluster node while a
+                // quorum queue elected a new leader (its old one's node just died) goes on
+                // nacking every message for that queue, while a new channel's are taken.
                 if failed
-                    || results
-                        .iter()
-                        .any(|r| matches!(r, Err(PublishError::Broker(_))))
+                    || results.iter().any(|r| {
+                        matches!(
+                            r,
+                            Err(PublishError::Broker(_) | PublishError::Nacked { .. })
+                        )
+                    })
                 {
                     self.reset().await;
                 }

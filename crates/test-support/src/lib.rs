@@ -6,6 +6,7 @@ pub mod fixtures;
 pub mod foundation;
 pub mod grpc;
 pub mod probe;
+pub mod rabbit_cluster;
 pub mod servers;
 pub mod tls;
 

@@ -156,3 +156,64 @@ async fn connect_within_gives_up_after_its_patience() {
             .await;
     assert!(ok.unwrap().is_connected());
 }
+
+#[tokio::test]
+async fn a_lost_connection_moves_on_to_the_next_node_and_a_dead_node_is_skipped() {
+    let direct = config();
+    let broker_addr: SocketAddr = {
+        let u = url::Url::parse(&direct.url).unwrap();
+        let host = u.host_str().unwrap().to_owned();
+        tokio::net::lookup_host((host, u.port().unwrap_or(5672)))
+            .await
+            .unwrap()
+            .next()
+            .unwrap()
+    };
+    let via = |port: u16| {
+        let mut u = url::Url::parse(&direct.url).unwrap();
+        u.set_host(Some("127.0.0.1")).unwrap();
+        u.set_port(Some(port)).unwrap();
+        u.to_string()
+    };
+    // Two "nodes": two proxies to the same broker, each cut on its own.
+    let (a, b) = (
+        Proxy::start(broker_addr).await,
+        Proxy::start(broker_addr).await,
+    );
+    let nodes = vec![via(a.addr.port()), via(b.addr.port())];
+    let amqp = Amqp::new(AmqpConfig {
+        urls: nodes.clone(),
+        ..direct.clone()
+    })
+    .await;
+    let first = amqp.broker.node_url().unwrap();
+    let (on, other) = if first == nodes[0] {
+        (&a, &nodes[1])
+    } else {
+        (&b, &nodes[0])
+    };
+    on.cut();
+    let moved = eventually(WAIT, "a connection through the other node", || async {
+        amqp.broker.node_url().filter(|u| u != &first)
+    })
+    .await
+    .unwrap();
+    assert_eq!(&moved, other);
+    assert!(amqp.broker.channel().await.is_ok());
+
+    // A node that refuses connections is skipped, wherever the random start falls.
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    for _ in 0..6 {
+        let broker = flashsale_messaging::Broker::connect(AmqpConfig {
+            urls: vec![via(closed_port), nodes[0].clone()],
+            ..direct.clone()
+        })
+        .await
+        .unwrap();
+        assert_eq!(broker.node_url(), Some(nodes[0].clone()));
+        broker.close().await;
+    }
+}

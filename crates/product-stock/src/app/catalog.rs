@@ -170,6 +170,14 @@ impl Catalog {
         if !db::move_stock(&txn, &adj.sku, adj.delta, 0).await? {
             return Err(StockError::WriteOffBelowReserved);
         }
+        // The gate's generation, read under the stock row lock (a rebuild takes it too): the
+        // gate follows this adjustment only while it is still in this generation. Without Redis
+        // nothing is committed: the admin retries with the same request id.
+        let generation = self
+            .gate
+            .product_generation(adj.sku.as_str(), product.stock_buckets)
+            .await
+            .map_err(gate_err)?;
         let kind = if adj.delta > 0 {
             "RESTOCK"
         } else {
@@ -183,6 +191,7 @@ impl Catalog {
             on_hand,
             reserved: product.reserved,
             reason: adj.reason.clone(),
+            gate_generation: generation.clone(),
         };
         let env = envelope::new(
             Payload::StockAdjusted(event),
@@ -191,23 +200,37 @@ impl Catalog {
             PRODUCER,
         );
         outbox::enqueue(&txn, &env).await?;
-        // The gate follows under the stock row lock (see `StockSaga`'s release); when Redis is
-        // down the `stock.adjusted` event applies it later, once.
+        // A write-off leaves the gate first, under the lock: should the commit fail, the gate
+        // sells fewer units for a while, never more. A restock reaches the gate only after the
+        // commit (see `StockSaga`'s release): units the database does not have yet are never on
+        // sale. Either way the `stock.adjusted` event applies it later if this does not, once.
+        if adj.delta < 0 {
+            self.gate_follows(&adj, product.stock_buckets, &generation)
+                .await;
+        }
+        failpoint(&self.failpoints, "stock.adjust.before_commit").await?;
+        txn.commit().await?;
+        if adj.delta > 0 {
+            self.gate_follows(&adj, product.stock_buckets, &generation)
+                .await;
+        }
+        Ok((self.get_product(&adj.sku).await?, false))
+    }
+
+    async fn gate_follows(&self, adj: &Adjustment, buckets: u32, generation: &str) {
         if let Err(e) = self
             .gate
             .adjust_product(
                 adj.sku.as_str(),
-                product.stock_buckets,
+                buckets,
                 &adj.request_id,
                 adj.delta,
+                generation,
             )
             .await
         {
             tracing::warn!(error = %e, "gate not adjusted now; the stock.adjusted event will");
         }
-        failpoint(&self.failpoints, "stock.adjust.before_commit").await?;
-        txn.commit().await?;
-        Ok((self.get_product(&adj.sku).await?, false))
     }
 
     async fn replayed_adjustment(

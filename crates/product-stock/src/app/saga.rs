@@ -441,6 +441,7 @@ impl StockSaga {
                 product.stock_buckets,
                 &ev.request_id,
                 ev.delta,
+                &ev.gate_generation,
             )
             .await
             .map_err(gate_err)?;

@@ -105,6 +105,13 @@ static SETTLE_TRANSFER: LuaScript = LuaScript::new(
     include_str!("gate/lua/settle_transfer.lua"),
 );
 
+/// The generation of a product whose gate is not loaded: no load ever writes it, so an
+/// adjustment committed while the gate was missing never applies to the gate rebuilt after it.
+pub const NOT_LOADED_GENERATION: &str = "-";
+
+/// Longest generation the gate accepts (a load writes 16 digits).
+const GENERATION_MAX_LEN: usize = 32;
+
 /// Shortest TTL of order records and adjustment markers: below it a replay would find nothing.
 const MIN_RECORD_TTL: Duration = Duration::from_secs(1);
 
@@ -743,26 +750,60 @@ impl RedisGate {
         request_id: &str,
         delta: i64,
     ) -> Result<AdjustOutcome, GateError> {
-        Ok(self.run_adjust(at.into(), request_id, delta).await?.0)
+        self.adjust_in_generation(at, request_id, delta, "").await
     }
 
-    /// [`adjust`](Self::adjust) of one bucket; with a duplicate, what the first application
-    /// changed (`None`: not recorded, or the gate was not loaded then).
+    /// [`adjust`](Self::adjust), only while the product's gate is in `generation` (as read by
+    /// [`generation`](Self::generation) under the stock row lock of the transaction that
+    /// adjusted the database; `""`: any): a gate rebuilt since then read the database after
+    /// that commit and counted the adjustment, so it answers `Rebuilt` and changes nothing.
+    pub async fn adjust_in_generation<'a>(
+        &self,
+        at: impl Into<At<'a>>,
+        request_id: &str,
+        delta: i64,
+        generation: &str,
+    ) -> Result<AdjustOutcome, GateError> {
+        Ok(self
+            .run_adjust(at.into(), request_id, delta, generation)
+            .await?
+            .0)
+    }
+
+    /// [`adjust_in_generation`](Self::adjust_in_generation) of one bucket; with a duplicate,
+    /// what the first application changed (`None`: not recorded, or not applied then).
     pub(super) async fn run_adjust(
         &self,
         at: At<'_>,
         request_id: &str,
         delta: i64,
+        generation: &str,
     ) -> Result<(AdjustOutcome, Option<i64>), GateError> {
         let k = self.keys_at(at)?;
         if request_id.is_empty() || request_id.len() > REQUEST_ID_MAX_LEN {
             return Err(GateError::InvalidInput("request_id must be 1..=128 bytes"));
         }
         validate_amount(delta.saturating_abs(), "delta must be within ±(2^53-1)")?;
-        let keys = [k.avail(), k.adjustment(request_id), k.epoch(), k.refills()];
-        let args = [delta.to_string(), self.record_ttl_ms.clone()];
+        if generation.len() > GENERATION_MAX_LEN {
+            return Err(GateError::InvalidInput(
+                "generation must be at most 32 bytes",
+            ));
+        }
+        let keys = [
+            k.avail(),
+            k.adjustment(request_id),
+            k.epoch(),
+            k.refills(),
+            k.generation(),
+        ];
+        let args = [
+            delta.to_string(),
+            self.record_ttl_ms.clone(),
+            generation.to_owned(),
+        ];
         let r = Reply::new(ADJUST.run(&mut *self.conn().await?, &keys, &args).await?)?;
         match r.code()? {
+            "G" => Ok((AdjustOutcome::Rebuilt, None)),
             "A" => Ok((
                 AdjustOutcome::Applied {
                     applied: r.int(1)?,
@@ -784,6 +825,23 @@ impl RedisGate {
             "N" => Ok((AdjustOutcome::NotLoaded, None)),
             other => Err(unknown_code("adjust", other)),
         }
+    }
+
+    /// The product's gate generation, set afresh by every load: [`NOT_LOADED_GENERATION`] when
+    /// the gate has no counter for it, `""` for a gate loaded before generations existed.
+    pub async fn generation<'a>(&self, at: impl Into<At<'a>>) -> Result<String, GateError> {
+        let k = self.keys_at(at.into())?;
+        let (avail, generation): (Option<String>, Option<String>) =
+            deadpool_redis::redis::cmd("MGET")
+                .arg(k.avail())
+                .arg(k.generation())
+                .query_async(&mut *self.conn().await?)
+                .await
+                .map_err(script::redis_error)?;
+        Ok(match avail {
+            None => NOT_LOADED_GENERATION.to_owned(),
+            Some(_) => generation.unwrap_or_default(),
+        })
     }
 
     async fn conn(&self) -> Result<flashsale_platform::redis::Connection, GateError> {

@@ -218,6 +218,69 @@ async fn restock_reaches_the_database_and_the_gate_once() {
 }
 
 #[tokio::test]
+async fn a_restock_whose_commit_fails_puts_no_unit_on_sale() {
+    let app = spawn_app().await;
+    app.create("R3", 5, 0, RTC).await;
+    let mut client = app.client().await;
+    app.failpoints.arm_n(
+        "stock.adjust.before_commit",
+        flashsale_platform::failpoint::Action::Error,
+        Some(1),
+    );
+    let id = unique_name("restock");
+    client
+        .adjust_stock(admin(adjust(&id, "R3", 7)))
+        .await
+        .unwrap_err();
+    assert_eq!(app.count("SELECT on_hand AS n FROM stock").await, 5);
+    let snap = app.gate.snapshot("R3").await.unwrap().unwrap();
+    assert_eq!(
+        snap.available, 5,
+        "the database does not have the units, so the gate must not sell them"
+    );
+    // The retry commits, and the gate follows once.
+    let done = client
+        .adjust_stock(admin(adjust(&id, "R3", 7)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!done.replayed);
+    assert_eq!(done.product.unwrap().gate_available, 12);
+    app.wait_count("SELECT COUNT(*) AS n FROM inbox", 1).await;
+    assert_eq!(
+        app.gate.snapshot("R3").await.unwrap().unwrap().available,
+        12
+    );
+}
+
+#[tokio::test]
+async fn a_write_off_whose_commit_fails_never_leaves_the_gate_above_the_database() {
+    let app = spawn_app().await;
+    app.create("R4", 5, 0, RTC).await;
+    let mut client = app.client().await;
+    app.failpoints.arm_n(
+        "stock.adjust.before_commit",
+        flashsale_platform::failpoint::Action::Error,
+        Some(1),
+    );
+    let id = unique_name("write_off");
+    client
+        .adjust_stock(admin(adjust(&id, "R4", -2)))
+        .await
+        .unwrap_err();
+    assert_eq!(app.count("SELECT on_hand AS n FROM stock").await, 5);
+    assert!(app.gate.snapshot("R4").await.unwrap().unwrap().available <= 5);
+    let done = client
+        .adjust_stock(admin(adjust(&id, "R4", -2)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.product.unwrap().on_hand, 3);
+    app.wait_count("SELECT COUNT(*) AS n FROM inbox", 1).await;
+    assert_eq!(app.gate.snapshot("R4").await.unwrap().unwrap().available, 3);
+}
+
+#[tokio::test]
 async fn reused_request_id_with_another_payload_is_refused() {
     let app = spawn_app().await;
     app.create("R2", 5, 0, RTC).await;

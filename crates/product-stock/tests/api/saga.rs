@@ -295,7 +295,8 @@ async fn a_cancel_that_fails_after_the_gate_release_gives_the_units_back_once() 
     app.publish(created(order, "u1", "F1", 2), &order.to_string())
         .await;
     app.wait_count(&state_sql(order, "RESERVED"), 1).await;
-    // The first attempt releases in the gate, then dies before its commit; the retry finishes.
+    // The first attempt prepares the release in the gate, then dies before its commit; the
+    // retry finishes.
     app.failpoints.arm_n(
         "stock.order_cancelled.before_commit",
         flashsale_platform::failpoint::Action::Error,

@@ -487,7 +487,22 @@ async fn rebuild_puts_each_hold_and_buyer_in_their_bucket() {
 async fn restock_and_write_off_spread_over_buckets_once_per_request() {
     let t = TestGate::new();
     t.load_buckets(4, 8).await; // [2, 2, 2, 2]
-    let restock = t.gate.adjust_product(SKU, 4, "r1", 10).await.unwrap();
+    let generation = t.gate.product_generation(SKU, 4).await.unwrap();
+    assert_eq!(generation.len(), 32, "{generation}");
+    // Committed against a gate that was rebuilt since: every bucket counted it already.
+    assert_eq!(
+        t.gate
+            .adjust_product(SKU, 4, "old", 5, "an-earlier-generation")
+            .await
+            .unwrap(),
+        AdjustOutcome::Rebuilt
+    );
+    assert_eq!(t.avails(4).await, [2, 2, 2, 2]);
+    let restock = t
+        .gate
+        .adjust_product(SKU, 4, "r1", 10, &generation)
+        .await
+        .unwrap();
     assert_eq!(
         restock,
         AdjustOutcome::Applied {
@@ -498,7 +513,10 @@ async fn restock_and_write_off_spread_over_buckets_once_per_request() {
     );
     assert_eq!(t.avails(4).await, [5, 5, 4, 4]);
     assert_eq!(
-        t.gate.adjust_product(SKU, 4, "r1", 10).await.unwrap(),
+        t.gate
+            .adjust_product(SKU, 4, "r1", 10, &generation)
+            .await
+            .unwrap(),
         AdjustOutcome::Duplicate
     );
     // A write-off applied to bucket 0 only before its applier died, then replayed whole.
@@ -507,7 +525,11 @@ async fn restock_and_write_off_spread_over_buckets_once_per_request() {
         matches!(first, AdjustOutcome::Applied { applied: -5, .. }),
         "{first:?}"
     );
-    let replay = t.gate.adjust_product(SKU, 4, "w1", -7).await.unwrap();
+    let replay = t
+        .gate
+        .adjust_product(SKU, 4, "w1", -7, &generation)
+        .await
+        .unwrap();
     assert!(
         matches!(
             replay,
@@ -521,10 +543,17 @@ async fn restock_and_write_off_spread_over_buckets_once_per_request() {
     );
     assert_eq!(t.avails(4).await, [0, 3, 4, 4]);
     assert_eq!(
-        t.gate.adjust_product(SKU, 4, "w1", -7).await.unwrap(),
+        t.gate
+            .adjust_product(SKU, 4, "w1", -7, &generation)
+            .await
+            .unwrap(),
         AdjustOutcome::Duplicate
     );
-    let too_much = t.gate.adjust_product(SKU, 4, "w2", -20).await.unwrap();
+    let too_much = t
+        .gate
+        .adjust_product(SKU, 4, "w2", -20, &generation)
+        .await
+        .unwrap();
     assert!(
         matches!(
             too_much,

@@ -416,3 +416,53 @@ async fn adjust_on_a_missing_counter_changes_no_stock_and_a_redelivery_after_the
     assert_eq!(t.snapshot(SKU).await.available, 10);
     t.cleanup().await;
 }
+
+#[tokio::test]
+async fn an_adjustment_from_before_a_rebuild_is_counted_once() {
+    let t = TestGate::new();
+    t.loaded(SKU, 10).await;
+    let before = t.gate.generation(SKU).await.unwrap();
+    assert!(!before.is_empty());
+    assert_eq!(
+        t.gate
+            .adjust_in_generation(SKU, "restock-1", 5, &before)
+            .await
+            .unwrap(),
+        AdjustOutcome::Applied {
+            applied: 5,
+            available: 15,
+            clamped: false
+        }
+    );
+    // Committed in one generation, delivered after the gate was lost and rebuilt from the
+    // database (which already counts it): nothing changes, now or on a repeat.
+    let stale = t.gate.generation(SKU).await.unwrap();
+    t.gate.forget(SKU).await.unwrap();
+    assert_eq!(
+        t.gate.generation(SKU).await.unwrap(),
+        flashsale_product_stock::infra::gate::NOT_LOADED_GENERATION
+    );
+    t.loaded(SKU, 22).await;
+    assert_ne!(t.gate.generation(SKU).await.unwrap(), stale);
+    for _ in 0..2 {
+        let outcome = t
+            .gate
+            .adjust_in_generation(SKU, "restock-2", 7, &stale)
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, AdjustOutcome::Rebuilt | AdjustOutcome::Duplicate),
+            "{outcome:?}"
+        );
+        assert_eq!(t.snapshot(SKU).await.available, 22);
+    }
+    assert!(
+        t.gate
+            .adjust_in_generation(SKU, "restock-3", 1, &"9".repeat(33))
+            .await
+            .is_err(),
+        "an oversized generation is refused"
+    );
+    assert_eq!(t.snapshot(SKU).await.available, 22);
+    t.cleanup().await;
+}

@@ -23,8 +23,9 @@ use uuid::Uuid;
 use super::keys::{validate_amount, validate_buckets};
 use super::script::{Reply, int, redis_error, text};
 use super::{
-    AdjustOutcome, At, GateBuyers, GateError, GateSnapshot, LAND, LoadOutcome, RebuiltHold,
-    RedisGate, RepairOutcome, ReserveOutcome, SETTLE_TRANSFER, TAKE, unknown_code,
+    AdjustOutcome, At, GateBuyers, GateError, GateSnapshot, LAND, LoadOutcome,
+    NOT_LOADED_GENERATION, RebuiltHold, RedisGate, RepairOutcome, ReserveOutcome, SETTLE_TRANSFER,
+    TAKE, unknown_code,
 };
 use crate::domain::{bucket_of, split_evenly};
 
@@ -517,21 +518,41 @@ impl RedisGate {
         Ok(())
     }
 
-    /// [`adjust`](Self::adjust) of a product: a restock is split evenly over the buckets, a
-    /// write-off takes from the buckets in order; each bucket applies its part once per
-    /// `request_id`, so a replay after a partial application completes it.
+    /// The generation of the product's gate ([`generation`](Self::generation)): its buckets'
+    /// (one load gives all of them one; bucket 0's should they differ), or
+    /// [`NOT_LOADED_GENERATION`] when any bucket is not loaded.
+    pub async fn product_generation(&self, sku: &str, buckets: u32) -> Result<String, GateError> {
+        validate_buckets(buckets)?;
+        let mut first = None;
+        for b in 0..buckets {
+            let g = self.generation(At::new(sku, b)).await?;
+            if g == NOT_LOADED_GENERATION {
+                return Ok(g);
+            }
+            first.get_or_insert(g);
+        }
+        Ok(first.unwrap_or_default())
+    }
+
+    /// [`adjust_in_generation`](Self::adjust_in_generation) of a product: a restock is split
+    /// evenly over the buckets, a write-off takes from the buckets in order; each bucket applies
+    /// its part once per `request_id`, so a replay after a partial application completes it.
     pub async fn adjust_product(
         &self,
         sku: &str,
         buckets: u32,
         request_id: &str,
         delta: i64,
+        generation: &str,
     ) -> Result<AdjustOutcome, GateError> {
         validate_buckets(buckets)?;
         if buckets == 1 {
-            return self.adjust(sku, request_id, delta).await;
+            return self
+                .adjust_in_generation(sku, request_id, delta, generation)
+                .await;
         }
-        let (mut applied, mut touched, mut duplicates, mut not_loaded) = (0, 0, 0, false);
+        let (mut applied, mut touched, mut duplicates, mut rebuilt, mut not_loaded) =
+            (0, 0, 0, 0, false);
         let mut tally = |outcome: AdjustOutcome, before: Option<i64>| match outcome {
             AdjustOutcome::Applied { applied: a, .. } => {
                 applied += a;
@@ -541,6 +562,10 @@ impl RedisGate {
             AdjustOutcome::Duplicate => {
                 duplicates += 1;
                 before.unwrap_or(0)
+            }
+            AdjustOutcome::Rebuilt => {
+                rebuilt += 1;
+                0
             }
             AdjustOutcome::NotLoaded => {
                 not_loaded = true;
@@ -552,7 +577,7 @@ impl RedisGate {
             for (b, share) in split_evenly(delta, buckets).into_iter().enumerate() {
                 if share > 0 {
                     let (o, before) = self
-                        .run_adjust(At::new(sku, b as u32), request_id, share)
+                        .run_adjust(At::new(sku, b as u32), request_id, share, generation)
                         .await?;
                     remaining -= tally(o, before.or(Some(share)));
                 }
@@ -563,16 +588,25 @@ impl RedisGate {
                     break;
                 }
                 let (o, before) = self
-                    .run_adjust(At::new(sku, b), request_id, remaining)
+                    .run_adjust(At::new(sku, b), request_id, remaining, generation)
                     .await?;
                 remaining -= tally(o, before);
             }
         }
-        if touched == 0 && duplicates > 0 && !not_loaded {
-            return Ok(AdjustOutcome::Duplicate);
-        }
-        if touched == 0 && not_loaded {
-            return Ok(AdjustOutcome::NotLoaded);
+        if touched == 0 {
+            return Ok(if not_loaded {
+                AdjustOutcome::NotLoaded
+            } else if rebuilt > 0 {
+                AdjustOutcome::Rebuilt
+            } else if duplicates > 0 {
+                AdjustOutcome::Duplicate
+            } else {
+                AdjustOutcome::Applied {
+                    applied: 0,
+                    available: 0,
+                    clamped: delta < 0,
+                }
+            });
         }
         let available = self
             .product_snapshot(sku, buckets)

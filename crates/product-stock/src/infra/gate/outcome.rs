@@ -134,6 +134,9 @@ pub enum AdjustOutcome {
     },
     /// This request id was seen before: nothing changed.
     Duplicate,
+    /// The gate was rebuilt after the adjustment was committed, so it counted it already:
+    /// nothing changed (and a repeat is a duplicate).
+    Rebuilt,
     /// The gate has no counter for the product; nothing changed (the rebuild counts it).
     NotLoaded,
 }

@@ -1,9 +1,11 @@
--- Restock (+) or write-off (-) from a `stock.adjusted` event, once per request id.
--- KEYS: 1 avail, 2 the request's marker, 3 epoch, 4 refills
--- ARGV: 1 delta, 2 marker ttl ms
--- Reply: {'D', marker} seen before | {'N'} not loaded | {'A', applied, available, clamped}
--- The marker holds 'A:<applied>' (older markers: 'A'), or 'N' when the gate was not loaded: a
--- write-off spread over stock buckets replays from what each bucket applied.
+-- Restock (+) or write-off (-) from a `stock.adjusted` event, once per request id, and only in
+-- the gate generation the database change was committed in (a gate rebuilt since counted it).
+-- KEYS: 1 avail, 2 the request's marker, 3 epoch, 4 refills, 5 generation
+-- ARGV: 1 delta, 2 marker ttl ms, 3 expected generation ('' = any)
+-- Reply: {'D', marker} seen before | {'N'} not loaded | {'G'} rebuilt since
+--      | {'A', applied, available, clamped}
+-- The marker holds 'A:<applied>' (older markers: 'A'), 'N' (not loaded) or 'G' (rebuilt since):
+-- a write-off spread over stock buckets replays from what each bucket applied.
 local seen = redis.call('GET', KEYS[2])
 if seen then
   return {'D', seen}
@@ -14,6 +16,10 @@ if not avail then
   -- redelivery after the rebuild from counting it twice.
   redis.call('SET', KEYS[2], 'N', 'PX', ARGV[2])
   return {'N'}
+end
+if ARGV[3] ~= '' and (redis.call('GET', KEYS[5]) or '') ~= ARGV[3] then
+  redis.call('SET', KEYS[2], 'G', 'PX', ARGV[2])
+  return {'G'}
 end
 avail = tonumber(avail)
 local delta = tonumber(ARGV[1])
