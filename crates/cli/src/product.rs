@@ -61,6 +61,10 @@ enum Command {
         per_user_limit: u32,
         #[arg(long, value_enum, default_value = "reserve-then-commit")]
         policy: Policy,
+        /// Stock buckets the gate splits the stock into, 1..=64, each on its own Redis Cluster
+        /// slot (for hot products; docs/architecture.md#stock-buckets).
+        #[arg(long, default_value_t = 1)]
+        stock_buckets: u32,
     },
     /// Show one product with its database and gate figures.
     Get { sku: String },
@@ -108,6 +112,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             stock,
             per_user_limit,
             policy,
+            stock_buckets,
         } => {
             let deduction_policy = match policy {
                 Policy::ReserveThenCommit => DeductionPolicy::ReserveThenCommit,
@@ -120,6 +125,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 initial_stock: stock,
                 per_user_limit,
                 deduction_policy,
+                stock_buckets,
             };
             let resp = client
                 .create_product(authorized(req, &token)?)

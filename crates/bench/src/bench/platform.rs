@@ -47,6 +47,7 @@ pub async fn flood(
         initial_stock: load.stock,
         per_user_limit,
         deduction_policy: policy as i32,
+        stock_buckets: 0,
     };
     ProductStockServiceClient::new(connect(product_stock_url, Duration::from_secs(10)).await?)
         .create_product(authorized(create, &admin)?)

@@ -449,6 +449,7 @@ async fn create_product(ctx: &Ctx, args: &Args) -> anyhow::Result<()> {
             initial_stock: o.stock,
             per_user_limit: o.per_user_limit.unwrap_or(args.per_user_limit),
             deduction_policy,
+            stock_buckets: 0,
         };
         ctx.stock
             .clone()

@@ -106,3 +106,43 @@ async fn product_commands_report_the_servers_refusal() {
     );
     stop.trigger();
 }
+
+#[tokio::test]
+async fn product_create_splits_a_hot_product_into_stock_buckets_and_refuses_too_many() {
+    let (url, stop, _db) = product_stock().await;
+    let create = |sku: &'static str, buckets: &'static str| {
+        let url = url.clone();
+        async move {
+            flashsale(
+                &[
+                    "product",
+                    "create",
+                    "--sku",
+                    sku,
+                    "--name",
+                    "Hot drop",
+                    "--price-cents",
+                    "900",
+                    "--stock",
+                    "10",
+                    "--stock-buckets",
+                    buckets,
+                ],
+                &url,
+            )
+            .await
+        }
+    };
+    let hot = create("CLI-HOT", "4").await;
+    assert!(hot.ok, "{}", hot.stderr);
+    let json: serde_json::Value = serde_json::from_str(&hot.stdout).unwrap();
+    assert_eq!(json["product"]["stockBuckets"], 4);
+    assert_eq!(json["product"]["gateAvailable"], "10");
+    let bad = create("CLI-TOO-HOT", "65").await;
+    assert!(
+        !bad.ok && bad.stderr.contains("InvalidArgument") && bad.stderr.contains("stock_buckets"),
+        "{}",
+        bad.stderr
+    );
+    stop.trigger();
+}

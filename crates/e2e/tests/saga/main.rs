@@ -70,6 +70,7 @@ async fn run_sale(
         initial_stock: stock,
         per_user_limit: 1,
         deduction_policy: policy as i32,
+        stock_buckets: 0,
     };
     ps.create_product(admin(create)).await.unwrap();
 

@@ -47,6 +47,7 @@ async fn the_services_sell_pay_and_ship_over_mutual_tls() {
                 initial_stock: 3,
                 per_user_limit: 1,
                 deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
+                stock_buckets: 0,
             },
             &admin,
         ))

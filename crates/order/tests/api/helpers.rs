@@ -360,6 +360,17 @@ impl TestApp {
     }
 
     pub async fn product(&self, sku: &str, stock: i64, limit: u32) -> Product {
+        self.product_in_buckets(sku, stock, limit, 1).await
+    }
+
+    /// [`Self::product`] with its stock split into `buckets` stock buckets.
+    pub async fn product_in_buckets(
+        &self,
+        sku: &str,
+        stock: i64,
+        limit: u32,
+        buckets: u32,
+    ) -> Product {
         let req = CreateProductRequest {
             sku: sku.into(),
             name: format!("{sku} bottle"),
@@ -367,6 +378,7 @@ impl TestApp {
             initial_stock: stock,
             per_user_limit: limit,
             deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
+            stock_buckets: buckets,
         };
         self.stock()
             .await

@@ -104,6 +104,7 @@ impl Stack {
             initial_stock: stock,
             per_user_limit: 0,
             deduction_policy: policy as i32,
+            stock_buckets: 0,
         };
         self.stock().await.create_product(admin(req)).await.unwrap();
     }

@@ -74,6 +74,7 @@ fn product_to_proto((p, gate): (Product, Option<i64>)) -> pb::Product {
         on_hand: p.on_hand,
         reserved: p.reserved,
         gate_available: gate.unwrap_or(-1),
+        stock_buckets: p.stock_buckets,
         create_time: Some(to_timestamp(p.created_at)),
         update_time: Some(to_timestamp(p.updated_at)),
     }
@@ -145,6 +146,7 @@ impl ProductStockService for ProductStockApi {
             r.initial_stock,
             r.per_user_limit,
             DeductionPolicy::from_proto(r.deduction_policy),
+            r.stock_buckets,
         )
         .map_err(status)?;
         let view = self.catalog.create_product(draft).await.map_err(status)?;

@@ -47,14 +47,49 @@ impl Catalog {
         })?;
         txn.commit().await?;
         // A gate that cannot be seeded now is seeded by the first reservation instead.
-        if let Err(e) = self
-            .gate
-            .load(draft.sku.as_str(), product.gate_target(), &[])
-            .await
-        {
+        if let Err(e) = self.seed(&product).await {
             tracing::warn!(error = %e, "could not seed the gate; the first reservation will");
         }
         self.view(product).await
+    }
+
+    /// Loads a new product's gate. Buckets are seeded under the stock row lock, as a rebuild
+    /// loads them, so a reservation that found them missing meanwhile and rebuilt them is not
+    /// followed by a second load of some of them.
+    async fn seed(&self, product: &Product) -> Result<(), StockError> {
+        let sku = product.sku.as_str();
+        if product.stock_buckets == 1 {
+            self.gate
+                .load(sku, product.gate_target(), &[])
+                .await
+                .map_err(gate_err)?;
+            return Ok(());
+        }
+        let txn = self.db.begin().await?;
+        let Some(locked) = db::product(&txn, &product.sku, true).await? else {
+            return Ok(());
+        };
+        let states = self
+            .gate
+            .bucket_states(sku, locked.stock_buckets)
+            .await
+            .map_err(gate_err)?;
+        if states.iter().all(Option::is_none) {
+            let now_ms = chrono::Utc::now().timestamp_millis();
+            self.gate
+                .load_product(
+                    sku,
+                    locked.stock_buckets,
+                    locked.gate_target(),
+                    &[],
+                    &[],
+                    now_ms,
+                )
+                .await
+                .map_err(gate_err)?;
+        }
+        txn.commit().await?;
+        Ok(())
     }
 
     /// One product with its figures.
@@ -68,7 +103,7 @@ impl Catalog {
     async fn view(&self, product: Product) -> Result<ProductView, StockError> {
         let gate = self
             .gate
-            .snapshot(product.sku.as_str())
+            .product_snapshot(product.sku.as_str(), product.stock_buckets)
             .await
             .map_err(gate_err)?;
         Ok((product, gate.map(|g| g.available)))
@@ -140,7 +175,7 @@ impl Catalog {
         // nothing is committed: the admin retries with the same request id.
         let generation = self
             .gate
-            .generation(adj.sku.as_str())
+            .product_generation(adj.sku.as_str(), product.stock_buckets)
             .await
             .map_err(gate_err)?;
         let kind = if adj.delta > 0 {
@@ -170,20 +205,28 @@ impl Catalog {
         // commit (see `StockSaga`'s release): units the database does not have yet are never on
         // sale. Either way the `stock.adjusted` event applies it later if this does not, once.
         if adj.delta < 0 {
-            self.gate_follows(&adj, &generation).await;
+            self.gate_follows(&adj, product.stock_buckets, &generation)
+                .await;
         }
         failpoint(&self.failpoints, "stock.adjust.before_commit").await?;
         txn.commit().await?;
         if adj.delta > 0 {
-            self.gate_follows(&adj, &generation).await;
+            self.gate_follows(&adj, product.stock_buckets, &generation)
+                .await;
         }
         Ok((self.get_product(&adj.sku).await?, false))
     }
 
-    async fn gate_follows(&self, adj: &Adjustment, generation: &str) {
+    async fn gate_follows(&self, adj: &Adjustment, buckets: u32, generation: &str) {
         if let Err(e) = self
             .gate
-            .adjust_in_generation(adj.sku.as_str(), &adj.request_id, adj.delta, generation)
+            .adjust_product(
+                adj.sku.as_str(),
+                buckets,
+                &adj.request_id,
+                adj.delta,
+                generation,
+            )
             .await
         {
             tracing::warn!(error = %e, "gate not adjusted now; the stock.adjusted event will");

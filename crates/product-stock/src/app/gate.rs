@@ -2,7 +2,7 @@
 //! unless the gate has lost the product's keys (then it is rebuilt from the database and the
 //! order service's pending orders first).
 
-use std::sync::Arc;
+use std::{collections::HashSet, sync::Arc};
 
 use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
@@ -69,8 +69,9 @@ impl Gate {
         for _ in 0..2 {
             let outcome = self
                 .gate
-                .reserve(
+                .reserve_product(
                     req.sku.as_str(),
+                    terms.stock_buckets,
                     req.order_id,
                     &req.user_id,
                     req.quantity,
@@ -103,11 +104,11 @@ impl Gate {
     ) -> Result<GateBuyers, StockError> {
         check_known_refills(known_refills)?;
         // Unknown products are NOT_FOUND, not an empty list.
-        self.terms.get(sku).await?;
+        let terms = self.terms.get(sku).await?;
         for _ in 0..2 {
             match self
                 .gate
-                .buyers(sku.as_str(), max, known_refills)
+                .product_buyers(sku.as_str(), terms.stock_buckets, max, known_refills)
                 .await
                 .map_err(gate_err)?
             {
@@ -140,6 +141,7 @@ impl Gate {
                 let t = t.as_ref().ok()?;
                 Some(ReserveArgs {
                     sku: r.sku.as_str(),
+                    bucket: t.bucket_of(&r.user_id),
                     order_id: r.order_id,
                     user_id: &r.user_id,
                     qty: r.quantity,
@@ -155,6 +157,10 @@ impl Gate {
             .map_err(gate_err)?
             .into_iter();
         let mut answers = Vec::with_capacity(reqs.len());
+        // Products in stock buckets found sold out (every bucket empty at one instant) while
+        // this batch was being answered: its other requests were already waiting then, so
+        // `SOLD_OUT` is a true answer for them without asking every bucket again.
+        let mut sold_out: HashSet<Sku> = HashSet::new();
         for (req, t) in reqs.iter().zip(terms) {
             let t = match t {
                 Ok(t) => t,
@@ -164,6 +170,20 @@ impl Gate {
                 }
             };
             let a = match outcomes.next() {
+                Some(Ok(ReserveOutcome::SoldOut)) if sold_out.contains(&req.sku) => {
+                    refused(Refusal::SoldOut, 0)
+                }
+                // The buyer's bucket ran dry: the one-by-one path borrows from the others (the
+                // refusal wrote nothing, so asking again is no replay).
+                Some(Ok(ReserveOutcome::SoldOut | ReserveOutcome::InsufficientStock { .. }))
+                    if t.stock_buckets > 1 =>
+                {
+                    let a = self.reserve(req.clone()).await;
+                    if matches!(a, Err(StockError::Refused(Refusal::SoldOut, _))) {
+                        sold_out.insert(req.sku.clone());
+                    }
+                    a
+                }
                 Some(Ok(outcome)) => match answer(outcome, &t, req) {
                     Some(a) => a,
                     // The gate lost the product: the one-by-one path rebuilds it.
@@ -232,13 +252,22 @@ pub(super) async fn rebuild(
         .await?
         .ok_or_else(|| StockError::UnknownProduct(sku.to_string()))?;
     // Replicas that found the gate missing at once queue on the lock; the first loads it.
-    if gate
-        .snapshot(sku.as_str())
+    let buckets = product.stock_buckets;
+    let states = gate
+        .bucket_states(sku.as_str(), buckets)
         .await
-        .map_err(gate_err)?
-        .is_some()
-    {
+        .map_err(gate_err)?;
+    if states.iter().all(Option::is_some) {
         return Ok(false);
+    }
+    if states.iter().any(Option::is_some) {
+        // Some buckets were lost, others not (a cluster node's slots): close them all and
+        // rebuild the product whole, so the wait below covers every bucket's orders in flight
+        // and no transfer or release from before counts twice.
+        tracing::warn!(%sku, buckets, "some of the product's stock buckets were lost; rebuilding all");
+        gate.unload_product(sku.as_str(), buckets)
+            .await
+            .map_err(gate_err)?;
     }
     if settle_ms > 0 {
         let wait = gate
@@ -277,8 +306,9 @@ pub(super) async fn rebuild(
     let users = db::units_by_user(&txn, sku).await?;
     let target = product.gate_target();
     let outcome = gate
-        .load_with_holds(
+        .load_product(
             sku.as_str(),
+            buckets,
             target,
             &users,
             &holds,
@@ -313,16 +343,18 @@ pub(super) async fn rebuild(
     Ok(true)
 }
 
+/// A refusal, counted.
+fn refused(r: Refusal, available: i64) -> Result<Reserved, StockError> {
+    metrics::counter!("flashsale_reserve_refused_total", "reason" => r.reason()).increment(1);
+    Err(StockError::Refused(r, available))
+}
+
 /// What the gate's outcome means for the caller; `None` when the gate lost the product.
 fn answer(
     outcome: ReserveOutcome,
     terms: &ProductTerms,
     req: &ReserveRequest,
 ) -> Option<Result<Reserved, StockError>> {
-    let refused = |r: Refusal, available: i64| {
-        metrics::counter!("flashsale_reserve_refused_total", "reason" => r.reason()).increment(1);
-        Err(StockError::Refused(r, available))
-    };
     Some(match outcome {
         ReserveOutcome::Reserved {
             remaining,

@@ -25,7 +25,7 @@ use crate::{
     domain::{Reservation, ReservationState, Sku, StockError},
     infra::{
         db,
-        gate::{PendingHold, RedisGate, RepairOutcome, SettleOutcome},
+        gate::{At, PendingHold, RedisGate, RepairOutcome, SettleOutcome},
         orders::{OrderPort, OrderState, OrdersUnavailable},
     },
 };
@@ -50,6 +50,15 @@ const SETTLE_BATCH: usize = 500;
 /// The hold sweep's [`Singleton`] name.
 pub const HOLD_SWEEP: &str = "product-stock/hold-sweep";
 
+/// A product's gate counters summed over its stock buckets.
+#[derive(Clone, Copy, Debug, Default)]
+struct StockSnapshot {
+    available: i64,
+    held: i64,
+    /// Units taken out of one bucket for another, not landed yet.
+    moving: i64,
+}
+
 /// How old a prepared release must be before the sweeper settles it: its own consumer finishes
 /// it within milliseconds of the commit.
 const RELEASE_GRACE_MS: i64 = 5_000;
@@ -63,10 +72,30 @@ pub(super) async fn settle_releases(
     txn: &sea_orm::DatabaseTransaction,
     gate: &RedisGate,
     sku: &Sku,
+    buckets: u32,
     cutoff_ms: i64,
 ) -> Result<u64, StockError> {
+    let mut settled = 0;
+    for bucket in 0..buckets {
+        settled +=
+            settle_bucket_releases(txn, gate, At::new(sku.as_str(), bucket), cutoff_ms).await?;
+    }
+    if settled > 0 {
+        metrics::counter!("flashsale_releases_settled_total").increment(settled);
+    }
+    Ok(settled)
+}
+
+/// [`settle_releases`] in one stock bucket.
+async fn settle_bucket_releases(
+    txn: &sea_orm::DatabaseTransaction,
+    gate: &RedisGate,
+    at: At<'_>,
+    cutoff_ms: i64,
+) -> Result<u64, StockError> {
+    let sku = at.sku;
     let ids = gate
-        .releasing_older_than(sku.as_str(), cutoff_ms, SETTLE_BATCH)
+        .releasing_older_than(at, cutoff_ms, SETTLE_BATCH)
         .await
         .map_err(gate_err)?;
     let mut settled = 0;
@@ -75,18 +104,15 @@ pub(super) async fn settle_releases(
             .await?
             .is_some_and(|r| r.state == ReservationState::Released);
         let outcome = if released {
-            gate.finish_release(sku.as_str(), order_id).await
+            gate.finish_release(at, order_id).await
         } else {
-            gate.revert_release(sku.as_str(), order_id).await
+            gate.revert_release(at, order_id).await
         }
         .map_err(gate_err)?;
         if outcome != SettleOutcome::NothingPrepared {
             settled += 1;
-            tracing::warn!(%sku, %order_id, ?outcome, "settled a release its consumer left prepared");
+            tracing::warn!(sku, bucket = at.bucket, %order_id, ?outcome, "settled a release its consumer left prepared");
         }
-    }
-    if settled > 0 {
-        metrics::counter!("flashsale_releases_settled_total").increment(settled);
     }
     Ok(settled)
 }
@@ -209,11 +235,13 @@ impl Reconciler {
         let product = db::product(&txn, sku, true)
             .await?
             .ok_or_else(|| StockError::UnknownProduct(sku.to_string()))?;
+        let buckets = product.stock_buckets;
         self.settle_holds(sku, i64::MAX).await?;
-        settle_releases(&txn, &self.gate, sku, i64::MAX).await?;
+        settle_releases(&txn, &self.gate, sku, buckets, i64::MAX).await?;
+        let mut refilled = self.settle_transfers(sku, buckets, i64::MAX).await?;
         let target = product.gate_target();
         let mut repaired = false;
-        let snapshot = match self.gate.snapshot(sku.as_str()).await.map_err(gate_err)? {
+        let snapshot = match self.stock_snapshot(sku, buckets).await? {
             Some(s) => s,
             None if repair => {
                 drop(txn);
@@ -237,13 +265,13 @@ impl Reconciler {
         // `held` is the gate's own record of the orders acknowledged but not persisted: while
         // Redis keeps the product's keys it is exactly what the database misses. A gate that
         // lost them is not repaired but rebuilt (above), which asks the order service instead.
-        let expected = target - snapshot.held;
+        // Units moving between buckets are in no counter yet; they land in one.
+        let expected = target - snapshot.held - snapshot.moving;
         let drift = snapshot.available - expected;
-        let mut refilled = None;
         if repair && drift != 0 {
             let outcome = self
                 .gate
-                .repair(sku.as_str(), target)
+                .repair_product(sku.as_str(), buckets, target)
                 .await
                 .map_err(gate_err)?;
             if let RepairOutcome::Repaired { before, after, .. } = outcome
@@ -275,6 +303,63 @@ impl Reconciler {
         })
     }
 
+    /// The product's counters summed over its buckets, `None` when any is not loaded.
+    async fn stock_snapshot(
+        &self,
+        sku: &Sku,
+        buckets: u32,
+    ) -> Result<Option<StockSnapshot>, StockError> {
+        let mut sum = StockSnapshot::default();
+        for state in self
+            .gate
+            .bucket_states(sku.as_str(), buckets)
+            .await
+            .map_err(gate_err)?
+        {
+            let Some(s) = state else {
+                return Ok(None);
+            };
+            sum.available += s.available;
+            sum.held += s.held;
+            sum.moving += s.moving;
+        }
+        Ok(Some(sum))
+    }
+
+    /// Settles the transfers between the buckets of `sku` taken before `cutoff_ms` that their
+    /// borrower left (see [`RedisGate::settle_transfers`]); when stranded units went back on
+    /// sale, the `stock.gate_refilled` to send.
+    async fn settle_transfers(
+        &self,
+        sku: &Sku,
+        buckets: u32,
+        cutoff_ms: i64,
+    ) -> Result<Option<Envelope>, StockError> {
+        let (settled, returned) = self
+            .gate
+            .settle_transfers(sku.as_str(), buckets, cutoff_ms)
+            .await
+            .map_err(gate_err)?;
+        if settled == 0 {
+            return Ok(None);
+        }
+        metrics::counter!("flashsale_gate_transfers_settled_total").increment(settled);
+        tracing::warn!(%sku, settled, returned, "settled transfers between stock buckets that their borrower left");
+        if returned == 0 {
+            return Ok(None);
+        }
+        let after = self
+            .stock_snapshot(sku, buckets)
+            .await?
+            .map_or(returned, |s| s.available);
+        Ok(Some(gate_refilled(
+            sku,
+            (after - returned).max(0),
+            after,
+            "REBALANCE",
+        )))
+    }
+
     /// Looks at holds reserved before `cutoff_ms` that the gate still counts as unpersisted:
     /// those the database has are marked persisted (or released, if it released them). For the
     /// others the order service is asked (docs/architecture.md#operations): a hold whose order
@@ -292,10 +377,34 @@ impl Reconciler {
     /// anyway, the tombstone makes its `order.created` fail and the order is cancelled, never
     /// left PENDING.
     pub async fn settle_holds(&self, sku: &Sku, cutoff_ms: i64) -> Result<Settled, StockError> {
+        let buckets = match self.terms.get(sku).await {
+            Ok(t) => t.stock_buckets,
+            Err(StockError::UnknownProduct(_)) => 1,
+            Err(e) => return Err(e),
+        };
+        let mut all = Settled::default();
+        for bucket in 0..buckets {
+            let one = self
+                .settle_bucket_holds(At::new(sku.as_str(), bucket), sku, cutoff_ms)
+                .await?;
+            all.expired += one.expired;
+            all.kept += one.kept;
+            all.deferred |= one.deferred;
+        }
+        Ok(all)
+    }
+
+    /// [`Self::settle_holds`] in one stock bucket.
+    async fn settle_bucket_holds(
+        &self,
+        at: At<'_>,
+        sku: &Sku,
+        cutoff_ms: i64,
+    ) -> Result<Settled, StockError> {
         let mut settled = Settled::default();
         let holds = self
             .gate
-            .pending_older_than(sku.as_str(), cutoff_ms, SETTLE_BATCH)
+            .pending_older_than(at, cutoff_ms, SETTLE_BATCH)
             .await
             .map_err(gate_err)?;
         if holds.is_empty() {
@@ -322,14 +431,14 @@ impl Reconciler {
                 Some(r) if r.state != ReservationState::Released => {
                     txn.commit().await?;
                     self.gate
-                        .mark_persisted(sku.as_str(), hold.order_id)
+                        .mark_persisted(at, hold.order_id)
                         .await
                         .map_err(gate_err)?;
                 }
                 Some(_) => {
                     txn.commit().await?;
                     self.gate
-                        .release_unpersisted(sku.as_str(), hold.order_id)
+                        .release_unpersisted(at, hold.order_id)
                         .await
                         .map_err(gate_err)?;
                 }
@@ -345,14 +454,17 @@ impl Reconciler {
                     }
                     HoldVerdict::Release => {
                         if self
-                            .give_back(txn, sku, &hold, CANCELLED_BEFORE_CREATED, false)
+                            .give_back(txn, at, sku, &hold, CANCELLED_BEFORE_CREATED, false)
                             .await?
                         {
                             settled.expired += 1;
                         }
                     }
                     HoldVerdict::Expire => {
-                        if self.give_back(txn, sku, &hold, HOLD_EXPIRED, true).await? {
+                        if self
+                            .give_back(txn, at, sku, &hold, HOLD_EXPIRED, true)
+                            .await?
+                        {
                             settled.expired += 1;
                         }
                     }
@@ -364,7 +476,7 @@ impl Reconciler {
             // To the back of the queue: asked about again one TTL from now, and the holds
             // behind them are reached meanwhile.
             self.gate
-                .touch_holds(sku.as_str(), &keep, chrono::Utc::now().timestamp_millis())
+                .touch_holds(at, &keep, chrono::Utc::now().timestamp_millis())
                 .await
                 .map_err(gate_err)?;
             metrics::counter!("flashsale_holds_kept_total").increment(settled.kept);
@@ -383,6 +495,7 @@ impl Reconciler {
     async fn give_back(
         &self,
         txn: sea_orm::DatabaseTransaction,
+        at: At<'_>,
         sku: &Sku,
         hold: &PendingHold,
         cause: &str,
@@ -400,7 +513,7 @@ impl Reconciler {
         if !db::insert_reservation(&txn, &tombstone, cause).await? {
             txn.commit().await?;
             self.gate
-                .mark_persisted(sku.as_str(), hold.order_id)
+                .mark_persisted(at, hold.order_id)
                 .await
                 .map_err(gate_err)?;
             return Ok(false);
@@ -428,12 +541,12 @@ impl Reconciler {
         // settling of prepared releases.
         db::product(&txn, sku, true).await?;
         self.gate
-            .prepare_release_unpersisted(sku.as_str(), hold.order_id)
+            .prepare_release_unpersisted(at, hold.order_id)
             .await
             .map_err(gate_err)?;
         txn.commit().await?;
         self.gate
-            .finish_release(sku.as_str(), hold.order_id)
+            .finish_release(at, hold.order_id)
             .await
             .map_err(gate_err)?;
         Ok(true)
@@ -448,22 +561,53 @@ impl Reconciler {
             .saturating_sub(RELEASE_GRACE_MS);
         let mut total = 0;
         for sku in db::all_skus(&self.db).await? {
-            let waiting = self
-                .gate
-                .releasing_older_than(sku.as_str(), cutoff, 1)
-                .await
-                .map_err(gate_err)?;
-            if waiting.is_empty() {
+            let buckets = self.terms.get(&sku).await?.stock_buckets;
+            let mut waiting = false;
+            for bucket in 0..buckets {
+                waiting |= !self
+                    .gate
+                    .releasing_older_than(At::new(sku.as_str(), bucket), cutoff, 1)
+                    .await
+                    .map_err(gate_err)?
+                    .is_empty();
+            }
+            if !waiting {
                 continue;
             }
             let txn = self.db.begin().await?;
             if db::product(&txn, &sku, true).await?.is_none() {
                 continue;
             }
-            total += settle_releases(&txn, &self.gate, &sku, cutoff).await?;
+            total += settle_releases(&txn, &self.gate, &sku, buckets, cutoff).await?;
             txn.commit().await?;
         }
         Ok(total)
+    }
+
+    /// Settles, for every product in stock buckets, the transfers between its buckets taken more
+    /// than 5 s ago and not settled (their borrower died between the steps):
+    /// stranded units go back on sale well within the life of the landing markers. Returns how
+    /// many units were returned.
+    pub async fn settle_stale_transfers(&self) -> Result<i64, StockError> {
+        let cutoff = chrono::Utc::now()
+            .timestamp_millis()
+            .saturating_sub(RELEASE_GRACE_MS);
+        let mut returned = 0;
+        for sku in db::all_skus(&self.db).await? {
+            let buckets = self.terms.get(&sku).await?.stock_buckets;
+            if buckets < 2 {
+                continue;
+            }
+            if let Some(event) = self.settle_transfers(&sku, buckets, cutoff).await? {
+                if let Some(Payload::StockGateRefilled(ev)) = &event.payload {
+                    returned += ev.available_after - ev.available_before;
+                }
+                if let Err(e) = outbox::enqueue(&self.db, &event).await {
+                    tracing::warn!(%sku, error = %e, "stock.gate_refilled not recorded");
+                }
+            }
+        }
+        Ok(returned)
     }
 
     /// One sweep over every product: settle holds older than `stock.hold_ttl_ms`. Returns how
@@ -475,6 +619,7 @@ impl Reconciler {
         let cutoff = chrono::Utc::now().timestamp_millis().saturating_sub(ttl);
         let (mut total, mut deferred) = (0, Vec::new());
         self.settle_stale_releases().await?;
+        self.settle_stale_transfers().await?;
         for sku in db::all_skus(&self.db).await? {
             let settled = self.settle_holds(&sku, cutoff).await?;
             total += settled.expired;

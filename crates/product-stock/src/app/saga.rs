@@ -18,7 +18,10 @@ use crate::{
     domain::{
         DeductionPolicy, Refusal, Reservation, ReservationState, Sku, StockError, parse_order_id,
     },
-    infra::{db, gate::RedisGate},
+    infra::{
+        db,
+        gate::{At, RedisGate},
+    },
 };
 
 /// Tombstone causes: a later `order.created` for the order is refused.
@@ -117,13 +120,15 @@ impl StockSaga {
                     ),
                 )
                 .await?;
-                self.gate_release_unpersisted(&sku, order_id).await?;
+                self.gate_release_unpersisted(&sku, &ev.user_id, order_id)
+                    .await?;
                 txn.commit().await?;
                 return Ok(());
             }
             Some(_) => {
                 // Persisted before under another message id: nothing more to do.
-                self.gate_mark_persisted(&sku, order_id).await?;
+                self.gate_mark_persisted(&sku, &ev.user_id, order_id)
+                    .await?;
                 txn.commit().await?;
                 return Ok(());
             }
@@ -185,7 +190,8 @@ impl StockSaga {
             .await?;
             // Gate changes that follow the database happen before the commit (see
             // `release_persisted`); a failed commit is retried and finds the hold marked.
-            self.gate_mark_persisted(&sku, order_id).await?;
+            self.gate_mark_persisted(&sku, &ev.user_id, order_id)
+                .await?;
             failpoint(&self.failpoints, "stock.order_created.before_commit").await?;
             txn.commit().await?;
         } else {
@@ -205,7 +211,7 @@ impl StockSaga {
             .await?;
             // The gate admitted what the database does not have: drop the hold without giving
             // the units back, which moves the gate towards the database.
-            self.gate_drop_hold(&sku, order_id).await?;
+            self.gate_drop_hold(&sku, &ev.user_id, order_id).await?;
             txn.commit().await?;
             metrics::counter!("flashsale_reservation_failed_in_db_total").increment(1);
         }
@@ -225,7 +231,7 @@ impl StockSaga {
         let Some(txn) = self.claim(consumer, env).await? else {
             // Handled before: if that attempt committed and died before giving the units back
             // (or Redis refused it then), this delivery finishes it; otherwise nothing happens.
-            return self.gate_finish_release(&sku, order_id).await;
+            return self.gate_finish_release(&sku, &ev.user_id, order_id).await;
         };
         let Some(r) = db::reservation(&txn, order_id, true).await? else {
             let policy = self
@@ -260,12 +266,13 @@ impl StockSaga {
             // the insert as `order.created` does, lets the reconciler settle a release whose
             // consumer died.
             db::product(&txn, &sku, true).await?;
+            let bucket = self.bucket(&sku, &ev.user_id).await?;
             self.gate
-                .prepare_release_unpersisted(sku.as_str(), order_id)
+                .prepare_release_unpersisted(At::new(sku.as_str(), bucket), order_id)
                 .await
                 .map_err(gate_err)?;
             txn.commit().await?;
-            return self.gate_finish_release(&sku, order_id).await;
+            return self.gate_finish_release(&sku, &ev.user_id, order_id).await;
         };
         self.release_persisted(txn, env, &r, "order.cancelled")
             .await
@@ -289,7 +296,9 @@ impl StockSaga {
             }
             (ReservationState::Released, _) => {
                 txn.commit().await?;
-                return self.gate_finish_release(&r.sku, r.order_id).await;
+                return self
+                    .gate_finish_release(&r.sku, &r.user_id, r.order_id)
+                    .await;
             }
         };
         if !db::move_stock(&txn, &r.sku, on_hand_delta, reserved_delta).await? {
@@ -328,14 +337,21 @@ impl StockSaga {
         // consumer that dies between the commit and the finish is finished by the redelivery
         // (see `on_order_cancelled`) or by the reconciler, which settles prepared releases
         // under the same lock.
+        let bucket = self.bucket(&r.sku, &r.user_id).await?;
         self.gate
-            .prepare_release(r.sku.as_str(), r.order_id, &r.user_id, r.quantity)
+            .prepare_release(
+                At::new(r.sku.as_str(), bucket),
+                r.order_id,
+                &r.user_id,
+                r.quantity,
+            )
             .await
             .map_err(gate_err)?;
         failpoint(&self.failpoints, "stock.order_cancelled.before_commit").await?;
         txn.commit().await?;
         failpoint(&self.failpoints, "stock.order_cancelled.after_commit").await?;
-        self.gate_finish_release(&r.sku, r.order_id).await
+        self.gate_finish_release(&r.sku, &r.user_id, r.order_id)
+            .await
     }
 
     /// `CommitReservation`: at shipment, `on_hand -= q, reserved -= q`. Idempotent.
@@ -416,44 +432,84 @@ impl StockSaga {
         let Some(txn) = self.claim(consumer, env).await? else {
             return Ok(());
         };
-        db::product(&txn, &sku, true)
+        let product = db::product(&txn, &sku, true)
             .await?
             .ok_or_else(|| StockError::invalid("sku", "stock.adjusted for an unknown product"))?;
         self.gate
-            .adjust_in_generation(sku.as_str(), &ev.request_id, ev.delta, &ev.gate_generation)
+            .adjust_product(
+                sku.as_str(),
+                product.stock_buckets,
+                &ev.request_id,
+                ev.delta,
+                &ev.gate_generation,
+            )
             .await
             .map_err(gate_err)?;
         txn.commit().await?;
         Ok(())
     }
 
-    async fn gate_mark_persisted(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
+    /// The stock bucket holding `user_id`'s orders of `sku` (0 for a product this service does
+    /// not know: its gate, if any, has one bucket).
+    pub(super) async fn bucket(&self, sku: &Sku, user_id: &str) -> Result<u32, StockError> {
+        match self.terms.get(sku).await {
+            Ok(t) => Ok(t.bucket_of(user_id)),
+            Err(StockError::UnknownProduct(_)) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn gate_mark_persisted(
+        &self,
+        sku: &Sku,
+        user_id: &str,
+        order_id: Uuid,
+    ) -> Result<(), StockError> {
+        let bucket = self.bucket(sku, user_id).await?;
         self.gate
-            .mark_persisted(sku.as_str(), order_id)
+            .mark_persisted(At::new(sku.as_str(), bucket), order_id)
             .await
             .map(drop)
             .map_err(gate_err)
     }
 
-    async fn gate_drop_hold(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
+    async fn gate_drop_hold(
+        &self,
+        sku: &Sku,
+        user_id: &str,
+        order_id: Uuid,
+    ) -> Result<(), StockError> {
+        let bucket = self.bucket(sku, user_id).await?;
         self.gate
-            .drop_hold(sku.as_str(), order_id)
+            .drop_hold(At::new(sku.as_str(), bucket), order_id)
             .await
             .map(drop)
             .map_err(gate_err)
     }
 
-    async fn gate_finish_release(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
+    async fn gate_finish_release(
+        &self,
+        sku: &Sku,
+        user_id: &str,
+        order_id: Uuid,
+    ) -> Result<(), StockError> {
+        let bucket = self.bucket(sku, user_id).await?;
         self.gate
-            .finish_release(sku.as_str(), order_id)
+            .finish_release(At::new(sku.as_str(), bucket), order_id)
             .await
             .map(drop)
             .map_err(gate_err)
     }
 
-    async fn gate_release_unpersisted(&self, sku: &Sku, order_id: Uuid) -> Result<(), StockError> {
+    async fn gate_release_unpersisted(
+        &self,
+        sku: &Sku,
+        user_id: &str,
+        order_id: Uuid,
+    ) -> Result<(), StockError> {
+        let bucket = self.bucket(sku, user_id).await?;
         self.gate
-            .release_unpersisted(sku.as_str(), order_id)
+            .release_unpersisted(At::new(sku.as_str(), bucket), order_id)
             .await
             .map(drop)
             .map_err(gate_err)

@@ -21,7 +21,7 @@ use uuid::Uuid;
 use super::{PRODUCER, StockSaga, failpoint, gate_err, saga::parse_event_fields};
 use crate::{
     domain::{DeductionPolicy, Reservation, ReservationState, Sku, StockError},
-    infra::db,
+    infra::{db, gate::At},
 };
 
 /// One `order.created` delivery waiting for its batch.
@@ -95,6 +95,7 @@ impl StockSaga {
         };
         let mut message_ids = Vec::with_capacity(items.len());
         let mut rows = Vec::with_capacity(items.len());
+        let mut buckets = Vec::with_capacity(items.len());
         // Per product: (policy, on_hand delta, reserved delta), in a fixed order so concurrent
         // batches take the stock rows in the same order.
         let mut moves: BTreeMap<Sku, (DeductionPolicy, i64, i64)> = BTreeMap::new();
@@ -109,11 +110,12 @@ impl StockSaga {
             else {
                 return Ok(false);
             };
-            let policy = match self.terms.get(&sku).await {
-                Ok(t) => t.policy,
+            let (policy, bucket) = match self.terms.get(&sku).await {
+                Ok(t) => (t.policy, t.bucket_of(&c.ev.user_id)),
                 Err(StockError::UnknownProduct(_)) => return Ok(false),
                 Err(e) => return Err(e),
             };
+            buckets.push(bucket);
             let q = c.ev.quantity;
             let (state, on_hand, reserved) = match policy {
                 DeductionPolicy::ReserveThenCommit => (ReservationState::Reserved, 0, q),
@@ -188,10 +190,14 @@ impl StockSaga {
         }
         // Gate changes that follow the database happen before the commit (as one by one), in
         // one pipeline: one round trip while the hot rows are locked, not one per order.
-        let marks: Vec<(&str, Uuid)> = rows.iter().map(|r| (r.sku.as_str(), r.order_id)).collect();
+        let marks: Vec<(At<'_>, Uuid)> = rows
+            .iter()
+            .zip(&buckets)
+            .map(|(r, b)| (At::new(r.sku.as_str(), *b), r.order_id))
+            .collect();
         for mark in self
             .gate
-            .mark_persisted_many(&marks)
+            .mark_persisted_many_at(&marks)
             .await
             .map_err(gate_err)?
         {

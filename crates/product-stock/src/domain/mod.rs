@@ -40,6 +40,34 @@ pub struct ProductDraft {
     pub initial_stock: i64,
     pub per_user_limit: u32,
     pub policy: DeductionPolicy,
+    /// How many stock buckets the gate splits the product's stock into (1 = one bucket).
+    pub stock_buckets: u32,
+}
+
+/// Most stock buckets one product may have.
+pub const MAX_STOCK_BUCKETS: u32 = 64;
+
+/// The bucket of a product that holds `user_id`'s orders, per-user count and reservations:
+/// FNV-1a (64 bit) of the user id's bytes, modulo `buckets`. Stable across replicas and
+/// versions: every order of one user lives in one bucket, so the gate checks the per-user limit
+/// inside one atomic script (docs/architecture.md#stock-buckets).
+pub fn bucket_of(user_id: &str, buckets: u32) -> u32 {
+    if buckets <= 1 {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in user_id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % u64::from(buckets)) as u32
+}
+
+/// `total` split over `parts` as evenly as possible, the remainder going to the first ones.
+pub fn split_evenly(total: i64, parts: u32) -> Vec<i64> {
+    let n = i64::from(parts.max(1));
+    let (each, rest) = (total.div_euclid(n), total.rem_euclid(n));
+    (0..n).map(|i| each + i64::from(i < rest)).collect()
 }
 
 impl ProductDraft {
@@ -51,6 +79,7 @@ impl ProductDraft {
         initial_stock: i64,
         per_user_limit: u32,
         policy: Option<DeductionPolicy>,
+        stock_buckets: u32,
     ) -> Result<Self, StockError> {
         let mut bad = Vec::new();
         let sku = Sku::parse(sku).map_err(|e| bad.push(sku_violation(e))).ok();
@@ -73,6 +102,14 @@ impl ProductDraft {
                 "must be RESERVE_THEN_COMMIT or COMMIT_AT_ORDER".into(),
             ));
         }
+        // 0 is the field's default when left out: one bucket.
+        let stock_buckets = stock_buckets.max(1);
+        if stock_buckets > MAX_STOCK_BUCKETS {
+            bad.push((
+                "stock_buckets".into(),
+                format!("must be 0..={MAX_STOCK_BUCKETS} (0 = 1 bucket)"),
+            ));
+        }
         match (sku, policy) {
             (Some(sku), Some(policy)) if bad.is_empty() => Ok(Self {
                 sku,
@@ -81,6 +118,7 @@ impl ProductDraft {
                 initial_stock,
                 per_user_limit,
                 policy,
+                stock_buckets,
             }),
             _ => Err(StockError::Invalid(bad)),
         }
@@ -97,6 +135,8 @@ pub struct Product {
     pub policy: DeductionPolicy,
     pub on_hand: i64,
     pub reserved: i64,
+    /// How many stock buckets the gate splits the stock into (1..=[`MAX_STOCK_BUCKETS`]).
+    pub stock_buckets: u32,
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }
@@ -124,6 +164,14 @@ pub struct ProductTerms {
     pub price_cents: i64,
     pub per_user_limit: u32,
     pub policy: DeductionPolicy,
+    pub stock_buckets: u32,
+}
+
+impl ProductTerms {
+    /// The bucket holding `user_id`'s orders of this product.
+    pub fn bucket_of(&self, user_id: &str) -> u32 {
+        bucket_of(user_id, self.stock_buckets)
+    }
 }
 
 /// A stock adjustment to apply.

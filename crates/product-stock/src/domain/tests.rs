@@ -11,7 +11,7 @@ fn sku_accepts_the_documented_alphabet_only() {
 
 #[test]
 fn draft_reports_every_bad_field() {
-    let e = ProductDraft::new("", " ", -1, -5, 0, None)
+    let e = ProductDraft::new("", " ", -1, -5, 0, None, 65)
         .unwrap_err()
         .violations();
     let fields: Vec<_> = e.iter().map(|(f, _)| f.as_str()).collect();
@@ -22,10 +22,22 @@ fn draft_reports_every_bad_field() {
             "name",
             "price_cents",
             "initial_stock",
-            "deduction_policy"
+            "deduction_policy",
+            "stock_buckets"
         ]
     );
-    assert!(ProductDraft::new("S1", "Wine", 0, 0, 0, Some(DeductionPolicy::CommitAtOrder)).is_ok());
+    assert!(
+        ProductDraft::new(
+            "S1",
+            "Wine",
+            0,
+            0,
+            0,
+            Some(DeductionPolicy::CommitAtOrder),
+            0
+        )
+        .is_ok()
+    );
 }
 
 #[test]
@@ -59,6 +71,7 @@ fn gate_target_follows_the_policy() {
         policy: DeductionPolicy::ReserveThenCommit,
         on_hand: 10,
         reserved: 3,
+        stock_buckets: 1,
         created_at: now,
         updated_at: now,
     };
@@ -98,6 +111,7 @@ fn control_characters_are_refused_in_every_string_and_name_the_field() {
         1,
         0,
         Some(DeductionPolicy::ReserveThenCommit),
+        1,
     );
     assert_eq!(fields(draft.unwrap_err()), ["name"]);
     // Trimming does not hide one at the end.
@@ -108,6 +122,7 @@ fn control_characters_are_refused_in_every_string_and_name_the_field() {
         1,
         0,
         Some(DeductionPolicy::ReserveThenCommit),
+        1,
     );
     assert_eq!(fields(draft.unwrap_err()), ["name"]);
     let adj = Adjustment::new("r\0", "S1", 1, "restock\u{7}").unwrap_err();
@@ -120,4 +135,56 @@ fn control_characters_are_refused_in_every_string_and_name_the_field() {
         fields(Adjustment::new(&wide, "S1", 1, "x").unwrap_err()),
         ["request_id"]
     );
+}
+
+#[test]
+fn stock_buckets_default_to_one_and_are_bounded() {
+    let draft = |n| {
+        ProductDraft::new(
+            "S1",
+            "Wine",
+            1,
+            1,
+            0,
+            Some(DeductionPolicy::CommitAtOrder),
+            n,
+        )
+    };
+    assert_eq!(draft(0).unwrap().stock_buckets, 1);
+    assert_eq!(draft(1).unwrap().stock_buckets, 1);
+    assert_eq!(
+        draft(MAX_STOCK_BUCKETS).unwrap().stock_buckets,
+        MAX_STOCK_BUCKETS
+    );
+    for bad in [MAX_STOCK_BUCKETS + 1, u32::MAX] {
+        let e = draft(bad).unwrap_err().violations();
+        assert_eq!(e.len(), 1, "{bad}: {e:?}");
+        assert_eq!(e[0].0, "stock_buckets");
+        assert!(e[0].1.contains("64"), "{e:?}");
+    }
+}
+
+#[test]
+fn a_user_always_maps_to_the_same_bucket_and_users_spread_over_all() {
+    assert_eq!(bucket_of("anyone", 1), 0);
+    assert_eq!(bucket_of("anyone", 0), 0);
+    // Pinned: the mapping must never change, or orders would be looked for in the wrong bucket.
+    assert_eq!(bucket_of("u1", 8), bucket_of("u1", 8));
+    assert_eq!(bucket_of("", 8), (0xcbf2_9ce4_8422_2325_u64 % 8) as u32);
+    let mut seen = [0u32; 8];
+    for i in 0..800 {
+        let b = bucket_of(&format!("user-{i}"), 8);
+        assert!(b < 8);
+        seen[b as usize] += 1;
+    }
+    assert!(seen.iter().all(|n| *n > 50), "{seen:?}");
+}
+
+#[test]
+fn stock_splits_evenly_with_the_remainder_first() {
+    assert_eq!(split_evenly(10, 4), [3, 3, 2, 2]);
+    assert_eq!(split_evenly(2, 4), [1, 1, 0, 0]);
+    assert_eq!(split_evenly(0, 3), [0, 0, 0]);
+    assert_eq!(split_evenly(7, 1), [7]);
+    assert_eq!(split_evenly(5, 0), [5]);
 }

@@ -26,6 +26,7 @@ struct ProductRow {
     deduction_policy: String,
     on_hand: i64,
     reserved: i64,
+    stock_buckets: i32,
     created_at: chrono::DateTime<chrono::Utc>,
     updated_at: chrono::DateTime<chrono::Utc>,
 }
@@ -43,6 +44,10 @@ impl TryFrom<ProductRow> for Product {
                 .ok_or_else(|| corrupt("deduction_policy", &r.deduction_policy))?,
             on_hand: r.on_hand,
             reserved: r.reserved,
+            stock_buckets: u32::try_from(r.stock_buckets)
+                .ok()
+                .filter(|n| (1..=crate::domain::MAX_STOCK_BUCKETS).contains(n))
+                .ok_or_else(|| corrupt("stock_buckets", &r.sku))?,
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
@@ -56,7 +61,7 @@ fn corrupt(what: &str, value: &str) -> StockError {
 }
 
 const PRODUCT_SELECT: &str = "SELECT p.sku, p.name, p.price_cents, p.per_user_limit, p.deduction_policy, \
-     s.on_hand, s.reserved, p.created_at, s.updated_at FROM products p JOIN stock s USING (sku)";
+     s.on_hand, s.reserved, p.stock_buckets, p.created_at, s.updated_at FROM products p JOIN stock s USING (sku)";
 
 fn is_unique_violation(e: &sea_orm::DbErr) -> bool {
     matches!(
@@ -70,13 +75,15 @@ pub async fn insert_product<C: ConnectionTrait>(c: &C, d: &ProductDraft) -> Resu
     let sku = d.sku.as_str();
     let inserted = c
         .execute_raw(stmt(
-            "INSERT INTO products (sku, name, price_cents, per_user_limit, deduction_policy) VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO products (sku, name, price_cents, per_user_limit, deduction_policy, stock_buckets) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
             [
                 sku.into(),
                 d.name.clone().into(),
                 d.price_cents.into(),
                 i64::from(d.per_user_limit).into(),
                 d.policy.as_db().into(),
+                i64::from(d.stock_buckets).into(),
             ],
         ))
         .await;
@@ -148,6 +155,7 @@ pub async fn terms<C: ConnectionTrait>(
         price_cents: p.price_cents,
         per_user_limit: p.per_user_limit,
         policy: p.policy,
+        stock_buckets: p.stock_buckets,
     }))
 }
 

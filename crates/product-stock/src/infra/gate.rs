@@ -4,8 +4,11 @@
 //!
 //! # Key layout
 //!
-//! All keys of one product share the Redis Cluster hash tag `{p:SKU}`, so every script touches
-//! one slot. With `P` the gate's key prefix:
+//! All keys of one stock bucket share one Redis Cluster hash tag, so every script touches one
+//! slot. A product without buckets has one, bucket 0, tagged `{p:SKU}`; a product created with
+//! N stock buckets (docs/architecture.md#stock-buckets, `gate/buckets.rs`) also has buckets 1..N−1,
+//! tagged `{p:SKU:b}`, each with every key below (written here for bucket 0). With `P` the
+//! gate's key prefix:
 //!
 //! | key | type | holds |
 //! |---|---|---|
@@ -18,7 +21,15 @@
 //! | `Pstock:{p:SKU}:generation` | string | set afresh by every load (rebuild) |
 //! | `Pstock:{p:SKU}:releasing` | sorted set | order id → time (ms) of releases prepared, not settled |
 //! | `Pstock:{p:SKU}:o:<order id>` | hash, TTL | the order's record: `s` state, `q` qty, `u` user, `n` first answer |
-//! | `Pstock:{p:SKU}:adj:<request id>` | string, TTL | an applied restock / write-off |
+//! | `Pstock:{p:SKU}:adj:<request id>` | string, TTL | an applied restock / write-off: `A:<units applied>` |
+//! | `Pstock:{p:SKU}:moving` | string | units taken out of this bucket for another, not landed yet |
+//! | `Pstock:{p:SKU}:xfers` | hash | transfer id → `to:qty:generation:taken at ms` of transfers out of this bucket not settled |
+//! | `Pstock:{p:SKU}:xin:<transfer id>` | string | what became of a transfer into this bucket: `G` landed (no TTL; deleted once the donor settled), `C` cancelled or `S` stale (TTL) |
+//! | `Pstock:{p:SKU}:rebuild_after` | string, TTL | bucket 0 only: while the product is missing, when it may be rebuilt |
+//!
+//! The last three parts exist only for products with buckets (`moving` and `xfers` are created
+//! by the first transfer), so a product without buckets has exactly the keys it always had. A
+//! buyer's orders all live in bucket `FNV-1a(user id) mod N` ([`crate::domain::bucket_of`]).
 //!
 //! Order states: `H` held (not in the database yet), `P` persisted, `B` being released (the
 //! database transaction releasing it is open or has just committed; `f` the state it came from,
@@ -32,13 +43,15 @@
 //! # Invariant
 //!
 //! `avail + held == on_hand − reserved` in the database (`== on_hand` under `COMMIT_AT_ORDER`;
-//! docs/invariants.md, invariant 3).
+//! docs/invariants.md, invariant 3); with buckets, `Σ (avail + held + moving)` over the buckets,
+//! `moving` counted until the transfer lands.
 //! Each script keeps it: reserve moves q from `avail` to `held`; mark-persisted takes q out of
 //! `held` as the database's `reserved` grew by q; releasing a hold moves q from `held` back to
 //! `avail`; releasing a persisted order adds q to `avail` as `reserved` shrank by q. A missing
 //! `avail` means the gate was lost: scripts then change nothing and answer `NotLoaded`, and the
 //! service rebuilds the product from the database with [`RedisGate::load`].
 
+mod buckets;
 mod keys;
 mod maintenance;
 mod outcome;
@@ -49,9 +62,10 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+pub use buckets::BucketState;
 pub use keys::{
-    MAX_QUANTITY, MAX_SAFE_INTEGER, ProductKeys, REFILLS_MAX_LEN, SKU_MAX_LEN, product_tag,
-    validate_sku,
+    MAX_QUANTITY, MAX_SAFE_INTEGER, ProductKeys, REFILLS_MAX_LEN, SKU_MAX_LEN, bucket_tag,
+    product_tag, validate_sku,
 };
 pub use outcome::{
     AdjustOutcome, GateBuyers, GateError, GateSnapshot, LoadOutcome, PendingHold, PrepareOutcome,
@@ -59,7 +73,10 @@ pub use outcome::{
 };
 pub use restart::{RunCheck, check_redis_run, on_connect};
 
-use keys::{REQUEST_ID_MAX_LEN, validate_amount, validate_prefix, validate_qty, validate_user};
+use keys::{
+    REQUEST_ID_MAX_LEN, validate_amount, validate_bucket, validate_prefix, validate_qty,
+    validate_user,
+};
 use script::{LuaScript, Reply, int};
 
 static RESERVE: LuaScript = LuaScript::new("reserve", include_str!("gate/lua/reserve.lua"));
@@ -81,6 +98,12 @@ static LOAD: LuaScript = LuaScript::new("load", include_str!("gate/lua/load.lua"
 static REPAIR: LuaScript = LuaScript::new("repair", include_str!("gate/lua/repair.lua"));
 static PENDING: LuaScript = LuaScript::new("pending", include_str!("gate/lua/pending.lua"));
 static BUYERS: LuaScript = LuaScript::new("buyers", include_str!("gate/lua/buyers.lua"));
+static TAKE: LuaScript = LuaScript::new("take", include_str!("gate/lua/take.lua"));
+static LAND: LuaScript = LuaScript::new("land", include_str!("gate/lua/land.lua"));
+static SETTLE_TRANSFER: LuaScript = LuaScript::new(
+    "settle_transfer",
+    include_str!("gate/lua/settle_transfer.lua"),
+);
 
 /// The generation of a product whose gate is not loaded: no load ever writes it, so an
 /// adjustment committed while the gate was missing never applies to the gate rebuilt after it.
@@ -132,6 +155,14 @@ impl RedisGate {
         Ok(ProductKeys::new(&self.prefix, sku))
     }
 
+    /// The keys of one stock bucket, after checking the sku, the bucket and the prefix.
+    pub fn keys_at(&self, at: At<'_>) -> Result<ProductKeys, GateError> {
+        validate_prefix(&self.prefix)?;
+        validate_sku(at.sku)?;
+        validate_bucket(at.bucket)?;
+        Ok(ProductKeys::in_bucket(&self.prefix, at.sku, at.bucket))
+    }
+
     /// Loads every script into the server's cache; optional (scripts load on first use), but
     /// lets start-up fail early when Redis refuses scripts.
     pub async fn load_scripts(&self) -> Result<(), GateError> {
@@ -147,6 +178,9 @@ impl RedisGate {
             &REPAIR,
             &PENDING,
             &BUYERS,
+            &TAKE,
+            &LAND,
+            &SETTLE_TRANSFER,
         ] {
             script.load(&mut conn).await?;
         }
@@ -158,13 +192,13 @@ impl RedisGate {
     /// `known_refills` is the refills count of a list read before (`""`: none): while it is
     /// still the product's, no list is sent ([`GateBuyers::Unchanged`]), since no units came
     /// back that a new buyer could have taken.
-    pub async fn buyers(
+    pub async fn buyers<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         max: u32,
         known_refills: &str,
     ) -> Result<GateBuyers, GateError> {
-        let k = self.keys(sku)?;
+        let k = self.keys_at(at.into())?;
         if known_refills.len() > REFILLS_MAX_LEN {
             return Err(GateError::InvalidInput(
                 "known_refills must be at most 32 bytes",
@@ -216,17 +250,19 @@ impl RedisGate {
     /// Takes `qty` units for `order_id`, atomically and once: checks the order's record
     /// (replay), the counter (`NotLoaded`, `SoldOut`), the per-user limit (0 = none) and the
     /// stock, then moves the units from `avail` to `held` and records the hold.
-    pub async fn reserve(
+    pub async fn reserve<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         order_id: Uuid,
         user_id: &str,
         qty: i64,
         per_user_limit: u32,
         now_ms: i64,
     ) -> Result<ReserveOutcome, GateError> {
+        let at = at.into();
         let r = ReserveArgs {
-            sku,
+            sku: at.sku,
+            bucket: at.bucket,
             order_id,
             user_id,
             qty,
@@ -281,15 +317,9 @@ impl RedisGate {
 
     /// The keys and arguments of one reserve script call, after checking the input.
     fn reserve_call(&self, r: &ReserveArgs<'_>) -> Result<(Vec<String>, Vec<String>), GateError> {
-        let (sku, order_id, user_id, qty, per_user_limit, now_ms) = (
-            r.sku,
-            r.order_id,
-            r.user_id,
-            r.qty,
-            r.per_user_limit,
-            r.now_ms,
-        );
-        let k = self.keys(sku)?;
+        let (order_id, user_id, qty, per_user_limit, now_ms) =
+            (r.order_id, r.user_id, r.qty, r.per_user_limit, r.now_ms);
+        let k = self.keys_at(At::new(r.sku, r.bucket))?;
         validate_user(user_id)?;
         validate_qty(qty)?;
         validate_amount(now_ms, "now_ms must be 0..=2^53-1")?;
@@ -313,8 +343,12 @@ impl RedisGate {
 
     /// The database now holds this reservation: the hold moves from H to P and its units leave
     /// `held`. `false` when there was nothing to do (not a hold, or done before).
-    pub async fn mark_persisted(&self, sku: &str, order_id: Uuid) -> Result<bool, GateError> {
-        let k = self.keys(sku)?;
+    pub async fn mark_persisted<'a>(
+        &self,
+        at: impl Into<At<'a>>,
+        order_id: Uuid,
+    ) -> Result<bool, GateError> {
+        let k = self.keys_at(at.into())?;
         let keys = [
             k.avail(),
             k.held(),
@@ -336,9 +370,21 @@ impl RedisGate {
         &self,
         items: &[(&str, Uuid)],
     ) -> Result<Vec<Result<bool, GateError>>, GateError> {
+        let items: Vec<(At<'_>, Uuid)> = items
+            .iter()
+            .map(|(sku, id)| (At::from(*sku), *id))
+            .collect();
+        self.mark_persisted_many_at(&items).await
+    }
+
+    /// [`mark_persisted_many`](Self::mark_persisted_many), each order in its stock bucket.
+    pub async fn mark_persisted_many_at(
+        &self,
+        items: &[(At<'_>, Uuid)],
+    ) -> Result<Vec<Result<bool, GateError>>, GateError> {
         let mut calls = Vec::with_capacity(items.len());
-        for (sku, order_id) in items {
-            let k = self.keys(sku)?;
+        for (at, order_id) in items {
+            let k = self.keys_at(*at)?;
             let keys = vec![
                 k.avail(),
                 k.held(),
@@ -371,32 +417,37 @@ impl RedisGate {
     /// for an order whose reservation the database holds: the gate keeps no record of a refusal,
     /// so an order it refused is one it has no record of (a cancel of an order the database
     /// never got goes to [`Self::release_unpersisted`]).
-    pub async fn release(
+    pub async fn release<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         order_id: Uuid,
         user_id: &str,
         qty: i64,
     ) -> Result<ReleaseOutcome, GateError> {
         validate_user(user_id)?;
         validate_qty(qty)?;
-        self.run_release(sku, order_id, user_id, qty, "any").await
+        self.run_release(at.into(), order_id, user_id, qty, "any")
+            .await
     }
 
     /// Gives back the units of a hold the database never got (H only): for an order cancelled
     /// or expired before its reservation was persisted. Anything else is `NothingHeld`.
-    pub async fn release_unpersisted(
+    pub async fn release_unpersisted<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         order_id: Uuid,
     ) -> Result<ReleaseOutcome, GateError> {
-        self.run_release(sku, order_id, "-", 1, "hold").await
+        self.run_release(at.into(), order_id, "-", 1, "hold").await
     }
 
     /// Forgets a hold (H only) without giving its units back: the database refused the
     /// reservation for lack of stock, so the gate had admitted units that do not exist.
-    pub async fn drop_hold(&self, sku: &str, order_id: Uuid) -> Result<ReleaseOutcome, GateError> {
-        self.run_release(sku, order_id, "-", 1, "drop").await
+    pub async fn drop_hold<'a>(
+        &self,
+        at: impl Into<At<'a>>,
+        order_id: Uuid,
+    ) -> Result<ReleaseOutcome, GateError> {
+        self.run_release(at.into(), order_id, "-", 1, "drop").await
     }
 
     /// The first half of a release that follows a database change, called inside the database
@@ -406,37 +457,38 @@ impl RedisGate {
     /// its retry prepares again (a no-op) and the reconciler reverts what no retry finishes.
     /// Giving units back only after the commit keeps the gate from selling units the database
     /// still counts as reserved. `user_id` and `qty` serve when the gate has no record.
-    pub async fn prepare_release(
+    pub async fn prepare_release<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         order_id: Uuid,
         user_id: &str,
         qty: i64,
     ) -> Result<PrepareOutcome, GateError> {
         validate_user(user_id)?;
         validate_qty(qty)?;
-        self.run_prepare(sku, order_id, user_id, qty, "any").await
+        self.run_prepare(at.into(), order_id, user_id, qty, "any")
+            .await
     }
 
     /// [`prepare_release`](Self::prepare_release) of a hold the database never got (H only):
     /// for a tombstone written in the transaction. Anything else is `NothingHeld`.
-    pub async fn prepare_release_unpersisted(
+    pub async fn prepare_release_unpersisted<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         order_id: Uuid,
     ) -> Result<PrepareOutcome, GateError> {
-        self.run_prepare(sku, order_id, "-", 1, "hold").await
+        self.run_prepare(at.into(), order_id, "-", 1, "hold").await
     }
 
     async fn run_prepare(
         &self,
-        sku: &str,
+        at: At<'_>,
         order_id: Uuid,
         user_id: &str,
         qty: i64,
         mode: &str,
     ) -> Result<PrepareOutcome, GateError> {
-        let k = self.keys(sku)?;
+        let k = self.keys_at(at)?;
         let keys = [k.avail(), k.order(order_id), k.releasing(), k.generation()];
         let args = [
             order_id.hyphenated().to_string(),
@@ -467,31 +519,31 @@ impl RedisGate {
     /// its units go back to the counter, once. Nothing happens if no release was prepared (or
     /// it was settled already); a release prepared before the gate was rebuilt is settled
     /// without moving units, since the rebuild counted them from the database.
-    pub async fn finish_release(
+    pub async fn finish_release<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         order_id: Uuid,
     ) -> Result<SettleOutcome, GateError> {
-        self.run_settle(sku, order_id, "finish").await
+        self.run_settle(at.into(), order_id, "finish").await
     }
 
     /// Undoes a prepared release whose database transaction rolled back and was not retried:
     /// the record returns to the state it came from.
-    pub async fn revert_release(
+    pub async fn revert_release<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         order_id: Uuid,
     ) -> Result<SettleOutcome, GateError> {
-        self.run_settle(sku, order_id, "revert").await
+        self.run_settle(at.into(), order_id, "revert").await
     }
 
     async fn run_settle(
         &self,
-        sku: &str,
+        at: At<'_>,
         order_id: Uuid,
         mode: &str,
     ) -> Result<SettleOutcome, GateError> {
-        let k = self.keys(sku)?;
+        let k = self.keys_at(at)?;
         let keys = [
             k.avail(),
             k.held(),
@@ -531,13 +583,13 @@ impl RedisGate {
 
     /// Orders of `sku` whose release was prepared before `cutoff_ms` and is not settled yet
     /// (at most `limit`), oldest first.
-    pub async fn releasing_older_than(
+    pub async fn releasing_older_than<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         cutoff_ms: i64,
         limit: usize,
     ) -> Result<Vec<Uuid>, GateError> {
-        let k = self.keys(sku)?;
+        let k = self.keys_at(at.into())?;
         let ids: Vec<String> = deadpool_redis::redis::cmd("ZRANGEBYSCORE")
             .arg(k.releasing())
             .arg("-inf")
@@ -559,13 +611,13 @@ impl RedisGate {
 
     async fn run_release(
         &self,
-        sku: &str,
+        at: At<'_>,
         order_id: Uuid,
         user_id: &str,
         qty: i64,
         mode: &str,
     ) -> Result<ReleaseOutcome, GateError> {
-        let k = self.keys(sku)?;
+        let k = self.keys_at(at)?;
         let keys = [
             k.avail(),
             k.held(),
@@ -600,15 +652,15 @@ impl RedisGate {
     /// Rebuilds a product's gate after Redis lost it: sets `avail` (computed by the caller from
     /// the database), `held` = 0 and the users hash — only if `avail` is missing, atomically, so
     /// replicas rebuilding at once count the stock once. Returns whether it loaded.
-    pub async fn load(
+    pub async fn load<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         available: i64,
         users: &[(String, i64)],
     ) -> Result<bool, GateError> {
         let now_ms = chrono::Utc::now().timestamp_millis();
         Ok(matches!(
-            self.load_with_holds(sku, available, users, &[], now_ms)
+            self.load_with_holds(at, available, users, &[], now_ms)
                 .await?,
             LoadOutcome::Loaded { .. }
         ))
@@ -618,22 +670,39 @@ impl RedisGate {
     /// reservation the database does not have yet. Each comes back as a hold reserved at
     /// `now_ms` (unless its record survived and moved on): its units leave `available`, its
     /// buyer counts them, and `order.created` marks it persisted as usual.
-    pub async fn load_with_holds(
+    pub async fn load_with_holds<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         available: i64,
         users: &[(String, i64)],
         holds: &[RebuiltHold],
         now_ms: i64,
     ) -> Result<LoadOutcome, GateError> {
-        let k = self.keys(sku)?;
+        self.load_in_generation(at.into(), available, users, holds, now_ms, "")
+            .await
+    }
+
+    /// [`load_with_holds`](Self::load_with_holds) of one bucket, setting its generation to
+    /// `generation` (`""`: a fresh one from the clock). Every bucket of a product loaded
+    /// together gets the same generation, so transfers between them can tell a rebuild.
+    pub(super) async fn load_in_generation(
+        &self,
+        at: At<'_>,
+        available: i64,
+        users: &[(String, i64)],
+        holds: &[RebuiltHold],
+        now_ms: i64,
+        generation: &str,
+    ) -> Result<LoadOutcome, GateError> {
+        let k = self.keys_at(at)?;
         validate_amount(available, "available must be 0..=2^53-1")?;
         validate_amount(now_ms, "now_ms must be 0..=2^53-1")?;
         let listed: Vec<&(String, i64)> = users.iter().filter(|(_, units)| *units > 0).collect();
-        let mut args = Vec::with_capacity(4 + 2 * listed.len() + 3 * holds.len());
+        let mut args = Vec::with_capacity(5 + 2 * listed.len() + 3 * holds.len());
         args.push(available.to_string());
         args.push(now_ms.to_string());
         args.push(self.record_ttl_ms.clone());
+        args.push(generation.to_owned());
         args.push(listed.len().to_string());
         for (user, units) in listed {
             validate_user(user)?;
@@ -650,6 +719,8 @@ impl RedisGate {
             k.refills(),
             k.releasing(),
             k.generation(),
+            k.moving(),
+            k.transfers(),
         ];
         for h in holds {
             validate_user(&h.user_id)?;
@@ -673,27 +744,42 @@ impl RedisGate {
 
     /// Applies a restock (+) or write-off (−) once per `request_id`. A write-off never drives
     /// the counter below zero: it is clamped and reported.
-    pub async fn adjust(
+    pub async fn adjust<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         request_id: &str,
         delta: i64,
     ) -> Result<AdjustOutcome, GateError> {
-        self.adjust_in_generation(sku, request_id, delta, "").await
+        self.adjust_in_generation(at, request_id, delta, "").await
     }
 
     /// [`adjust`](Self::adjust), only while the product's gate is in `generation` (as read by
     /// [`generation`](Self::generation) under the stock row lock of the transaction that
     /// adjusted the database; `""`: any): a gate rebuilt since then read the database after
     /// that commit and counted the adjustment, so it answers `Rebuilt` and changes nothing.
-    pub async fn adjust_in_generation(
+    pub async fn adjust_in_generation<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         request_id: &str,
         delta: i64,
         generation: &str,
     ) -> Result<AdjustOutcome, GateError> {
-        let k = self.keys(sku)?;
+        Ok(self
+            .run_adjust(at.into(), request_id, delta, generation)
+            .await?
+            .0)
+    }
+
+    /// [`adjust_in_generation`](Self::adjust_in_generation) of one bucket; with a duplicate,
+    /// what the first application changed (`None`: not recorded, or not applied then).
+    pub(super) async fn run_adjust(
+        &self,
+        at: At<'_>,
+        request_id: &str,
+        delta: i64,
+        generation: &str,
+    ) -> Result<(AdjustOutcome, Option<i64>), GateError> {
+        let k = self.keys_at(at)?;
         if request_id.is_empty() || request_id.len() > REQUEST_ID_MAX_LEN {
             return Err(GateError::InvalidInput("request_id must be 1..=128 bytes"));
         }
@@ -717,22 +803,34 @@ impl RedisGate {
         ];
         let r = Reply::new(ADJUST.run(&mut *self.conn().await?, &keys, &args).await?)?;
         match r.code()? {
-            "G" => Ok(AdjustOutcome::Rebuilt),
-            "A" => Ok(AdjustOutcome::Applied {
-                applied: r.int(1)?,
-                available: r.int(2)?,
-                clamped: r.int(3)? == 1,
-            }),
-            "D" => Ok(AdjustOutcome::Duplicate),
-            "N" => Ok(AdjustOutcome::NotLoaded),
+            "G" => Ok((AdjustOutcome::Rebuilt, None)),
+            "A" => Ok((
+                AdjustOutcome::Applied {
+                    applied: r.int(1)?,
+                    available: r.int(2)?,
+                    clamped: r.int(3)? == 1,
+                },
+                None,
+            )),
+            "D" => {
+                let applied = if r.len() > 1 {
+                    r.text(1)?
+                        .strip_prefix("A:")
+                        .and_then(|n| n.parse::<i64>().ok())
+                } else {
+                    None
+                };
+                Ok((AdjustOutcome::Duplicate, applied))
+            }
+            "N" => Ok((AdjustOutcome::NotLoaded, None)),
             other => Err(unknown_code("adjust", other)),
         }
     }
 
     /// The product's gate generation, set afresh by every load: [`NOT_LOADED_GENERATION`] when
     /// the gate has no counter for it, `""` for a gate loaded before generations existed.
-    pub async fn generation(&self, sku: &str) -> Result<String, GateError> {
-        let k = self.keys(sku)?;
+    pub async fn generation<'a>(&self, at: impl Into<At<'a>>) -> Result<String, GateError> {
+        let k = self.keys_at(at.into())?;
         let (avail, generation): (Option<String>, Option<String>) =
             deadpool_redis::redis::cmd("MGET")
                 .arg(k.avail())
@@ -754,10 +852,39 @@ impl RedisGate {
     }
 }
 
+/// One stock bucket of a product: where a gate script runs. A plain sku means its bucket 0,
+/// the only bucket of a product created without buckets, whose keys are the ones the gate
+/// always used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct At<'a> {
+    pub sku: &'a str,
+    pub bucket: u32,
+}
+
+impl<'a> At<'a> {
+    pub fn new(sku: &'a str, bucket: u32) -> Self {
+        Self { sku, bucket }
+    }
+}
+
+impl<'a> From<&'a str> for At<'a> {
+    fn from(sku: &'a str) -> Self {
+        Self { sku, bucket: 0 }
+    }
+}
+
+impl<'a> From<&'a String> for At<'a> {
+    fn from(sku: &'a String) -> Self {
+        Self { sku, bucket: 0 }
+    }
+}
+
 /// One reservation of [`RedisGate::reserve_many`].
 #[derive(Clone, Copy, Debug)]
 pub struct ReserveArgs<'a> {
     pub sku: &'a str,
+    /// The stock bucket to reserve in (0 for a product without buckets).
+    pub bucket: u32,
     pub order_id: Uuid,
     pub user_id: &'a str,
     pub qty: i64,

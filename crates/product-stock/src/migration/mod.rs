@@ -3,6 +3,7 @@
 use sea_orm_migration::{MigrationTrait, MigratorTrait, async_trait::async_trait};
 
 mod m0001_stock;
+mod m0002_stock_buckets;
 
 pub struct Migrator;
 
@@ -13,6 +14,7 @@ impl MigratorTrait for Migrator {
             Box::new(flashsale_messaging::migration::CreateOutboxAndInbox),
             Box::new(flashsale_messaging::migration::CreateDeadLetters),
             Box::new(m0001_stock::Migration),
+            Box::new(m0002_stock_buckets::Migration),
         ]
     }
 }

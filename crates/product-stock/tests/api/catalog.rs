@@ -20,6 +20,7 @@ fn draft(sku: &str) -> CreateProductRequest {
         initial_stock: 10,
         per_user_limit: 2,
         deduction_policy: RTC as i32,
+        stock_buckets: 0,
     }
 }
 
@@ -80,6 +81,8 @@ async fn bad_product_fields_are_invalid_argument_and_create_nothing() {
         ("initial_stock", Box::new(|r| r.initial_stock = -1)),
         ("deduction_policy", Box::new(|r| r.deduction_policy = 0)),
         ("deduction_policy", Box::new(|r| r.deduction_policy = 42)),
+        ("stock_buckets", Box::new(|r| r.stock_buckets = 65)),
+        ("stock_buckets", Box::new(|r| r.stock_buckets = u32::MAX)),
     ];
     for (field, mutate) in cases {
         let mut req = draft("OK-SKU");

@@ -54,6 +54,7 @@ async fn a_control_character_in_any_string_field_is_invalid_argument_naming_it()
         initial_stock: 1,
         per_user_limit: 0,
         deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
+        stock_buckets: 0,
     };
     assert_invalid(
         c.clone()
@@ -232,6 +233,7 @@ async fn quantities_and_prices_at_the_ends_of_their_range_are_refused() {
             initial_stock,
             per_user_limit: u32::MAX,
             deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
+            stock_buckets: 0,
         };
         let status = c.clone().create_product(admin(req)).await.unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument);

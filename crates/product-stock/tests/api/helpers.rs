@@ -234,6 +234,7 @@ impl TestApp {
             initial_stock: stock,
             per_user_limit: limit,
             deduction_policy: policy as i32,
+            stock_buckets: 0,
         };
         self.client()
             .await

@@ -176,6 +176,7 @@ fn call() -> impl Strategy<Value = Call> {
                         initial_stock,
                         per_user_limit,
                         deduction_policy,
+                        stock_buckets: 0,
                     })
                 }
             ),

@@ -136,6 +136,7 @@ async fn products_on_every_master_reserve_persist_release_and_rebuild_as_on_one_
         .zip(&orders)
         .map(|(sku, &order_id)| ReserveArgs {
             sku,
+            bucket: 0,
             order_id,
             user_id: "buyer",
             qty: 2,

@@ -1,5 +1,7 @@
-//! Key names and input checks of the gate. Every key of one product carries the same Redis
-//! Cluster hash tag, `{p:SKU}`, so each script touches a single slot.
+//! Key names and input checks of the gate. Every key of one stock bucket carries the same Redis
+//! Cluster hash tag, so each script touches a single slot: `{p:SKU}` for bucket 0 (the only
+//! bucket of a product without buckets, and the keys the gate always used), `{p:SKU:b}` for
+//! bucket b ≥ 1. A sku never contains a colon, so the two forms cannot meet.
 
 use uuid::Uuid;
 
@@ -17,6 +19,29 @@ pub const REQUEST_ID_MAX_LEN: usize = 128;
 /// The hash tag shared by every key of `sku`, braces included: `{p:SKU}`.
 pub fn product_tag(sku: &str) -> String {
     format!("{{p:{sku}}}")
+}
+
+/// The hash tag of bucket `bucket` of `sku`: `{p:SKU}` for bucket 0, `{p:SKU:b}` otherwise.
+pub fn bucket_tag(sku: &str, bucket: u32) -> String {
+    if bucket == 0 {
+        product_tag(sku)
+    } else {
+        format!("{{p:{sku}:{bucket}}}")
+    }
+}
+
+pub(super) fn validate_bucket(bucket: u32) -> Result<(), GateError> {
+    if bucket >= crate::domain::MAX_STOCK_BUCKETS {
+        return Err(GateError::InvalidInput("bucket must be 0..=63"));
+    }
+    Ok(())
+}
+
+pub(super) fn validate_buckets(buckets: u32) -> Result<(), GateError> {
+    if !(1..=crate::domain::MAX_STOCK_BUCKETS).contains(&buckets) {
+        return Err(GateError::InvalidInput("buckets must be 1..=64"));
+    }
+    Ok(())
 }
 
 /// Checks that `sku` is a sku of the contract (1..=64 characters of `[A-Za-z0-9._-]`): never a
@@ -116,9 +141,32 @@ pub struct ProductKeys {
 impl ProductKeys {
     /// Keys of `sku` under `prefix`; both must have been validated.
     pub fn new(prefix: &str, sku: &str) -> Self {
+        Self::in_bucket(prefix, sku, 0)
+    }
+
+    /// Keys of bucket `bucket` of `sku` under `prefix` (bucket 0: the same as [`Self::new`]).
+    pub fn in_bucket(prefix: &str, sku: &str, bucket: u32) -> Self {
         Self {
-            base: format!("{prefix}stock:{}", product_tag(sku)),
+            base: format!("{prefix}stock:{}", bucket_tag(sku, bucket)),
         }
+    }
+
+    /// String: units taken out of this bucket by a transfer to another bucket that is not yet
+    /// settled (see `take.lua`).
+    pub fn moving(&self) -> String {
+        self.part("moving")
+    }
+
+    /// Hash: transfer id → `to:qty:generation:taken at ms` of the transfers out of this bucket
+    /// not settled.
+    pub fn transfers(&self) -> String {
+        self.part("xfers")
+    }
+
+    /// String: what became of transfer `id` into this bucket: `G` given (no TTL, deleted once
+    /// the donor settled), `C` cancelled or `S` stale (with a TTL; see `land.lua`).
+    pub fn landing(&self, id: Uuid) -> String {
+        format!("{}:xin:{}", self.base, id.hyphenated())
     }
 
     /// String: units the gate may still hand out.
@@ -244,6 +292,31 @@ mod tests {
             assert_eq!(flashsale_platform::redis::key_slot(key.as_bytes()), slot);
             assert!(!key.contains("stock:"), "{key}");
         }
+    }
+
+    #[test]
+    fn bucket_zero_keeps_the_product_keys_and_other_buckets_get_their_own_tag() {
+        let plain = ProductKeys::new("fs:", "SKU-1");
+        let zero = ProductKeys::in_bucket("fs:", "SKU-1", 0);
+        assert_eq!(plain, zero);
+        assert_eq!(zero.avail(), "fs:stock:{p:SKU-1}:avail");
+        let three = ProductKeys::in_bucket("fs:", "SKU-1", 3);
+        for key in [
+            three.avail(),
+            three.held(),
+            three.users(),
+            three.moving(),
+            three.transfers(),
+            three.landing(Uuid::new_v4()),
+            three.order(Uuid::new_v4()),
+        ] {
+            assert_eq!(cluster_hash_part(&key), "p:SKU-1:3", "{key}");
+        }
+        assert_eq!(three.avail(), "fs:stock:{p:SKU-1:3}:avail");
+        // Bucket 0's SCAN pattern never matches another bucket's keys.
+        assert_eq!(zero.pattern(), "fs:stock:{p:SKU-1}:*");
+        assert!(validate_bucket(63).is_ok() && validate_bucket(64).is_err());
+        assert!(validate_buckets(0).is_err() && validate_buckets(65).is_err());
     }
 
     #[test]

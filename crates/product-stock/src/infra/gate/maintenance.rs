@@ -6,7 +6,7 @@ use flashsale_platform::redis::KeyScan;
 use uuid::Uuid;
 
 use super::script::{Reply, int, redis_error, text};
-use super::{GateError, GateSnapshot, PENDING, PendingHold, REPAIR, RedisGate, RepairOutcome};
+use super::{At, GateError, GateSnapshot, PENDING, PendingHold, REPAIR, RedisGate, RepairOutcome};
 use super::{keys::validate_amount, unknown_code};
 
 /// Most holds one `pending_older_than` call returns.
@@ -14,8 +14,11 @@ const MAX_PENDING_BATCH: usize = 10_000;
 
 impl RedisGate {
     /// The product's counters, or `None` when the gate has not loaded it.
-    pub async fn snapshot(&self, sku: &str) -> Result<Option<GateSnapshot>, GateError> {
-        let k = self.keys(sku)?;
+    pub async fn snapshot<'a>(
+        &self,
+        at: impl Into<At<'a>>,
+    ) -> Result<Option<GateSnapshot>, GateError> {
+        let k = self.keys_at(at.into())?;
         let values: Vec<Value> = redis::cmd("MGET")
             .arg(k.avail())
             .arg(k.held())
@@ -86,13 +89,15 @@ impl RedisGate {
 
     /// Holds reserved strictly before `cutoff_ms` that the database never confirmed, oldest
     /// first, at most `limit` (≤ 10,000). Entries whose record moved on or expired are pruned.
-    pub async fn pending_older_than(
+    pub async fn pending_older_than<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         cutoff_ms: i64,
         limit: usize,
     ) -> Result<Vec<PendingHold>, GateError> {
-        let k = self.keys(sku)?;
+        let at = at.into();
+        let (sku, bucket) = (at.sku, at.bucket);
+        let k = self.keys_at(at)?;
         if limit > MAX_PENDING_BATCH {
             return Err(GateError::InvalidInput("limit must be at most 10000"));
         }
@@ -119,7 +124,7 @@ impl RedisGate {
                     args.push(id);
                 }
                 Err(_) => {
-                    tracing::warn!(sku, member = %id, "ignoring a pending hold that is not an order id")
+                    tracing::warn!(sku, bucket, member = %id, "ignoring a pending hold that is not an order id")
                 }
             }
         }
@@ -131,6 +136,7 @@ impl RedisGate {
         if pruned > 0 {
             tracing::warn!(
                 sku,
+                bucket,
                 pruned,
                 "pruned pending holds whose order record had moved on or expired"
             );
@@ -159,13 +165,13 @@ impl RedisGate {
     /// sweeper keeps (their order exists) are asked about again one TTL later, and holds behind
     /// them are reached. An id that left the queue meanwhile (persisted, released) stays out.
     /// Returns how many were moved.
-    pub async fn touch_holds(
+    pub async fn touch_holds<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         ids: &[Uuid],
         now_ms: i64,
     ) -> Result<u64, GateError> {
-        let k = self.keys(sku)?;
+        let k = self.keys_at(at.into())?;
         validate_amount(now_ms, "now_ms must be 0..=2^53-1")?;
         if ids.is_empty() {
             return Ok(0);
@@ -186,31 +192,35 @@ impl RedisGate {
     /// Unconditional: a release or adjustment the database committed before `db_available`
     /// was read but whose gate follow-up lands after this repair is counted twice. Prefer
     /// [`Self::repair_if_unchanged`] with the epoch of a snapshot taken before the database read.
-    pub async fn repair(&self, sku: &str, db_available: i64) -> Result<RepairOutcome, GateError> {
-        self.run_repair(sku, db_available, None).await
+    pub async fn repair<'a>(
+        &self,
+        at: impl Into<At<'a>>,
+        db_available: i64,
+    ) -> Result<RepairOutcome, GateError> {
+        self.run_repair(at.into(), db_available, None).await
     }
 
     /// [`Self::repair`], but only if the product's epoch is still `epoch` (from a
     /// [`GateSnapshot`] taken before the database was read): otherwise a change that follows
     /// the database landed in between, and this answers `Stale` without changing anything.
-    pub async fn repair_if_unchanged(
+    pub async fn repair_if_unchanged<'a>(
         &self,
-        sku: &str,
+        at: impl Into<At<'a>>,
         db_available: i64,
         epoch: i64,
     ) -> Result<RepairOutcome, GateError> {
-        self.run_repair(sku, db_available, Some(epoch)).await
+        self.run_repair(at.into(), db_available, Some(epoch)).await
     }
 
-    async fn run_repair(
+    pub(super) async fn run_repair(
         &self,
-        sku: &str,
+        at: At<'_>,
         db_available: i64,
         epoch: Option<i64>,
     ) -> Result<RepairOutcome, GateError> {
-        let k = self.keys(sku)?;
+        let k = self.keys_at(at)?;
         validate_amount(db_available, "db_available must be 0..=2^53-1")?;
-        let keys = [k.avail(), k.held(), k.epoch(), k.refills()];
+        let keys = [k.avail(), k.held(), k.epoch(), k.refills(), k.moving()];
         let args = [
             db_available.to_string(),
             epoch.map(|e| e.to_string()).unwrap_or_default(),
@@ -231,8 +241,8 @@ impl RedisGate {
 
     /// Deletes every key of the product, order records and markers included (tests, admin).
     /// Returns how many keys were deleted. Not atomic: stop traffic to the product first.
-    pub async fn forget(&self, sku: &str) -> Result<u64, GateError> {
-        let k = self.keys(sku)?;
+    pub async fn forget<'a>(&self, at: impl Into<At<'a>>) -> Result<u64, GateError> {
+        let k = self.keys_at(at.into())?;
         let mut conn = self.conn().await?;
         // SCAN answers for one master: the product's keys are all on one, which the scan finds
         // by asking each.

@@ -2,9 +2,13 @@
 -- the gate generation the database change was committed in (a gate rebuilt since counted it).
 -- KEYS: 1 avail, 2 the request's marker, 3 epoch, 4 refills, 5 generation
 -- ARGV: 1 delta, 2 marker ttl ms, 3 expected generation ('' = any)
--- Reply: {'D'} seen before | {'N'} not loaded | {'G'} rebuilt since | {'A', applied, available, clamped}
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  return {'D'}
+-- Reply: {'D', marker} seen before | {'N'} not loaded | {'G'} rebuilt since
+--      | {'A', applied, available, clamped}
+-- The marker holds 'A:<applied>' (older markers: 'A'), 'N' (not loaded) or 'G' (rebuilt since):
+-- a write-off spread over stock buckets replays from what each bucket applied.
+local seen = redis.call('GET', KEYS[2])
+if seen then
+  return {'D', seen}
 end
 local avail = redis.call('GET', KEYS[1])
 if not avail then
@@ -33,7 +37,7 @@ if delta < 0 and after < 0 then
 else
   after = redis.call('INCRBY', KEYS[1], ARGV[1])
 end
-redis.call('SET', KEYS[2], 'A', 'PX', ARGV[2])
+redis.call('SET', KEYS[2], 'A:' .. (after - avail), 'PX', ARGV[2])
 redis.call('INCR', KEYS[3])
 redis.call('INCR', KEYS[4])
 return {'A', after - avail, after, clamped}

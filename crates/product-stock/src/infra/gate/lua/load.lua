@@ -3,27 +3,30 @@
 -- yet persisted in the database come back as holds: their units stay out of `avail`, their
 -- buyers keep counting them, a replay answers with the order and `order.created` marks them
 -- persisted (docs/architecture.md#the-stock-model).
+-- Of a product split into stock buckets, each bucket is loaded on its own, with its share of the
+-- figure and the same generation for all (transfers between buckets check it, see land.lua).
 -- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 epoch, 6 refills, 7 releasing, 8 generation,
---       9.. the held orders' records
+--       9 moving, 10 transfers, 11.. the held orders' records
 -- ARGV: 1 the database's figure (on_hand - reserved, or on_hand), 2 now ms, 3 record ttl ms,
---       4 n, then n pairs of user id and units persisted,
---       then per held order (record KEYS[8 + j]) its order id, user id and qty
+--       4 generation ('' = fresh from the clock), 5 n, then n pairs of user id and units
+--       persisted, then per held order (record KEYS[10 + j]) its order id, user id and qty
 -- Reply: {1, avail, held, clamped} loaded | {0} already loaded.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0}
 end
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[7])
-local n = tonumber(ARGV[4])
-for i = 5, 4 + 2 * n, 2 do
+-- Transfers out of this bucket from before the load are void: the load counts afresh.
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[7], KEYS[9], KEYS[10])
+local n = tonumber(ARGV[5])
+for i = 6, 5 + 2 * n, 2 do
   redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
 end
 -- A record that survived the loss and moved on (persisted, released, refused) is not a hold:
 -- only a missing record, a hold or a release that never committed (B: the order is still
 -- pending) is (re)written.
-local first = 5 + 2 * n
+local first = 6 + 2 * n
 local holds, held = {}, 0
-for j = 9, #KEYS do
-  local a = first + 3 * (j - 9)
+for j = 11, #KEYS do
+  local a = first + 3 * (j - 11)
   local s = redis.call('HGET', KEYS[j], 's')
   if not s or s == 'H' or s == 'B' then
     holds[#holds + 1] = {KEYS[j], ARGV[a], ARGV[a + 1], ARGV[a + 2]}
@@ -51,7 +54,11 @@ redis.call('SET', KEYS[5], fresh)
 redis.call('SET', KEYS[6], fresh)
 -- A new generation: a release prepared before this load is finished without moving units
 -- (settle_release.lua), since the database this load read had already released it.
-redis.call('SET', KEYS[8], fresh)
+if ARGV[4] ~= '' then
+  redis.call('SET', KEYS[8], ARGV[4])
+else
+  redis.call('SET', KEYS[8], fresh)
+end
 redis.call('SET', KEYS[2], held)
 redis.call('SET', KEYS[1], avail)
 return {1, avail, held, clamped}
