@@ -269,6 +269,30 @@ impl TestApp {
             .unwrap();
     }
 
+    /// Waits until the gate of `sku` reads `(available, held)`, then checks it still does a
+    /// moment later (units come back once, not twice). A release gives its units back just
+    /// after its commit, so the database shows RELEASED a moment before the gate follows.
+    pub async fn wait_gate(&self, sku: &str, want: (i64, i64)) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        let mut seen = None;
+        while tokio::time::Instant::now() < deadline {
+            let snap = self.gate.snapshot(sku).await.unwrap();
+            seen = snap.map(|s| (s.available, s.held));
+            if seen == Some(want) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let again = self.gate.snapshot(sku).await.unwrap();
+                assert_eq!(
+                    again.map(|s| (s.available, s.held)),
+                    Some(want),
+                    "{sku} moved on"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the gate of {sku} never read {want:?}; last {seen:?}");
+    }
+
     /// Events this service wrote to its outbox, in order.
     pub async fn outbox(&self) -> Vec<Envelope> {
         probe::outbox(&self.conn, None).await.unwrap()

@@ -103,11 +103,7 @@ async fn replayed_created_and_cancelled_events_have_one_effect() {
     app.wait_count(&state_sql(order, "RELEASED"), 1).await;
     assert_eq!(app.count("SELECT reserved AS n FROM stock").await, 0);
     assert_eq!(app.outbox_of("stock.released").await.len(), 1);
-    assert_eq!(
-        app.gate.snapshot("S2").await.unwrap().unwrap().available,
-        10,
-        "units given back once"
-    );
+    app.wait_gate("S2", (10, 0)).await;
     assert_eq!(
         app.count("SELECT SUM(reserved_delta)::bigint AS n FROM stock_ledger")
             .await,
@@ -124,7 +120,7 @@ async fn a_cancel_before_its_create_leaves_a_tombstone_and_the_late_create_is_re
     app.publish(cancelled(order, "u1", "S3", 1), &order.to_string())
         .await;
     app.wait_count(&state_sql(order, "RELEASED"), 1).await;
-    assert_eq!(app.gate.snapshot("S3").await.unwrap().unwrap().available, 5);
+    app.wait_gate("S3", (5, 0)).await;
     app.publish(created(order, "u1", "S3", 1), &order.to_string())
         .await;
     app.wait_count("SELECT COUNT(*) AS n FROM inbox", 2).await;
@@ -226,7 +222,7 @@ async fn commit_at_order_deducts_on_hand_at_creation_and_a_cancel_puts_it_back()
         .await;
     app.wait_count(&state_sql(order, "RELEASED"), 1).await;
     assert_eq!(app.count("SELECT on_hand AS n FROM stock").await, 4);
-    assert_eq!(app.gate.snapshot("T1").await.unwrap().unwrap().available, 4);
+    app.wait_gate("T1", (4, 0)).await;
 }
 
 #[tokio::test]
@@ -305,12 +301,7 @@ async fn a_cancel_that_fails_after_the_gate_release_gives_the_units_back_once() 
     app.publish(cancelled(order, "u1", "F1", 2), &order.to_string())
         .await;
     app.wait_count(&state_sql(order, "RELEASED"), 1).await;
-    let snap = app.gate.snapshot("F1").await.unwrap().unwrap();
-    assert_eq!(
-        (snap.available, snap.held),
-        (5, 0),
-        "units must come back exactly once"
-    );
+    app.wait_gate("F1", (5, 0)).await;
     assert_eq!(app.count("SELECT reserved AS n FROM stock").await, 0);
     assert_eq!(app.outbox_of("stock.released").await.len(), 1);
 }
@@ -431,8 +422,7 @@ async fn a_cancel_racing_its_create_releases_the_reservation_the_create_wrote() 
         0,
         "the cancelled order's unit must not stay reserved"
     );
-    let snap = app.gate.snapshot("R1").await.unwrap().unwrap();
-    assert_eq!((snap.available, snap.held), (5, 0), "the unit is back once");
+    app.wait_gate("R1", (5, 0)).await;
     assert_eq!(
         app.count("SELECT SUM(reserved_delta)::bigint AS n FROM stock_ledger")
             .await,
