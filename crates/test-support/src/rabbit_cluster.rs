@@ -22,6 +22,8 @@ use crate::servers::{TempDir, as_user, chown, free_port, wait_port};
 
 /// How long one node may take to accept AMQP connections.
 const NODE_START: Duration = Duration::from_secs(120);
+/// Times a node is started and asked to join before the cluster start gives up.
+const JOIN_ATTEMPTS: u32 = 3;
 /// How long one `rabbitmqctl` call may take.
 const CLI_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -124,11 +126,24 @@ impl RabbitCluster {
         }
         let seed = cluster.nodes[0].name.clone();
         for i in 1..n {
-            let name = cluster.nodes[i].name.clone();
-            cluster.ctl(&name, &["stop_app"]).await?;
-            cluster.ctl(&name, &["join_cluster", &seed]).await?;
-            cluster.ctl(&name, &["start_app"]).await?;
-            wait_port(cluster.nodes[i].port, NODE_START, &name).await?;
+            let mut attempt = 1;
+            while let Err(e) = cluster.join(i, &seed).await {
+                if attempt == JOIN_ATTEMPTS {
+                    return Err(e);
+                }
+                attempt += 1;
+                // On a busy machine a node has been seen to die between its start and its join:
+                // start it again from an empty data directory and join once more.
+                eprintln!("rabbit cluster: node {i} did not join ({e:#}); starting it afresh");
+                cluster.nodes[i].kill();
+                let mnesia = cluster.nodes[i].dir.join("mnesia");
+                if mnesia.exists() {
+                    std::fs::remove_dir_all(&mnesia)
+                        .with_context(|| format!("remove {}", mnesia.display()))?;
+                }
+                cluster.spawn_node(i)?;
+                wait_port(cluster.nodes[i].port, NODE_START, &cluster.nodes[i].name).await?;
+            }
         }
         let deadline = tokio::time::Instant::now() + NODE_START;
         loop {
@@ -143,6 +158,16 @@ impl RabbitCluster {
         }
         cluster.started_in = began.elapsed();
         Ok(cluster)
+    }
+
+    /// Node `i` leaves its own cluster and joins `seed`'s.
+    async fn join(&self, i: usize, seed: &str) -> anyhow::Result<()> {
+        let name = self.nodes[i].name.clone();
+        self.ctl(&name, &["await_startup"]).await?;
+        self.ctl(&name, &["stop_app"]).await?;
+        self.ctl(&name, &["join_cluster", seed]).await?;
+        self.ctl(&name, &["start_app"]).await?;
+        wait_port(self.nodes[i].port, NODE_START, &name).await
     }
 
     fn prepare_node(&self, i: usize) -> anyhow::Result<Node> {
