@@ -9,7 +9,7 @@ use std::{
 };
 
 use flashsale_proto::{
-    order::v1::{CancelOrderRequest, Order, OrderStatus, PayOrderRequest},
+    order::v1::{CancelOrderRequest, Order, OrderStatus, PayOrderRequest, RefundStatus},
     payment::v1::PayCheckoutRequest,
     product::v1::Product,
 };
@@ -282,6 +282,27 @@ impl Run {
         if !settled {
             self.bound_hits
                 .push("some orders were not SHIPPED or CANCELLED at the time bound".into());
+            return;
+        }
+        // A payment made after its order was cancelled reaches the order service as the
+        // provider's notification, a moment after the buyer saw it paid: its refund is recorded
+        // then. Until it is, the sale is not over.
+        let paid: HashSet<String> = self
+            .tracked
+            .iter()
+            .filter(|t| t.outcome.took_money())
+            .map(|t| t.order_id.clone())
+            .collect();
+        let refund_known = |o: &Order| {
+            o.status == OrderStatus::Shipped as i32
+                || !paid.contains(&o.order_id)
+                || o.refund_status != RefundStatus::None as i32
+        };
+        if !self.poll_until(refund_known, |_| false, until).await {
+            self.bound_hits.push(
+                "some payments made after their order was cancelled had no refund at the time bound"
+                    .into(),
+            );
             return;
         }
         let ctx = self.ctx.clone();
