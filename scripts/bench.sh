@@ -143,13 +143,15 @@ start_redis_cluster() {
         sed 's/^/    /' "$CLUSTER_DIR/create.log" >&2
         die "redis-cli --cluster create failed"
     }
+    # Every node sees the cluster ok and three replicas (each master has its own).
     cluster_ok() {
         local p
         for p in "${ports[@]}"; do
             redis-cli -p "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+            (($(redis-cli -p "$p" cluster nodes 2>/dev/null | grep -c 'slave ') == 3)) || return 1
         done
     }
-    wait_for 60 cluster_ok || die "the Redis Cluster did not reach cluster_state:ok within 60 s"
+    wait_for 60 cluster_ok || die "the Redis Cluster did not settle (cluster_state:ok, a replica per master) within 60 s"
     CLUSTER_URLS="$(printf 'redis://127.0.0.1:%s,' "${ports[@]}")"
     CLUSTER_URLS="${CLUSTER_URLS%,}"
     log "Redis Cluster of 3 masters + 3 replicas on ports ${ports[*]} (pids ${CLUSTER_PIDS[*]})"
