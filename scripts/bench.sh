@@ -175,11 +175,14 @@ pick_replica_ports() {
 # Starts the second replica of every service (pid file <service>-2.pid, log <service>-2.log in
 # the run directory) and waits until `flashsale health` finds all three SERVING.
 start_replicas() {
-    local svc env pid logf
+    local svc env pid logf dev
     for svc in "${SERVICES[@]}"; do
         env="$(svc_env "$svc")"
         logf="$RUN_DIR/$svc-2.log"
-        env "FLASHSALE_${env}__GRPC__ADDR=127.0.0.1:${REPLICA_GRPC[$svc]}" \
+        # As scripts/up.sh starts the first ones (a development start).
+        dev="FLASHSALE_${env}__AUTH__ALLOW_DEVELOPMENT_SECRET"
+        env "$dev=${!dev:-true}" \
+            "FLASHSALE_${env}__GRPC__ADDR=127.0.0.1:${REPLICA_GRPC[$svc]}" \
             "FLASHSALE_${env}__METRICS__ADDR=127.0.0.1:${REPLICA_METRICS[$svc]}" \
             nohup "$CARGO_TARGET_DIR/release/flashsale-$svc" >"$logf" 2>&1 </dev/null 9>&- &
         pid=$!
