@@ -44,6 +44,7 @@ REPLICA_PIDS=()    # second replicas this run started
 CLUSTER_PIDS=()    # Redis Cluster nodes this run started
 CLUSTER_DIR=""     # their working directory
 SERVICES_UP=false  # scripts/up.sh ran
+BENCH_PID=""       # the bench, while it runs
 scenarios=("$@")
 ((${#scenarios[@]})) || scenarios=(flood big-sale ticketing)
 
@@ -203,6 +204,7 @@ start_replicas() {
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    [[ -z "$BENCH_PID" ]] || stop_pids "$BENCH_PID"
     if ((${#REPLICA_PIDS[@]})); then
         stop_pids "${REPLICA_PIDS[@]}"
         rm -f "$RUN_DIR"/*-2.pid
@@ -324,9 +326,15 @@ main() {
     local s
     for s in "${scenarios[@]}"; do
         log "scenario $s"
+        # In the background, waited for: a signal to the script then stops it at once (the
+        # shell runs its traps only between commands, and `wait` is where it waits).
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of options
         "$CLI" bench --scenario "$s" --modes "$MODES" \
-            ${extra[@]+"${extra[@]}"} ${pid_args[@]+"${pid_args[@]}"} ${BENCH_ARGS:-} --json | tee "$OUT/$s.json"
+            ${extra[@]+"${extra[@]}"} ${pid_args[@]+"${pid_args[@]}"} ${BENCH_ARGS:-} --json >"$OUT/$s.json" &
+        BENCH_PID=$!
+        wait "$BENCH_PID"
+        BENCH_PID=""
+        cat "$OUT/$s.json"
     done
     # Nothing is left behind but the reports: the services stop, their databases and keys go.
     if ((${#REPLICA_PIDS[@]})); then
