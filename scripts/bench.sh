@@ -14,6 +14,19 @@
 # FLASHSALE_<SERVICE>__DATABASE__MAX_CONNECTIONS to change them) so that they and the bench's own
 # pool (--db-pool, default 32) fit with room to spare. The bench reads the services' pids from
 # $FLASHSALE_RUN_DIR to wait for them to idle between modes and to report their memory.
+# Scaling out on one machine (docs/benchmarks.md#scaling-out-on-one-machine); the defaults are
+# the usual run (one process per service, the service's default buckets, the one Redis):
+#   BENCH_REPLICAS=2 scripts/bench.sh big-sale   a second product-stock, order and outbound on
+#                    free loopback ports; the bench spreads its connections over both order
+#                    replicas, order and outbound balance over both product-stock replicas and
+#                    product-stock over both order replicas; CPU is reported per process
+#   BENCH_BUCKETS=8 scripts/bench.sh big-sale    the platform mode's product gets 8 stock buckets
+#   BENCH_REDIS=cluster scripts/bench.sh big-sale   product-stock's gate on a Redis Cluster of 3
+#                    masters and 3 replicas that the script starts on free loopback ports (data
+#                    in a temporary directory, nothing on disk) and stops at the end; the raw
+#                    gate mode is left out (it measures one Redis server)
+# Whatever happens, the script stops on exit what it started: the services, the replicas and
+# the cluster's nodes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCRIPT=bench
@@ -24,6 +37,14 @@ OUT="${FLASHSALE_BENCH_DIR:-.run/bench}"
 # The bare hot row runs beside the naive design so that the report shows both.
 MODES="${BENCH_MODES:-noop,naive,naive-bare,gate,insert,platform}"
 CLI="$CARGO_TARGET_DIR/release/flashsale"
+REPLICAS="${BENCH_REPLICAS:-1}"
+BUCKETS="${BENCH_BUCKETS:-}"
+REDIS_MODE="${BENCH_REDIS:-single}"
+REPLICA_PIDS=()    # second replicas this run started
+CLUSTER_PIDS=()    # Redis Cluster nodes this run started
+CLUSTER_DIR=""     # their working directory
+SERVICES_UP=false  # scripts/up.sh ran
+BENCH_PID=""       # the bench, while it runs
 scenarios=("$@")
 ((${#scenarios[@]})) || scenarios=(flood big-sale ticketing)
 
@@ -67,6 +88,136 @@ drop_bench_queues() { # [run tag: only that run's queues; default: every earlier
     ((failed == 0)) || warn "could not delete $failed bench queue(s); they expire an hour after the run"
 }
 
+# A TCP port on loopback that nothing listens on, below Linux's ephemeral range (so that no
+# outgoing connection holds it) and not in `taken`.
+free_port() { # taken ports...
+    local port try
+    for ((try = 0; try < 200; try++)); do
+        port=$((20000 + RANDOM % 10000))
+        [[ " $* " == *" $port "* ]] && continue
+        if ! port_open 127.0.0.1 "$port"; then
+            echo "$port"
+            return 0
+        fi
+    done
+    die "no free loopback port found in 20000-29999"
+}
+
+# Stops the processes given by pid: SIGTERM, up to 10 s, then SIGKILL.
+stop_pids() { # pids...
+    local pid deadline=$((SECONDS + 10))
+    (($# > 0)) || return 0
+    kill -TERM "$@" 2>/dev/null || true
+    for pid in "$@"; do
+        while pid_alive "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
+        if pid_alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+    done
+}
+
+# Starts six nodes with --cluster-enabled on free loopback ports (no RDB, no AOF, files in a
+# temporary directory), joins them as 3 masters with one replica each, and waits until every
+# node says cluster_state:ok. Prints nothing; sets CLUSTER_PIDS, CLUSTER_DIR and CLUSTER_URLS.
+CLUSTER_URLS=""
+start_redis_cluster() {
+    have redis-server && have redis-cli || die "BENCH_REDIS=cluster needs redis-server and redis-cli"
+    CLUSTER_DIR="$(mktemp -d "${TMPDIR:-/tmp}/flashsale-bench-cluster.XXXXXX")"
+    local taken=() ports=() port bus i addrs=() node_dir
+    for i in 1 2 3 4 5 6; do
+        port="$(free_port "${taken[@]}")"
+        taken+=("$port")
+        bus="$(free_port "${taken[@]}")"
+        taken+=("$bus")
+        ports+=("$port")
+        node_dir="$CLUSTER_DIR/$port"
+        mkdir -p "$node_dir"
+        redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes --cluster-port "$bus" \
+            --cluster-node-timeout 5000 --cluster-config-file nodes.conf --save "" --appendonly no \
+            --dir "$node_dir" --logfile "$node_dir/redis.log" 9>&- >/dev/null 2>&1 </dev/null &
+        CLUSTER_PIDS+=("$!")
+        addrs+=("127.0.0.1:$port")
+    done
+    for port in "${ports[@]}"; do
+        wait_for 15 port_open 127.0.0.1 "$port" || die "Redis Cluster node on $port did not listen"
+    done
+    timeout 60 redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
+        >"$CLUSTER_DIR/create.log" 2>&1 || {
+        sed 's/^/    /' "$CLUSTER_DIR/create.log" >&2
+        die "redis-cli --cluster create failed"
+    }
+    # Every node sees the cluster ok and three replicas (each master has its own).
+    cluster_ok() {
+        local p
+        for p in "${ports[@]}"; do
+            redis-cli -p "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+            (($(redis-cli -p "$p" cluster nodes 2>/dev/null | grep -c 'slave ') == 3)) || return 1
+        done
+    }
+    wait_for 60 cluster_ok || die "the Redis Cluster did not settle (cluster_state:ok, a replica per master) within 60 s"
+    CLUSTER_URLS="$(printf 'redis://127.0.0.1:%s,' "${ports[@]}")"
+    CLUSTER_URLS="${CLUSTER_URLS%,}"
+    log "Redis Cluster of 3 masters + 3 replicas on ports ${ports[*]} (pids ${CLUSTER_PIDS[*]})"
+}
+
+# Ports of the second replicas (gRPC and metrics of product-stock, order, outbound), chosen
+# before any service starts so that each first replica can already name its peers.
+declare -A REPLICA_GRPC REPLICA_METRICS
+pick_replica_ports() {
+    local svc taken=() p
+    for svc in "${SERVICES[@]}"; do
+        p="$(free_port "${taken[@]}")"
+        taken+=("$p")
+        REPLICA_GRPC[$svc]="$p"
+        p="$(free_port "${taken[@]}")"
+        taken+=("$p")
+        REPLICA_METRICS[$svc]="$p"
+    done
+}
+
+# Starts the second replica of every service (pid file <service>-2.pid, log <service>-2.log in
+# the run directory) and waits until `flashsale health` finds all three SERVING.
+start_replicas() {
+    local svc env pid logf dev
+    for svc in "${SERVICES[@]}"; do
+        env="$(svc_env "$svc")"
+        logf="$RUN_DIR/$svc-2.log"
+        # As scripts/up.sh starts the first ones (a development start).
+        dev="FLASHSALE_${env}__AUTH__ALLOW_DEVELOPMENT_SECRET"
+        env "$dev=${!dev:-true}" \
+            "FLASHSALE_${env}__GRPC__ADDR=127.0.0.1:${REPLICA_GRPC[$svc]}" \
+            "FLASHSALE_${env}__METRICS__ADDR=127.0.0.1:${REPLICA_METRICS[$svc]}" \
+            nohup "$CARGO_TARGET_DIR/release/flashsale-$svc" >"$logf" 2>&1 </dev/null 9>&- &
+        pid=$!
+        echo "$pid" >"$RUN_DIR/$svc-2.pid"
+        REPLICA_PIDS+=("$pid")
+        log "started the second $svc replica (pid $pid) on gRPC ${REPLICA_GRPC[$svc]}, metrics ${REPLICA_METRICS[$svc]}, log $logf"
+    done
+    replicas_healthy() {
+        FLASHSALE_PRODUCT_STOCK_URL="http://127.0.0.1:${REPLICA_GRPC[product-stock]}" \
+            FLASHSALE_ORDER_URL="http://127.0.0.1:${REPLICA_GRPC[order]}" \
+            FLASHSALE_OUTBOUND_URL="http://127.0.0.1:${REPLICA_GRPC[outbound]}" \
+            "$CLI" health >/dev/null 2>&1
+    }
+    wait_for 60 replicas_healthy || die "the second replicas were not all SERVING within 60 s (logs $RUN_DIR/*-2.log)"
+}
+
+# On exit, whatever the outcome: stops what this run started.
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    [[ -z "$BENCH_PID" ]] || stop_pids "$BENCH_PID"
+    if ((${#REPLICA_PIDS[@]})); then
+        stop_pids "${REPLICA_PIDS[@]}"
+        rm -f "$RUN_DIR"/*-2.pid
+    fi
+    if $SERVICES_UP; then scripts/down.sh >/dev/null 2>&1 || true; fi
+    if ((${#CLUSTER_PIDS[@]})); then
+        stop_pids "${CLUSTER_PIDS[@]}"
+        log "stopped the Redis Cluster"
+    fi
+    [[ -z "$CLUSTER_DIR" ]] || rm -rf "$CLUSTER_DIR"
+    exit "$rc"
+}
+
 # Drops the flashsale_bench_* databases (the services are stopped by then).
 drop_bench_databases() { # server url
     if ! have psql; then
@@ -85,6 +236,19 @@ drop_bench_databases() { # server url
 
 main() {
     [[ " ${BENCH_ARGS:-} " != *" --modes"* ]] || die "set the modes with BENCH_MODES, not --modes in BENCH_ARGS"
+    [[ "$REPLICAS" == 1 || "$REPLICAS" == 2 ]] || die "BENCH_REPLICAS must be 1 or 2, not '$REPLICAS'"
+    [[ -z "$BUCKETS" || ("$BUCKETS" =~ ^[0-9]+$ && "$BUCKETS" -ge 1 && "$BUCKETS" -le 64) ]] ||
+        die "BENCH_BUCKETS must be 1..=64, not '$BUCKETS'"
+    [[ "$REDIS_MODE" == single || "$REDIS_MODE" == cluster ]] || die "BENCH_REDIS must be single or cluster, not '$REDIS_MODE'"
+    local extra=()
+    [[ -z "$BUCKETS" ]] || extra+=(--stock-buckets "$BUCKETS")
+    if [[ "$REDIS_MODE" == cluster ]]; then
+        local m kept=()
+        IFS=, read -ra m <<<"$MODES"
+        for m in "${m[@]}"; do [[ "$m" == gate ]] || kept+=("$m"); done
+        ((${#kept[@]})) || die "BENCH_REDIS=cluster leaves no mode to run (the raw gate measures one Redis server)"
+        MODES="$(IFS=,; echo "${kept[*]}")"
+    fi
     # One benchmark at a time on a machine: each drops the flashsale_bench_* databases, fs_bench
     # keys and earlier runs' queues on the shared servers, which would pull them from under
     # another run (from another clone too, hence a machine-wide lock).
@@ -123,6 +287,26 @@ main() {
         export "FLASHSALE_${svc}__AMQP__QUEUE_PREFIX=$run_tag."
         export "FLASHSALE_${svc}__AMQP__QUEUE_EXPIRES_MS=3600000"
     done
+    trap cleanup EXIT
+    trap 'exit 130' INT TERM
+    if [[ "$REDIS_MODE" == cluster ]]; then
+        start_redis_cluster
+        export FLASHSALE_PRODUCT_STOCK__REDIS__MODE=cluster
+        export FLASHSALE_PRODUCT_STOCK__REDIS__CLUSTER_NODES="$CLUSTER_URLS"
+    fi
+    local metrics=() pid_args=()
+    if ((REPLICAS == 2)); then
+        for svc in "${SERVICES[@]}"; do metrics+=("http://127.0.0.1:$(svc_metrics_port "$svc")/metrics"); done
+        pick_replica_ports
+        # Each service's callers name both replicas of it (platform::balance spreads the calls).
+        export FLASHSALE_ORDER__UPSTREAM__PRODUCT_STOCK_URL="http://127.0.0.1:$(svc_grpc_port product-stock),http://127.0.0.1:${REPLICA_GRPC[product-stock]}"
+        export FLASHSALE_OUTBOUND__UPSTREAM__PRODUCT_STOCK_URL="$FLASHSALE_ORDER__UPSTREAM__PRODUCT_STOCK_URL"
+        export FLASHSALE_PRODUCT_STOCK__ORDER_SERVICE__URL="http://127.0.0.1:$(svc_grpc_port order),http://127.0.0.1:${REPLICA_GRPC[order]}"
+        extra+=(--order-url "http://127.0.0.1:$(svc_grpc_port order),http://127.0.0.1:${REPLICA_GRPC[order]}")
+        for svc in "${SERVICES[@]}"; do metrics+=("http://127.0.0.1:${REPLICA_METRICS[$svc]}/metrics"); done
+        export FLASHSALE_BENCH_METRICS_URLS="${FLASHSALE_BENCH_METRICS_URLS:-$(IFS=,; echo "${metrics[*]}")}"
+    fi
+    log "replicas per service: $REPLICAS; stock buckets: ${BUCKETS:-service default}; Redis: $REDIS_MODE"
     log "service pools: product-stock $FLASHSALE_PRODUCT_STOCK__DATABASE__MAX_CONNECTIONS, order $FLASHSALE_ORDER__DATABASE__MAX_CONNECTIONS, outbound $FLASHSALE_OUTBOUND__DATABASE__MAX_CONNECTIONS connections"
     scripts/down.sh >/dev/null 2>&1 || true
     drop_bench_databases "$pg"
@@ -130,15 +314,36 @@ main() {
     drop_bench_queues
     # The services must not inherit the lock: services left running by a killed benchmark
     # would otherwise hold it until they stop.
+    SERVICES_UP=true
     scripts/up.sh 9>&-
+    if ((REPLICAS == 2)); then
+        start_replicas
+        # Every process by name, so that the report gives each one's CPU and memory.
+        for svc in "${SERVICES[@]}"; do
+            pid_args+=(--service-pid "$svc=$(<"$RUN_DIR/$svc.pid")" --service-pid "$svc-2=$(<"$RUN_DIR/$svc-2.pid")")
+        done
+    fi
     local s
     for s in "${scenarios[@]}"; do
         log "scenario $s"
+        # In the background, waited for: a signal to the script then stops it at once (the
+        # shell runs its traps only between commands, and `wait` is where it waits).
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of options
-        "$CLI" bench --scenario "$s" --modes "$MODES" ${BENCH_ARGS:-} --json | tee "$OUT/$s.json"
+        "$CLI" bench --scenario "$s" --modes "$MODES" \
+            ${extra[@]+"${extra[@]}"} ${pid_args[@]+"${pid_args[@]}"} ${BENCH_ARGS:-} --json >"$OUT/$s.json" &
+        BENCH_PID=$!
+        wait "$BENCH_PID"
+        BENCH_PID=""
+        cat "$OUT/$s.json"
     done
     # Nothing is left behind but the reports: the services stop, their databases and keys go.
+    if ((${#REPLICA_PIDS[@]})); then
+        stop_pids "${REPLICA_PIDS[@]}"
+        REPLICA_PIDS=()
+        rm -f "$RUN_DIR"/*-2.pid
+    fi
     scripts/down.sh >/dev/null 2>&1 || true
+    SERVICES_UP=false
     drop_bench_databases "$pg"
     drop_bench_keys "$redis"
     drop_bench_queues "$run_tag"

@@ -360,10 +360,12 @@ pub async fn raw_insert(
 }
 
 /// An empty RPC: the gRPC health check of `url`, what the gRPC stack answers at all.
-pub async fn noop(url: &str, load: &Load) -> anyhow::Result<Measurement> {
-    // As many connections as the platform mode opens, so that the two compare.
+pub async fn noop(urls: &[String], load: &Load) -> anyhow::Result<Measurement> {
+    // As many connections as the platform mode opens, over the same replicas, so that the two
+    // compare.
     let mut clients = Vec::new();
-    for _ in 0..load.connections.max(1) {
+    for c in 0..load.connections.max(1) {
+        let url = &urls[c % urls.len().max(1)];
         let channel = crate::client::connect(url, Duration::from_secs(10)).await?;
         clients.push(tonic_health::pb::health_client::HealthClient::new(channel));
     }

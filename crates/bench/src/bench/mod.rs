@@ -69,6 +69,10 @@ pub struct Args {
     buyers: Option<usize>,
     #[arg(long)]
     stock: Option<i64>,
+    /// Stock buckets of the platform mode's product, 1..=64 (docs/architecture.md#stock-buckets);
+    /// without it the product gets the service's default.
+    #[arg(long)]
+    stock_buckets: Option<u32>,
     /// Calls in flight at once (every mode).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -100,12 +104,15 @@ pub struct Args {
         default_value = "http://127.0.0.1:50051"
     )]
     product_stock_url: String,
+    /// The order service, or several replicas of it separated by commas: the no-op and platform
+    /// modes spread their connections over them in turn (connection i to replica i mod n).
     #[arg(
         long,
         env = "FLASHSALE_ORDER_URL",
+        value_delimiter = ',',
         default_value = "http://127.0.0.1:50052"
     )]
-    order_url: String,
+    order_url: Vec<String>,
     /// PostgreSQL server (no database) for the naive and raw-insert modes.
     #[arg(
         long,
@@ -191,6 +198,16 @@ impl Args {
             "--connections must be 1..=64"
         );
         anyhow::ensure!((1..=20).contains(&self.rounds), "--rounds must be 1..=20");
+        if let Some(b) = self.stock_buckets {
+            anyhow::ensure!(
+                (1..=64).contains(&b),
+                "--stock-buckets must be 1..=64 (got {b})"
+            );
+        }
+        anyhow::ensure!(
+            !self.order_url.is_empty() && self.order_url.iter().all(|u| !u.trim().is_empty()),
+            "--order-url must name one or more URLs separated by commas, none empty"
+        );
         anyhow::ensure!(
             (1..=3600).contains(&self.max_seconds_per_mode),
             "--max-seconds-per-mode must be 1..=3600"
@@ -310,6 +327,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let (m, saga) = platform::flood(
                     &args.product_stock_url,
                     &args.order_url,
+                    args.stock_buckets.unwrap_or(0),
                     &args.secret,
                     &load,
                     &sku,
@@ -342,6 +360,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         db_pool,
         machine,
         services: &services,
+        order_urls: &args.order_url,
+        stock_buckets: args.stock_buckets,
     };
     if args.json {
         let rendered = serde_json::to_string_pretty(&report::json(&figures, &results))

@@ -26,7 +26,8 @@ use crate::client::{Secret, authorized, connect, status_error};
 #[allow(clippy::too_many_arguments)]
 pub async fn flood(
     product_stock_url: &str,
-    order_url: &str,
+    order_urls: &[String],
+    stock_buckets: u32,
     secret: &Secret,
     load: &Load,
     sku: &str,
@@ -47,7 +48,7 @@ pub async fn flood(
         initial_stock: load.stock,
         per_user_limit,
         deduction_policy: policy as i32,
-        stock_buckets: 0,
+        stock_buckets,
     };
     ProductStockServiceClient::new(connect(product_stock_url, Duration::from_secs(10)).await?)
         .create_product(authorized(create, &admin)?)
@@ -58,11 +59,13 @@ pub async fn flood(
         .map(|b| secret.mint(&format!("buyer{b}"), Role::User, Duration::from_secs(3600)))
         .collect::<anyhow::Result<_>>()?;
     let tokens = Arc::new(tokens);
-    // A few HTTP/2 connections, as a gateway's pool would have (as many as the no-op mode).
+    // A few HTTP/2 connections, as a gateway's pool would have (as many as the no-op mode),
+    // spread over the order replicas in turn.
     let mut channels = Vec::new();
-    for _ in 0..load.connections.max(1) {
+    for c in 0..load.connections.max(1) {
+        let url = &order_urls[c % order_urls.len().max(1)];
         channels.push(OrderServiceClient::new(
-            connect(order_url, Duration::from_secs(30)).await?,
+            connect(url, Duration::from_secs(30)).await?,
         ));
     }
     let (sku, buyers) = (sku.to_owned(), load.buyers.max(1));

@@ -58,6 +58,8 @@ pub struct Figures<'a> {
     pub db_pool: u32,
     pub machine: String,
     pub services: &'a [ServicePid],
+    pub order_urls: &'a [String],
+    pub stock_buckets: Option<u32>,
 }
 
 impl ModeReport {
@@ -89,6 +91,8 @@ pub fn json(f: &Figures<'_>, results: &[ModeReport]) -> Value {
         "stock": f.load.stock,
         "concurrency": f.load.concurrency,
         "db_pool": f.db_pool,
+        "order_urls": f.order_urls,
+        "stock_buckets": f.stock_buckets,
         "machine": f.machine,
         "services": f.services.iter().map(|s| json!({"service": s.name, "pid": s.pid})).collect::<Vec<_>>(),
         "memory_limit_mib": procstat::MEMORY_LIMIT_MIB,
@@ -106,6 +110,14 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
         f.scenario, l.requests, l.buyers, l.stock, l.concurrency, f.db_pool
     );
     println!("machine: {}", f.machine);
+    if f.order_urls.len() > 1 || f.stock_buckets.is_some() {
+        println!(
+            "order replicas: {}; stock buckets: {}",
+            f.order_urls.join(", "),
+            f.stock_buckets
+                .map_or_else(|| "service default".to_owned(), |b| b.to_string())
+        );
+    }
     println!("{}", Measurement::header());
     for r in results {
         if f.rounds > 1

@@ -13,7 +13,7 @@ use crate::{
 #[tokio::test]
 async fn bench_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &str); 22] = [
+    let cases: [(&[&str], &str); 26] = [
         (&["--rounds", "0"], "--rounds"),
         (&["--rounds", "21"], "--rounds"),
         (&["--connections", "0"], "--connections"),
@@ -32,6 +32,13 @@ async fn bench_refuses_bad_options_naming_the_flag() {
         (
             &["--service-pid", "order=1", "--service-pid", "x y=2"],
             "--service-pid",
+        ),
+        (&["--stock-buckets", "0"], "--stock-buckets"),
+        (&["--stock-buckets", "65"], "--stock-buckets"),
+        (&["--stock-buckets", "eight"], "--stock-buckets"),
+        (
+            &["--order-url", "http://127.0.0.1:1,,http://127.0.0.1:2"],
+            "--order-url",
         ),
         (&["--max-idle-wait-secs", "601"], "--max-idle-wait-secs"),
         (&["--max-idle-wait-secs=-1"], "--max-idle-wait-secs"),
