@@ -332,12 +332,26 @@ async fn the_sweeper_skips_its_rounds_while_another_replica_is_sweeping() {
     let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
     let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
     let holder = tokio::spawn(async move {
-        other
-            .run(|| async move {
-                entered_tx.send(()).unwrap();
-                release_rx.await.ok();
-            })
-            .await
+        // This app's own sweeper may hold the lease at that moment: try until it is ours.
+        let (mut entered_tx, mut release_rx) = (Some(entered_tx), Some(release_rx));
+        for _ in 0..500 {
+            let ran = other
+                .run(|| {
+                    let (tx, rx) = (entered_tx.take(), release_rx.take());
+                    async move {
+                        if let (Some(tx), Some(rx)) = (tx, rx) {
+                            tx.send(()).unwrap();
+                            rx.await.ok();
+                        }
+                    }
+                })
+                .await?;
+            if ran.is_some() {
+                return Ok(ran);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        Ok::<_, sea_orm::DbErr>(None)
     });
     entered_rx.await.unwrap();
     let_sweeps_run().await;
