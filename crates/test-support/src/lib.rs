@@ -4,6 +4,7 @@
 
 pub mod fixtures;
 pub mod foundation;
+pub mod generated;
 pub mod grpc;
 pub mod probe;
 pub mod rabbit_cluster;

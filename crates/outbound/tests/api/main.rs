@@ -5,5 +5,6 @@
 
 mod foundation;
 mod helpers;
+mod prop;
 mod shipping;
 mod stack;

@@ -27,6 +27,8 @@ pub struct Stack {
     pub outbound_port: u16,
     pub stock_port: u16,
     pub conn: DatabaseConnection,
+    /// The outbound service's AMQP settings (its queue names).
+    pub amqp: flashsale_messaging::AmqpConfig,
     publisher: Publisher,
     stops: Vec<Shutdown>,
     _dbs: Vec<TestDatabase>,
@@ -75,6 +77,7 @@ pub async fn spawn_stack(tune: impl FnOnce(&mut flashsale_outbound::config::Sett
         outbound_port,
         stock_port,
         conn: out_db.connect().await.unwrap(),
+        amqp: out.amqp.clone(),
         publisher: Publisher::new(&broker),
         stops,
         _dbs: vec![out_db, stock_db],
