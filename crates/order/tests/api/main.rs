@@ -14,6 +14,7 @@ mod load;
 mod notify;
 mod pay;
 mod prop;
+mod prop_payments;
 mod query;
 mod saga;
 mod saga_batch;

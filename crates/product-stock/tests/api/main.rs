@@ -12,6 +12,7 @@ mod foundation;
 mod helpers;
 mod holds;
 mod prop;
+mod prop_dead_letters;
 mod reconcile;
 mod reserve;
 mod saga;
