@@ -6,7 +6,10 @@
 //! refunded through the provider.
 
 use chrono::Utc;
-use flashsale_contract::payment::{SignatureError, check_currency, verify};
+use flashsale_contract::{
+    check_optional_text,
+    payment::{NOTIFICATION_MAX_BYTES, SignatureError, check_currency, verify},
+};
 use flashsale_messaging::outbox;
 use flashsale_proto::payment::v1::{PaymentEvent, PaymentEventType};
 use prost::Message as _;
@@ -202,6 +205,15 @@ fn decode(payload: &[u8]) -> Result<(PaymentEvent, Notice), OrderError> {
     }
     if let Err(why) = check_currency(&ev.currency) {
         bad.push(("payload.currency".to_owned(), why.to_owned()));
+    }
+    // Signed or not, no control character reaches the database (PostgreSQL refuses a NUL in
+    // `text`) or a log line.
+    for (field, value) in [
+        ("payload.payment_id", &ev.payment_id),
+        ("payload.merchant_reference", &ev.merchant_reference),
+        ("payload.event_id", &ev.event_id),
+    ] {
+        bad.extend(check_optional_text(field, value, NOTIFICATION_MAX_BYTES).err());
     }
     let notice = match PaymentEventType::try_from(ev.r#type) {
         Ok(PaymentEventType::Succeeded) => Some(Notice::Succeeded),

@@ -12,6 +12,7 @@ mod helpers;
 mod limits;
 mod load;
 mod notify;
+mod notify_input;
 mod pay;
 mod prop;
 mod prop_payments;

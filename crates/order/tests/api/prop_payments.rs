@@ -96,7 +96,16 @@ enum Call {
 impl Call {
     fn has_control_character(&self) -> bool {
         match self {
-            Self::Notify(_) => false,
+            // Refused unless authentic; authentic, refused INVALID_ARGUMENT.
+            Self::Notify(n) => match &n.body {
+                Body::Event(ev) => has_control(&[
+                    &ev.payment_id,
+                    &ev.merchant_reference,
+                    &ev.event_id,
+                    &ev.currency,
+                ]),
+                Body::Raw(_) => false,
+            },
             Self::ListRefunds(m) => has_control(&[&m.page_token]),
             Self::RetryRefund(m) => has_control(&[&m.order_id]),
         }
@@ -128,9 +137,10 @@ type Started = HashMap<String, String>;
 fn event(started: &Started, orders: Vec<String>) -> impl Strategy<Value = PaymentEvent> {
     let payments: Vec<String> = started.keys().cloned().collect();
     let payment_id = prop_oneof![
-        4 => proptest::sample::select(payments),
+        4 => proptest::sample::select(payments.clone()),
         1 => Just("pay_unknown".to_owned()),
         1 => text(),
+        1 => proptest::sample::select(payments).prop_map(|p| format!("{p}\0")),
     ];
     let kind = prop_oneof![
         4 => Just(PaymentEventType::Succeeded as i32),
@@ -226,7 +236,8 @@ impl Notice {
     }
 
     /// The payment event it carries, if it is one that matches a payment this service started
-    /// (its order, amount and currency) with a type the contract knows — one it must apply.
+    /// (its order, amount and currency) with a type the contract knows and no control character
+    /// — one it must apply.
     fn matching(&self, started: &Started) -> Option<&PaymentEvent> {
         let Body::Event(ev) = &self.body else {
             return None;
@@ -234,6 +245,7 @@ impl Notice {
         let known_type = ev.r#type == PaymentEventType::Succeeded as i32
             || ev.r#type == PaymentEventType::AttemptFailed as i32;
         (known_type
+            && !has_control(&[&ev.event_id])
             && started.get(&ev.payment_id) == Some(&ev.merchant_reference)
             && ev.amount_cents == PRICE
             && ev.currency == "EUR")
