@@ -39,7 +39,7 @@ const TABLES: [&str; 8] = [
     "payments",
     "provider_payments",
     "refunds",
-    "outbox",
+    "outbox:message_id,routing_key,payload",
     "inbox",
     "dead_letters",
 ];

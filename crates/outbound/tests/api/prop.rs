@@ -27,7 +27,7 @@ const RTC: DeductionPolicy = DeductionPolicy::ReserveThenCommit;
 const TABLES: [&str; 5] = [
     "shipments",
     "shipment_attempts",
-    "outbox",
+    "outbox:message_id,routing_key,payload",
     "inbox",
     "dead_letters",
 ];

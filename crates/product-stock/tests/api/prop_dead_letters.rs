@@ -54,7 +54,7 @@ fn generated_dead_letter_requests_get_documented_answers_and_refusals_change_not
             "reservations",
             "stock_ledger",
             "stock_adjustments",
-            "outbox",
+            "outbox:message_id,routing_key,payload",
             "inbox",
             "dead_letters",
         ],
