@@ -7,6 +7,14 @@
 #   scripts/bench.sh flood           one scenario
 #   BENCH_ARGS="--requests 20000" scripts/bench.sh flood     smaller runs
 #   BENCH_MODES=naive,platform scripts/bench.sh big-sale     some modes only
+# Each run keeps its reports in a directory of its own, $FLASHSALE_BENCH_DIR/<UTC time>-<commit>
+# (default .run/bench/…, with .run/bench/latest pointing at it): one JSON report per scenario,
+# each with the commit, the machine, the servers' versions and settings and the options.
+# `scripts/bench-report.sh .run/bench/latest` keeps them in docs/bench/results and regenerates
+# docs/benchmarks.md's tables and charts from them. Every mode checks the invariants after it;
+# the script exits non-zero when one broke or a mode had errors (after running every scenario).
+# The flood scenario also runs the refusals mode (all calls refused on a sold-out product, with
+# PostgreSQL's and Redis's own counters read around them) unless BENCH_MODES says otherwise.
 # Every run starts and ends clean: the services get flashsale_bench_* databases, fs_bench:
 # Redis keys and fs_bench_<run>.* queues of their own, dropped before the run and again after
 # it (the services are stopped at the end); only the reports stay.
@@ -33,9 +41,11 @@ SCRIPT=bench
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
-OUT="${FLASHSALE_BENCH_DIR:-.run/bench}"
+BENCH_ROOT="${FLASHSALE_BENCH_DIR:-.run/bench}"
+OUT=""             # this run's directory under BENCH_ROOT
 # The bare hot row runs beside the naive design so that the report shows both.
 MODES="${BENCH_MODES:-noop,naive,naive-bare,gate,insert,platform}"
+MODES_GIVEN="${BENCH_MODES:+yes}"
 CLI="$CARGO_TARGET_DIR/release/flashsale"
 REPLICAS="${BENCH_REPLICAS:-1}"
 BUCKETS="${BENCH_BUCKETS:-}"
@@ -259,7 +269,13 @@ main() {
     else
         warn "flock not found: nothing stops two benchmarks from dropping each other's databases"
     fi
+    local commit dirty=0
+    commit="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+    [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || dirty=1
+    export FLASHSALE_BENCH_COMMIT="$commit" FLASHSALE_BENCH_DIRTY="$dirty"
+    OUT="$BENCH_ROOT/$(date -u +%Y%m%dT%H%M%SZ)-${commit:0:12}"
     mkdir -p "$OUT"
+    ln -sfn "$(basename "$OUT")" "$BENCH_ROOT/latest"
     # Orders must stay unpaid for the whole run: a long payment timeout, the default warehouse.
     export FLASHSALE_PROFILE=release
     export FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS="${FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS:-3600000}"
@@ -278,6 +294,8 @@ main() {
     # The saga follower reads order states from the order service's database (one query per
     # poll) rather than through GetOrder per order, which would load the service being timed.
     export FLASHSALE_BENCH_ORDERS_DB_URL="${FLASHSALE_BENCH_ORDERS_DB_URL:-$FLASHSALE_ORDER__DATABASE__URL}"
+    # The refusals mode sums the table counters of the services' own databases.
+    export FLASHSALE_BENCH_STATS_DBS="${FLASHSALE_BENCH_STATS_DBS:-flashsale_bench_product,flashsale_bench_svc_orders,flashsale_bench_outbound}"
     export FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX="${FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX:-fs_bench:}"
     local redis="${FLASHSALE_BENCH_REDIS_URL:-redis://127.0.0.1:6379}"
     local run_tag svc
@@ -323,16 +341,19 @@ main() {
             pid_args+=(--service-pid "$svc=$(<"$RUN_DIR/$svc.pid")" --service-pid "$svc-2=$(<"$RUN_DIR/$svc-2.pid")")
         done
     fi
-    local s
+    local s modes failed=()
     for s in "${scenarios[@]}"; do
         log "scenario $s"
+        modes="$MODES"
+        [[ -n "$MODES_GIVEN" || "$s" != flood ]] || modes="$MODES,refusals"
         # In the background, waited for: a signal to the script then stops it at once (the
         # shell runs its traps only between commands, and `wait` is where it waits).
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of options
-        "$CLI" bench --scenario "$s" --modes "$MODES" \
+        "$CLI" bench --scenario "$s" --modes "$modes" \
             ${extra[@]+"${extra[@]}"} ${pid_args[@]+"${pid_args[@]}"} ${BENCH_ARGS:-} --json >"$OUT/$s.json" &
         BENCH_PID=$!
-        wait "$BENCH_PID"
+        # A broken invariant or a mode with errors fails the run, once every scenario ran.
+        wait "$BENCH_PID" || failed+=("$s")
         BENCH_PID=""
         cat "$OUT/$s.json"
     done
@@ -348,6 +369,7 @@ main() {
     drop_bench_keys "$redis"
     drop_bench_queues "$run_tag"
     log "reports in $OUT"
+    ((${#failed[@]} == 0)) || die "an invariant broke or a mode had errors in: ${failed[*]} (see the checks in $OUT)"
 }
 
 main

@@ -7,5 +7,6 @@
 pub mod bench;
 pub mod client;
 mod cpustat;
+pub mod kept;
 mod procstat;
 pub mod sale;

@@ -46,6 +46,8 @@ enum Command {
     Sale(sale::Args),
     /// Benchmark the platform against the naive design and the raw ceilings, back to back.
     Bench(bench::Args),
+    /// Regenerate docs/benchmarks.md's tables and charts from the kept benchmark results.
+    BenchReport(flashsale_bench::kept::Args),
     /// Parked messages of a service: list, replay, discard (admin).
     Dlq(dlq::Args),
     /// The gRPC contract as files for other tools (API gateways, grpcurl -protoset).
@@ -62,6 +64,7 @@ async fn main() -> ExitCode {
         Command::Shipment(args) => shipment::run(args).await,
         Command::Sale(args) => sale::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::BenchReport(args) => flashsale_bench::kept::run(args),
         Command::Dlq(args) => dlq::run(args).await,
         Command::Contract(args) => contract::run(args),
     };

@@ -7,8 +7,12 @@
 mod amqp_version;
 mod baselines;
 mod batches;
+mod counters;
+mod invariants;
 mod measure;
+mod meta;
 mod platform;
+mod refusals;
 mod report;
 mod saga;
 
@@ -19,6 +23,8 @@ use clap::ValueEnum;
 
 use baselines::Load;
 use report::ModeReport;
+
+use flashsale_platform::auth::Role;
 
 use crate::{
     client::Secret,
@@ -48,6 +54,9 @@ pub enum Mode {
     Gate,
     Insert,
     Platform,
+    /// The platform's product sold out, then a flood that is all refused, with the servers'
+    /// work counters read around it (PostgreSQL transactions and tuples, Redis commands).
+    Refusals,
 }
 
 #[derive(clap::Args)]
@@ -155,6 +164,10 @@ pub struct Args {
         default_value = "http://127.0.0.1:9101/metrics,http://127.0.0.1:9102/metrics,http://127.0.0.1:9103/metrics"
     )]
     metrics_url: Vec<String>,
+    /// Databases (on --postgres-url) whose tables' counters (`pg_stat_user_tables`) the
+    /// refusals mode sums; `pg_stat_database` is read for every database in any case.
+    #[arg(long, env = "FLASHSALE_BENCH_STATS_DBS", value_delimiter = ',')]
+    stats_db: Vec<String>,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -218,10 +231,12 @@ impl Args {
             self.max_idle_wait_secs
         );
         self.db_pool()?;
-        for (flag, name) in [
+        let named = [
             ("--naive-db", &self.naive_db),
             ("--insert-db", &self.insert_db),
-        ] {
+        ];
+        let stats = self.stats_db.iter().map(|n| ("--stats-db", n));
+        for (flag, name) in named.into_iter().chain(stats) {
             let ok = (1..=63).contains(&name.len())
                 && name
                     .bytes()
@@ -256,6 +271,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let db_pool = args.db_pool()?;
     let services = args.pids.services();
     let metrics_urls = batches::parse_urls(&args.metrics_url)?;
+    let admin = args
+        .secret
+        .mint("bench", Role::Admin, Duration::from_secs(3600))?;
+    let sources = if args.modes.contains(&Mode::Refusals) {
+        Some(counters::Sources::connect(&args.postgres_url, &args.stats_db, &args.redis_url).await?)
+    } else {
+        None
+    };
     let mut results: Vec<ModeReport> = Vec::new();
     for (round, mode) in (1..=args.rounds).flat_map(|r| args.modes.iter().map(move |m| (r, m))) {
         // A product (and gate keys) of its own per mode and round: a sale sells out once.
@@ -281,15 +304,30 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let batches_before = batches::scrape(&metrics_urls).await;
         let sampler = procstat::Sampler::start(services.clone());
         let cpu = cpustat::Sampler::start(cpustat::groups(&services));
-        let (m, saga) = match mode {
-            Mode::Noop => (baselines::noop(&args.order_url, &load).await?, None),
+        let mut refused_stretch = None;
+        let (m, saga, checks) = match mode {
+            Mode::Noop => {
+                let m = baselines::noop(&args.order_url, &load).await?;
+                let checks = vec![invariants::no_errors(&m)];
+                (m, None, checks)
+            }
             Mode::Naive => {
                 let db = baselines::bench_db(&args.postgres_url, &args.naive_db, db_pool).await?;
-                (baselines::naive(db, &load, &sku, limit).await?, None)
+                let m = baselines::naive(db.clone(), &load, &sku, limit).await?;
+                let mut checks = vec![invariants::no_errors(&m)];
+                checks.extend(
+                    invariants::naive_database(&db, &sku, load.stock, m.accepted, limit).await,
+                );
+                (m, None, checks)
             }
             Mode::NaiveBare => {
                 let db = baselines::bench_db(&args.postgres_url, &args.naive_db, db_pool).await?;
-                (baselines::naive_bare(db, &load, &sku).await?, None)
+                let m = baselines::naive_bare(db, &load, &sku).await?;
+                let checks = vec![
+                    invariants::no_errors(&m),
+                    invariants::sold_within_stock(m.accepted, load.stock),
+                ];
+                (m, None, checks)
             }
             Mode::Gate => {
                 let settings = flashsale_platform::settings::RedisSettings {
@@ -304,26 +342,23 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     settings.key_prefix.clone(),
                     Duration::from_secs(600),
                 );
-                (baselines::raw_gate(gate, &load, &sku, limit).await?, None)
+                let m = baselines::raw_gate(gate, &load, &sku, limit).await?;
+                let checks = vec![
+                    invariants::no_errors(&m),
+                    invariants::sold_within_stock(m.accepted, load.stock),
+                ];
+                (m, None, checks)
             }
             Mode::Insert => {
                 let db = baselines::bench_db(&args.postgres_url, &args.insert_db, db_pool).await?;
-                (baselines::raw_insert(db, &load, &sku).await?, None)
+                let m = baselines::raw_insert(db.clone(), &load, &sku).await?;
+                let checks = vec![
+                    invariants::no_errors(&m),
+                    invariants::insert_database(&db, &sku, m.accepted).await,
+                ];
+                (m, None, checks)
             }
             Mode::Platform => {
-                let follow_db = match &args.orders_db_url {
-                    Some(url) => Some(
-                        sea_orm::Database::connect(
-                            sea_orm::ConnectOptions::new(url.clone())
-                                .max_connections(2)
-                                .sqlx_logging(false)
-                                .to_owned(),
-                        )
-                        .await
-                        .context("connect to --orders-db-url")?,
-                    ),
-                    None => None,
-                };
                 let (m, saga) = platform::flood(
                     &args.product_stock_url,
                     &args.order_url,
@@ -333,15 +368,69 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     &sku,
                     limit,
                     ticketing,
-                    follow_db,
+                    args.follow_db().await?,
                 )
                 .await?;
-                (m, Some(saga))
+                let mut checks = vec![invariants::no_errors(&m)];
+                checks.extend(
+                    invariants::platform(
+                        &args.product_stock_url,
+                        &admin,
+                        &sku,
+                        load.stock,
+                        m.accepted,
+                        &saga,
+                    )
+                    .await,
+                );
+                (m, Some(saga), checks)
+            }
+            Mode::Refusals => {
+                let Some(sources) = &sources else {
+                    anyhow::bail!("the refusals mode has no counters to read");
+                };
+                let target = refusals::Target {
+                    product_stock_url: &args.product_stock_url,
+                    order_urls: &args.order_url,
+                    stock_buckets: args.stock_buckets.unwrap_or(0),
+                    secret: &args.secret,
+                    follow_db: args.follow_db().await?,
+                    services: &services,
+                    sources,
+                };
+                let (m, r) = refusals::run(target, &load, &sku).await?;
+                let mut checks = vec![
+                    invariants::no_errors(&m),
+                    invariants::Check {
+                        name: "a sold-out product accepts nothing",
+                        pass: m.accepted == 0,
+                        detail: format!("{} accepted of {} calls", m.accepted, m.requests),
+                    },
+                ];
+                checks.extend(
+                    invariants::platform(
+                        &args.product_stock_url,
+                        &admin,
+                        &sku,
+                        i64::try_from(r.sell_out_accepted).unwrap_or(i64::MAX),
+                        r.sell_out_accepted,
+                        &r.sell_out_saga,
+                    )
+                    .await,
+                );
+                refused_stretch = Some(r);
+                (m, None, checks)
             }
         };
         let memory = sampler.finish().await;
         let cpu = report::Cpu::of(&m, saga.as_ref(), &cpu.finish().await);
         let batches = batches::between(&batches_before, &batches::scrape(&metrics_urls).await);
+        for c in checks.iter().filter(|c| !c.pass) {
+            eprintln!(
+                "bench: {mode:?}: invariant FAILED: {}: {}",
+                c.name, c.detail
+            );
+        }
         results.push(ModeReport {
             round,
             m,
@@ -350,9 +439,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             idle,
             cpu,
             batches,
+            checks,
+            refusals: refused_stretch,
         });
     }
     let machine = machine(&args).await;
+    let meta = meta::collect(&args.postgres_url, &args.redis_url, &args.amqp_url).await;
     let figures = report::Figures {
         rounds: args.rounds,
         scenario: format!("{:?}", args.scenario),
@@ -362,7 +454,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         services: &services,
         order_urls: &args.order_url,
         stock_buckets: args.stock_buckets,
+        meta,
+        options: std::env::args().skip(1).collect(),
     };
+    let passed = invariants::all_pass(results.iter().flat_map(|r| r.checks.iter()));
     if args.json {
         let rendered = serde_json::to_string_pretty(&report::json(&figures, &results))
             .context("render report")?;
@@ -370,7 +465,31 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         report::print_text(&figures, &results);
     }
-    Ok(ExitCode::SUCCESS)
+    if passed {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("bench: FAILED: an invariant broke or a mode had errors (see the checks above)");
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+impl Args {
+    /// A small pool on the order service's own database, for the saga follower, when
+    /// --orders-db-url is given.
+    async fn follow_db(&self) -> anyhow::Result<Option<sea_orm::DatabaseConnection>> {
+        let Some(url) = &self.orders_db_url else {
+            return Ok(None);
+        };
+        let db = sea_orm::Database::connect(
+            sea_orm::ConnectOptions::new(url.clone())
+                .max_connections(2)
+                .sqlx_logging(false)
+                .to_owned(),
+        )
+        .await
+        .context("connect to --orders-db-url")?;
+        Ok(Some(db))
+    }
 }
 
 /// Cores and server versions, for the report.

@@ -3,7 +3,10 @@
 
 use serde_json::{Value, json};
 
-use super::{baselines::Load, batches::BatchFigures, measure::Measurement, saga::Saga};
+use super::{
+    baselines::Load, batches::BatchFigures, invariants::Check, measure::Measurement,
+    refusals::Refusals, saga::Saga,
+};
 use crate::{
     cpustat::{Samples, Usage},
     procstat::{self, IdleWait, Memory, ServicePid},
@@ -20,6 +23,10 @@ pub struct ModeReport {
     pub cpu: Cpu,
     /// What the services' batchers did during the mode (empty when none ran or none answered).
     pub batches: Vec<BatchFigures>,
+    /// The invariants checked after the mode (docs/invariants.md).
+    pub checks: Vec<Check>,
+    /// The servers' counters around a refusal-only stretch (the refusals mode).
+    pub refusals: Option<Refusals>,
 }
 
 /// Where the CPU went during a mode: over its requests; over its intake (first call → last
@@ -60,6 +67,10 @@ pub struct Figures<'a> {
     pub services: &'a [ServicePid],
     pub order_urls: &'a [String],
     pub stock_buckets: Option<u32>,
+    /// The commit, the machine, the servers' versions and settings (meta.rs).
+    pub meta: Value,
+    /// The bench's command line, as given.
+    pub options: Vec<String>,
 }
 
 impl ModeReport {
@@ -79,6 +90,18 @@ impl ModeReport {
             "after_intake_to_last_confirmation": self.cpu.saga.as_ref().map(|u| u.to_json(Some(self.m.accepted))),
         });
         v["batches"] = self.batches.iter().map(BatchFigures::to_json).collect();
+        v["checks"] = self.checks.iter().map(Check::to_json).collect();
+        v["passed"] = json!(self.checks.iter().all(|c| c.pass));
+        if let Some(r) = &self.refusals {
+            v["refusals"] = r.to_json();
+            if let Some(u) = &self.cpu.requests {
+                let mut per = u.to_json(Some(r.refused));
+                if let Some(ms) = per.get_mut("ms_per_accepted").map(Value::take) {
+                    v["cpu"]["ms_per_refused"] = ms;
+                }
+                per["ms_per_accepted"].take();
+            }
+        }
         v
     }
 }
@@ -97,6 +120,9 @@ pub fn json(f: &Figures<'_>, results: &[ModeReport]) -> Value {
         "services": f.services.iter().map(|s| json!({"service": s.name, "pid": s.pid})).collect::<Vec<_>>(),
         "memory_limit_mib": procstat::MEMORY_LIMIT_MIB,
         "rounds": f.rounds,
+        "meta": f.meta,
+        "options": f.options,
+        "passed": results.iter().all(|r| r.checks.iter().all(|c| c.pass)),
         "modes": results.iter().map(ModeReport::to_json).collect::<Vec<_>>(),
         "ratios": median_ratios(&by_round(results)),
         "ratios_by_round": by_round(results),
@@ -199,6 +225,23 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
         }
         for b in &r.batches {
             println!("    batcher {}", b.text());
+        }
+        if let Some(refusals) = &r.refusals {
+            println!("    {}", refusals.text());
+            if let Some(u) = &r.cpu.requests {
+                println!(
+                    "    cpu per refused request: {}",
+                    u.per_accepted_text(refusals.refused)
+                );
+            }
+        }
+        for c in &r.checks {
+            println!(
+                "    {} {}: {}",
+                if c.pass { "PASS" } else { "FAIL" },
+                c.name,
+                c.detail
+            );
         }
     }
     let rounds = by_round(results);
@@ -378,6 +421,8 @@ mod tests {
             idle: None,
             cpu,
             batches: Vec::new(),
+            checks: Vec::new(),
+            refusals: None,
         };
         let j = report.to_json();
         assert_eq!(j["cpu"]["intake"]["ms_per_accepted"]["order"], 2000.0);

@@ -13,7 +13,7 @@ use crate::{
 #[tokio::test]
 async fn bench_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &str); 26] = [
+    let cases: [(&[&str], &str); 28] = [
         (&["--rounds", "0"], "--rounds"),
         (&["--rounds", "21"], "--rounds"),
         (&["--connections", "0"], "--connections"),
@@ -22,6 +22,8 @@ async fn bench_refuses_bad_options_naming_the_flag() {
         (&["--naive-db", "Bench"], "--naive-db"),
         (&["--naive-db", "a;drop"], "--naive-db"),
         (&["--insert-db", ""], "--insert-db"),
+        (&["--stats-db", "Orders"], "--stats-db"),
+        (&["--stats-db", "a,b;drop"], "--stats-db"),
         (&["--db-pool", "0"], "--db-pool"),
         (&["--db-pool", "101"], "--db-pool"),
         (&["--db-pool", "many"], "--db-pool"),
@@ -280,6 +282,123 @@ async fn the_naive_design_keeps_the_per_user_limit_and_the_bare_row_does_not() {
     .unwrap();
     assert_eq!(left, 1, "the live order was kept");
     conn.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_design_that_gives_units_back_fails_the_run_and_says_which_invariant_broke() {
+    // The naive design with a planted bug: every order written gives its unit back to the hot
+    // row, so the row and the orders no longer add up to the stock.
+    let db = TestDatabase::create().await.unwrap();
+    let args = naive_args(&db.name);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let clean = output(command(&args)).await;
+    let r = clean.json();
+    assert_eq!(r["passed"], true, "{r}");
+    let checks = r["modes"][0]["checks"].as_array().unwrap();
+    assert!(checks.iter().any(|c| c["name"] == "stock conserved"), "{r}");
+    let conn = db.connect().await.unwrap();
+    sea_orm::ConnectionTrait::execute_unprepared(
+        &conn,
+        "CREATE FUNCTION give_back() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN            UPDATE naive_stock SET available = available + 1 WHERE sku = NEW.sku; RETURN NEW; END $$;          CREATE TRIGGER give_back AFTER INSERT ON orders FOR EACH ROW EXECUTE FUNCTION give_back()",
+    )
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    let broken = output(command(&args)).await;
+    assert!(!broken.ok, "the run passed: {}", broken.stderr);
+    assert!(
+        broken.stderr.contains("invariant FAILED: stock conserved"),
+        "{}",
+        broken.stderr
+    );
+    let r: Value = serde_json::from_str(&broken.stdout).unwrap();
+    assert_eq!(r["passed"], false, "{r}");
+    let naive = &r["modes"][0];
+    assert_eq!(naive["errored"], 0, "the run itself went through: {naive}");
+    let failed: Vec<&Value> = naive["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["pass"] == false)
+        .map(|c| &c["name"])
+        .collect();
+    assert!(failed.contains(&&Value::from("stock conserved")), "{naive}");
+    // The bare hot row does not use the orders table: its checks still pass.
+    assert_eq!(r["modes"][1]["passed"], true, "{r}");
+}
+
+#[tokio::test]
+async fn the_refusals_mode_reads_the_servers_counters_around_a_sold_out_flood() {
+    // The sold-out orders stay unpaid through the stretch and its quiet (as in the benchmark):
+    // a timeout would give their units back to the late buyers.
+    let stack = FullStack::spawn_with(600_000, |_| {}).await;
+    let mut cmd = command(&[
+        "bench",
+        "--scenario",
+        "flood",
+        "--modes",
+        "refusals",
+        "--requests",
+        "300",
+        "--buyers",
+        "100",
+        "--concurrency",
+        "8",
+        "--max-seconds-per-mode",
+        "60",
+        "--max-idle-wait-secs",
+        "0",
+        "--orders-db-url",
+        &stack.order_db_url,
+        "--postgres-url",
+        &flashsale_test_support::postgres_server_url(),
+        "--redis-url",
+        &flashsale_test_support::redis_url(),
+        "--json",
+    ]);
+    cmd.env("FLASHSALE_PRODUCT_STOCK_URL", &stack.stock_url)
+        .env("FLASHSALE_ORDER_URL", &stack.order_url);
+    let run = output(cmd).await;
+    let r = run.json();
+    assert_eq!(r["passed"], true, "{r}");
+    let mode = &r["modes"][0];
+    assert_eq!(mode["accepted"], 0, "{mode}");
+    let refusals = &mode["refusals"];
+    assert_eq!(refusals["sell_out_accepted"], 200, "{refusals}");
+    assert_eq!(refusals["refused"], 300, "{refusals}");
+    assert_eq!(mode["refused"]["SOLD_OUT"], 300, "{mode}");
+    for counter in ["pg.xact_commit", "pg.tup_inserted", "redis.calls"] {
+        assert!(
+            refusals["during"][counter].is_i64(),
+            "{counter}: {refusals}"
+        );
+        assert!(
+            refusals["net_per_refused"][counter].is_f64(),
+            "{counter}: {refusals}"
+        );
+    }
+    // The sell-out's 200 orders, confirmed, are checked like any platform run's.
+    let names: Vec<&Value> = mode["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["name"])
+        .collect();
+    assert!(
+        names.contains(&&Value::from("gate equals database")),
+        "{mode}"
+    );
+    assert!(
+        names.contains(&&Value::from("a sold-out product accepts nothing")),
+        "{mode}"
+    );
+    // Where it ran: the servers answer for their versions.
+    assert!(
+        r["meta"]["postgres"]["version"].is_string(),
+        "{}",
+        r["meta"]
+    );
+    assert!(r["meta"]["machine"]["memory_mib"].is_u64(), "{}", r["meta"]);
 }
 
 /// The naive modes on `db` for 5 buyers × 8 requests and 10 units (per-user limit 1).

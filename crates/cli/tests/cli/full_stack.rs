@@ -37,6 +37,14 @@ impl Drop for FullStack {
 impl FullStack {
     /// The three services; `warehouse` tunes outbound's built-in warehouse (failing SKUs).
     pub async fn spawn(warehouse: impl FnOnce(&mut flashsale_outbound::config::Settings)) -> Self {
+        Self::spawn_with(PAYMENT_TIMEOUT_MS, warehouse).await
+    }
+
+    /// As [`FullStack::spawn`], with unpaid orders cancelled after `payment_timeout_ms`.
+    pub async fn spawn_with(
+        payment_timeout_ms: u64,
+        warehouse: impl FnOnce(&mut flashsale_outbound::config::Settings),
+    ) -> Self {
         let exchange = unique_name("fs_cli_ex");
         let (stock_port, stock_stop, stock_db) = spawn_stock(&exchange).await;
         let stock_url = format!("http://127.0.0.1:{stock_port}");
@@ -64,7 +72,7 @@ impl FullStack {
         o.database.max_connections = 8;
         o.amqp = amqp(&exchange);
         o.upstream.product_stock_url = stock_url.clone();
-        o.saga.payment_timeout_ms = PAYMENT_TIMEOUT_MS;
+        o.saga.payment_timeout_ms = payment_timeout_ms;
         o.saga.sweep_interval_ms = 200;
         let order = flashsale_order::startup::build(o).await.unwrap();
         let (order_port, order_stop) = (order.grpc_port(), order.shutdown());

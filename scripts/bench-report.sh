@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Keeps a benchmark run's reports and regenerates docs/benchmarks.md's tables and charts from
+# them (the part between its two "generated" markers; the charts go to docs/bench/*.svg).
+#   scripts/bench-report.sh .run/bench/latest   keep that run (its JSON reports replace those in
+#                                               docs/bench/results), then regenerate
+#   scripts/bench-report.sh                     regenerate from docs/bench/results as it is
+#   scripts/bench-report.sh --check             exit non-zero when the document or a chart is
+#                                               not what docs/bench/results makes
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCRIPT=bench-report
+# shellcheck shell=bash source=scripts/lib.sh
+. scripts/lib.sh
+
+KEPT=docs/bench/results
+check=()
+case "${1:-}" in
+    --check) check=(--check) ;;
+    "") ;;
+    -*) die "unknown option '$1' (usage: scripts/bench-report.sh [RUN_DIR | --check])" ;;
+    *)
+        run="$1"
+        [[ -d "$run" ]] || die "'$run' is not a directory of benchmark reports"
+        compgen -G "$run/*.json" >/dev/null || die "'$run' holds no JSON report"
+        mkdir -p "$KEPT"
+        rm -f "$KEPT"/*.json
+        cp "$run"/*.json "$KEPT"/
+        log "kept $(find "$KEPT" -name '*.json' | wc -l) report(s) of $run in $KEPT"
+        ;;
+esac
+cargo build -q -p flashsale-cli --bin flashsale
+"$CARGO_TARGET_DIR/debug/flashsale" bench-report --results "$KEPT" --doc docs/benchmarks.md \
+    --charts docs/bench ${check[@]+"${check[@]}"}
