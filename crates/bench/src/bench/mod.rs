@@ -8,9 +8,11 @@ mod amqp_version;
 mod baselines;
 mod batches;
 mod measure;
+mod openloop;
 mod platform;
 mod report;
 mod saga;
+mod sweep;
 
 use std::{process::ExitCode, time::Duration};
 
@@ -43,11 +45,23 @@ pub enum Scenario {
 pub enum Mode {
     Noop,
     Naive,
+    /// The naive design in one round trip per request (a PL/pgSQL function): opt-in.
+    NaiveFn,
+    /// The naive design at its best: a sweep of pools, concurrencies and both variants, then
+    /// the best point at full size, which the ratios then use as the naive baseline: opt-in.
+    NaiveSweep,
     /// The naive design's hot row alone (no per-user limit, no order record): opt-in.
     NaiveBare,
     Gate,
     Insert,
+    /// The order service's own batched write, full batches, straight on PostgreSQL: opt-in.
+    InsertBatch,
     Platform,
+    /// The platform under a fixed arrival rate (open loop), for each of --open-loop-rates.
+    OpenLoopPlatform,
+    /// The naive design under a fixed arrival rate (open loop): the best of a naive-sweep run
+    /// before it in the same run, else --open-loop-naive-pool/--open-loop-naive-variant.
+    OpenLoopNaive,
 }
 
 #[derive(clap::Args)]
@@ -96,6 +110,12 @@ pub struct Args {
     /// Longest wait, before each mode, for the services to go idle (0 = do not wait).
     #[arg(long, default_value_t = 60)]
     max_idle_wait_secs: u64,
+    #[command(flatten)]
+    sweep: sweep::SweepArgs,
+    #[command(flatten)]
+    open_loop: openloop::OpenLoopArgs,
+    #[command(flatten)]
+    insert_batch: baselines::InsertBatchArgs,
     #[command(flatten)]
     pids: PidArgs,
     #[arg(
@@ -218,6 +238,9 @@ impl Args {
             self.max_idle_wait_secs
         );
         self.db_pool()?;
+        self.sweep.validate()?;
+        self.open_loop.validate()?;
+        self.insert_batch.validate()?;
         for (flag, name) in [
             ("--naive-db", &self.naive_db),
             ("--insert-db", &self.insert_db),
@@ -257,6 +280,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let services = args.pids.services();
     let metrics_urls = batches::parse_urls(&args.metrics_url)?;
     let mut results: Vec<ModeReport> = Vec::new();
+    let mut sweeps: Vec<sweep::Sweep> = Vec::new();
+    let mut curves: Vec<openloop::Curve> = Vec::new();
     for (round, mode) in (1..=args.rounds).flat_map(|r| args.modes.iter().map(move |m| (r, m))) {
         // A product (and gate keys) of its own per mode and round: a sale sells out once.
         let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_uppercase();
@@ -278,6 +303,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         } else {
             eprintln!("bench: {mode:?} …");
         }
+        if matches!(mode, Mode::OpenLoopPlatform | Mode::OpenLoopNaive) {
+            let best = sweeps.last().and_then(sweep::Sweep::best_point);
+            let platform = *mode == Mode::OpenLoopPlatform;
+            curves.push(openloop::run_mode(&args, platform, &services, limit, round, best).await?);
+            continue;
+        }
         let batches_before = batches::scrape(&metrics_urls).await;
         let sampler = procstat::Sampler::start(services.clone());
         let cpu = cpustat::Sampler::start(cpustat::groups(&services));
@@ -286,6 +317,27 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Mode::Naive => {
                 let db = baselines::bench_db(&args.postgres_url, &args.naive_db, db_pool).await?;
                 (baselines::naive(db, &load, &sku, limit).await?, None)
+            }
+            Mode::NaiveFn => {
+                let db = baselines::bench_db(&args.postgres_url, &args.naive_db, db_pool).await?;
+                let variant = baselines::NaiveVariant::NaiveFn;
+                (
+                    baselines::naive_with(db, &load, &sku, limit, variant).await?,
+                    None,
+                )
+            }
+            Mode::NaiveSweep => {
+                let (s, m) = sweep::run(
+                    &args.sweep,
+                    &args.postgres_url,
+                    &args.naive_db,
+                    &load,
+                    limit,
+                    round,
+                )
+                .await?;
+                sweeps.push(s);
+                (m, None)
             }
             Mode::NaiveBare => {
                 let db = baselines::bench_db(&args.postgres_url, &args.naive_db, db_pool).await?;
@@ -309,6 +361,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Mode::Insert => {
                 let db = baselines::bench_db(&args.postgres_url, &args.insert_db, db_pool).await?;
                 (baselines::raw_insert(db, &load, &sku).await?, None)
+            }
+            Mode::InsertBatch => {
+                let b = &args.insert_batch;
+                let pool = u32::try_from(b.insert_batches_in_flight).unwrap_or(1);
+                let db = baselines::bench_db(&args.postgres_url, &args.insert_db, pool).await?;
+                let (size, in_flight) = (b.insert_batch_size, b.insert_batches_in_flight);
+                (
+                    baselines::batched_insert(db, &load, &sku, size, in_flight).await?,
+                    None,
+                )
+            }
+            Mode::OpenLoopPlatform | Mode::OpenLoopNaive => {
+                unreachable!("the open-loop modes run above")
             }
             Mode::Platform => {
                 let follow_db = match &args.orders_db_url {
@@ -364,11 +429,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         stock_buckets: args.stock_buckets,
     };
     if args.json {
-        let rendered = serde_json::to_string_pretty(&report::json(&figures, &results))
-            .context("render report")?;
+        let mut v = report::json(&figures, &results);
+        v["naive_sweep"] = sweeps.iter().map(sweep::Sweep::to_json).collect();
+        v["open_loop"] = curves.iter().map(openloop::Curve::to_json).collect();
+        let rendered = serde_json::to_string_pretty(&v).context("render report")?;
         println!("{rendered}");
     } else {
         report::print_text(&figures, &results);
+        sweeps.iter().for_each(sweep::Sweep::print_text);
+        curves.iter().for_each(openloop::Curve::print_text);
     }
     Ok(ExitCode::SUCCESS)
 }
