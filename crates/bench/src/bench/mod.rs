@@ -3,6 +3,10 @@
 //! raw gate and raw insert ceilings, and the no-op gRPC ceiling — and the ratios between them.
 //! Every mode is bounded in requests and in time, and stops by itself. Before each mode it waits
 //! for the services to go idle; during each it samples their resident memory.
+//! Opt-in beside them: the naive design tuned for the machine (`naive-sweep`, see sweep.rs),
+//! its one-round-trip variant (`naive-fn`), the order service's batched write as the intake's
+//! write ceiling (`insert-batch`), and open-loop latency curves at fixed arrival rates for the
+//! platform and the naive design (`open-loop-platform`, `open-loop-naive`, see openloop.rs).
 
 mod amqp_version;
 mod baselines;
