@@ -45,7 +45,7 @@ enum Command {
     /// late, wait for quiescence, then report and check the invariants.
     Sale(sale::Args),
     /// Benchmark the platform against the naive design and the raw ceilings, back to back.
-    Bench(bench::Args),
+    Bench(Box<bench::Args>),
     /// Regenerate docs/benchmarks.md's tables and charts from the kept benchmark results.
     BenchReport(flashsale_bench::kept::Args),
     /// Parked messages of a service: list, replay, discard (admin).
@@ -63,7 +63,7 @@ async fn main() -> ExitCode {
         Command::Order(args) => order::run(args).await,
         Command::Shipment(args) => shipment::run(args).await,
         Command::Sale(args) => sale::run(args).await,
-        Command::Bench(args) => bench::run(args).await,
+        Command::Bench(args) => bench::run(*args).await,
         Command::BenchReport(args) => flashsale_bench::kept::run(args),
         Command::Dlq(args) => dlq::run(args).await,
         Command::Contract(args) => contract::run(args),

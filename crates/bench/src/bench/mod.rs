@@ -3,6 +3,10 @@
 //! raw gate and raw insert ceilings, and the no-op gRPC ceiling — and the ratios between them.
 //! Every mode is bounded in requests and in time, and stops by itself. Before each mode it waits
 //! for the services to go idle; during each it samples their resident memory.
+//! Opt-in beside them: the naive design tuned for the machine (`naive-sweep`, see sweep.rs),
+//! its one-round-trip variant (`naive-fn`), the order service's batched write as the intake's
+//! write ceiling (`insert-batch`), and open-loop latency curves at fixed arrival rates for the
+//! platform and the naive design (`open-loop-platform`, `open-loop-naive`, see openloop.rs).
 
 mod amqp_version;
 mod baselines;
@@ -11,10 +15,12 @@ mod counters;
 mod invariants;
 mod measure;
 mod meta;
+mod openloop;
 mod platform;
 mod refusals;
 mod report;
 mod saga;
+mod sweep;
 
 use std::{process::ExitCode, time::Duration};
 
@@ -49,14 +55,26 @@ pub enum Scenario {
 pub enum Mode {
     Noop,
     Naive,
+    /// The naive design in one round trip per request (a PL/pgSQL function): opt-in.
+    NaiveFn,
+    /// The naive design at its best: a sweep of pools, concurrencies and both variants, then
+    /// the best point at full size, which the ratios then use as the naive baseline: opt-in.
+    NaiveSweep,
     /// The naive design's hot row alone (no per-user limit, no order record): opt-in.
     NaiveBare,
     Gate,
     Insert,
+    /// The order service's own batched write, full batches, straight on PostgreSQL: opt-in.
+    InsertBatch,
     Platform,
     /// The platform's product sold out, then a flood that is all refused, with the servers'
     /// work counters read around it (PostgreSQL transactions and tuples, Redis commands).
     Refusals,
+    /// The platform under a fixed arrival rate (open loop), for each of --open-loop-rates.
+    OpenLoopPlatform,
+    /// The naive design under a fixed arrival rate (open loop): the best of a naive-sweep run
+    /// before it in the same run, else --open-loop-naive-pool/--open-loop-naive-variant.
+    OpenLoopNaive,
 }
 
 #[derive(clap::Args)]
@@ -105,6 +123,12 @@ pub struct Args {
     /// Longest wait, before each mode, for the services to go idle (0 = do not wait).
     #[arg(long, default_value_t = 60)]
     max_idle_wait_secs: u64,
+    #[command(flatten)]
+    sweep: sweep::SweepArgs,
+    #[command(flatten)]
+    open_loop: openloop::OpenLoopArgs,
+    #[command(flatten)]
+    insert_batch: baselines::InsertBatchArgs,
     #[command(flatten)]
     pids: PidArgs,
     #[arg(
@@ -231,6 +255,9 @@ impl Args {
             self.max_idle_wait_secs
         );
         self.db_pool()?;
+        self.sweep.validate()?;
+        self.open_loop.validate()?;
+        self.insert_batch.validate()?;
         let named = [
             ("--naive-db", &self.naive_db),
             ("--insert-db", &self.insert_db),
@@ -280,6 +307,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         None
     };
     let mut results: Vec<ModeReport> = Vec::new();
+    let mut sweeps: Vec<sweep::Sweep> = Vec::new();
+    let mut curves: Vec<openloop::Curve> = Vec::new();
     for (round, mode) in (1..=args.rounds).flat_map(|r| args.modes.iter().map(move |m| (r, m))) {
         // A product (and gate keys) of its own per mode and round: a sale sells out once.
         let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_uppercase();
@@ -301,6 +330,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         } else {
             eprintln!("bench: {mode:?} …");
         }
+        if matches!(mode, Mode::OpenLoopPlatform | Mode::OpenLoopNaive) {
+            let best = sweeps.last().and_then(sweep::Sweep::best_point);
+            let platform = *mode == Mode::OpenLoopPlatform;
+            curves.push(openloop::run_mode(&args, platform, &services, limit, round, best).await?);
+            continue;
+        }
         let batches_before = batches::scrape(&metrics_urls).await;
         let sampler = procstat::Sampler::start(services.clone());
         let cpu = cpustat::Sampler::start(cpustat::groups(&services));
@@ -318,6 +353,35 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 checks.extend(
                     invariants::naive_database(&db, &sku, load.stock, m.accepted, limit).await,
                 );
+                (m, None, checks)
+            }
+            Mode::NaiveFn => {
+                let db = baselines::bench_db(&args.postgres_url, &args.naive_db, db_pool).await?;
+                let variant = baselines::NaiveVariant::NaiveFn;
+                let m = baselines::naive_with(db.clone(), &load, &sku, limit, variant).await?;
+                let mut checks = vec![invariants::no_errors(&m)];
+                checks.extend(
+                    invariants::naive_database(&db, &sku, load.stock, m.accepted, limit).await,
+                );
+                (m, None, checks)
+            }
+            Mode::NaiveSweep => {
+                let (s, m) = sweep::run(
+                    &args.sweep,
+                    &args.postgres_url,
+                    &args.naive_db,
+                    &load,
+                    limit,
+                    round,
+                )
+                .await?;
+                sweeps.push(s);
+                // The sweep's points and its full-size run: each on a product of its own, the
+                // full run's rows checked like any naive run's.
+                let checks = vec![
+                    invariants::no_errors(&m),
+                    invariants::sold_within_stock(m.accepted, load.stock),
+                ];
                 (m, None, checks)
             }
             Mode::NaiveBare => {
@@ -357,6 +421,21 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     invariants::insert_database(&db, &sku, m.accepted).await,
                 ];
                 (m, None, checks)
+            }
+            Mode::InsertBatch => {
+                let b = &args.insert_batch;
+                let pool = u32::try_from(b.insert_batches_in_flight).unwrap_or(1);
+                let db = baselines::bench_db(&args.postgres_url, &args.insert_db, pool).await?;
+                let (size, in_flight) = (b.insert_batch_size, b.insert_batches_in_flight);
+                let m = baselines::batched_insert(db.clone(), &load, &sku, size, in_flight).await?;
+                let checks = vec![
+                    invariants::no_errors(&m),
+                    invariants::insert_database(&db, &sku, m.accepted).await,
+                ];
+                (m, None, checks)
+            }
+            Mode::OpenLoopPlatform | Mode::OpenLoopNaive => {
+                unreachable!("the open-loop modes run above")
             }
             Mode::Platform => {
                 let (m, saga) = platform::flood(
@@ -459,11 +538,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let passed = invariants::all_pass(results.iter().flat_map(|r| r.checks.iter()));
     if args.json {
-        let rendered = serde_json::to_string_pretty(&report::json(&figures, &results))
-            .context("render report")?;
+        let mut v = report::json(&figures, &results);
+        v["naive_sweep"] = sweeps.iter().map(sweep::Sweep::to_json).collect();
+        v["open_loop"] = curves.iter().map(openloop::Curve::to_json).collect();
+        let rendered = serde_json::to_string_pretty(&v).context("render report")?;
         println!("{rendered}");
     } else {
         report::print_text(&figures, &results);
+        sweeps.iter().for_each(sweep::Sweep::print_text);
+        curves.iter().for_each(openloop::Curve::print_text);
     }
     if passed {
         Ok(ExitCode::SUCCESS)

@@ -311,8 +311,24 @@ fn ratios(results: &[&ModeReport]) -> Value {
         return out.into();
     };
     let p = &pr.m;
-    for base in ["naive", "bare naive", "no-op", "raw gate", "raw insert"] {
-        let Some(b) = find(results, base).map(|r| &r.m) else {
+    let bases = [
+        "naive",
+        "naive-fn",
+        "bare naive",
+        "no-op",
+        "raw gate",
+        "raw insert",
+        "batched insert",
+    ];
+    for base in bases {
+        // The naive baseline is the best point of a naive sweep, run at full size, when there
+        // is one; else the plain naive run.
+        let found = if base == "naive" {
+            find(results, "naive best").or_else(|| find(results, "naive ("))
+        } else {
+            find(results, base)
+        };
+        let Some(b) = found.map(|r| &r.m) else {
             continue;
         };
         let key = base.replace(' ', "_").replace('-', "");
@@ -324,7 +340,7 @@ fn ratios(results: &[&ModeReport]) -> Value {
             format!("platform/{key} p99"),
             json!(round(p.p(0.99) / b.p(0.99).max(1e-3))),
         );
-        if base.ends_with("naive") {
+        if base.contains("naive") {
             out.insert(
                 format!("platform/{key} accepted per second"),
                 json!(round(p.accepted_per_sec() / b.accepted_per_sec().max(1e-9))),
@@ -334,11 +350,11 @@ fn ratios(results: &[&ModeReport]) -> Value {
                 json!(round(p.accepted_p(0.99) / b.accepted_p(0.99).max(1e-3))),
             );
         }
-        if base == "raw insert"
+        if (base == "raw insert" || base == "batched insert")
             && let Some(saga) = &pr.saga
         {
             out.insert(
-                "platform saga confirmed/raw insert throughput".into(),
+                format!("platform saga confirmed/{base} throughput"),
                 json!(round(saga.confirmed_per_sec() / b.throughput().max(1e-9))),
             );
         }
