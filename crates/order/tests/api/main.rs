@@ -13,6 +13,7 @@ mod limits;
 mod load;
 mod notify;
 mod pay;
+mod pay_batch;
 mod prop;
 mod query;
 mod saga;
