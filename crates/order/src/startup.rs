@@ -170,8 +170,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
             PaymentNotificationServiceServer::new(PaymentNotifications::new(
                 crate::app::notify_batcher(payments, crate::app::NOTIFY_MAX_BATCH),
             ))
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
         )
         .with_service(InterceptedService::new(
             DeadLetterServiceServer::new(dead_letters)

@@ -392,28 +392,86 @@ mod tests {
         use OrderStatus as S;
         use RefundStatus as R;
         let ok = [
-            line(Plan::Pay, Outcome::Paid, order(S::Shipped, C::Unspecified, R::None), timing(true, Some(true))),
-            line(Plan::Pay, Outcome::Paid, order(S::Cancelled, C::OutboundFailed, R::Recorded), timing(true, Some(true))),
-            line(Plan::Pay, Outcome::Paid, order(S::Cancelled, C::PaymentTimeout, R::Completed), timing(true, Some(true))),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Shipped, C::Unspecified, R::None),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Cancelled, C::OutboundFailed, R::Recorded),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Cancelled, C::PaymentTimeout, R::Completed),
+                timing(true, Some(true)),
+            ),
             // Not paid in time, late on purpose, or never paid: not this check's business.
-            line(Plan::Pay, Outcome::Paid, order(S::Paid, C::Unspecified, R::None), timing(true, Some(false))),
-            line(Plan::PayLate, Outcome::Paid, order(S::Paid, C::Unspecified, R::None), None),
-            line(Plan::Pay, Outcome::PayRefused("ORDER_NOT_PAYABLE".into()), order(S::Cancelled, C::PaymentTimeout, R::None), timing(true, None)),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Paid, C::Unspecified, R::None),
+                timing(true, Some(false)),
+            ),
+            line(
+                Plan::PayLate,
+                Outcome::Paid,
+                order(S::Paid, C::Unspecified, R::None),
+                None,
+            ),
+            line(
+                Plan::Pay,
+                Outcome::PayRefused("ORDER_NOT_PAYABLE".into()),
+                order(S::Cancelled, C::PaymentTimeout, R::None),
+                timing(true, None),
+            ),
         ];
         let c = paid_settled(&ok);
         assert!(c.pass, "{}", c.detail);
-        assert!(c.detail.contains("3 paid in time: 1 shipped, 2"), "{}", c.detail);
+        assert!(
+            c.detail.contains("3 paid in time: 1 shipped, 2"),
+            "{}",
+            c.detail
+        );
 
         for bad in [
-            line(Plan::Pay, Outcome::Paid, order(S::Paid, C::Unspecified, R::None), timing(true, Some(true))),
-            line(Plan::Pay, Outcome::Paid, order(S::Cancelled, C::PaymentTimeout, R::None), timing(true, Some(true))),
-            line(Plan::Pay, Outcome::Paid, order(S::Cancelled, C::Unspecified, R::Recorded), timing(true, Some(true))),
-            line(Plan::Pay, Outcome::Paid, order(S::AwaitingPayment, C::Unspecified, R::None), None),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Paid, C::Unspecified, R::None),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Cancelled, C::PaymentTimeout, R::None),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Cancelled, C::Unspecified, R::Recorded),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::AwaitingPayment, C::Unspecified, R::None),
+                None,
+            ),
             line(Plan::Pay, Outcome::Paid, None, timing(true, Some(true))),
         ] {
             let c = paid_settled(std::slice::from_ref(&bad));
             assert!(!c.pass, "passed: {}", c.detail);
-            assert!(c.detail.contains("neither shipped nor refunded"), "{}", c.detail);
+            assert!(
+                c.detail.contains("neither shipped nor refunded"),
+                "{}",
+                c.detail
+            );
         }
     }
 
@@ -423,11 +481,36 @@ mod tests {
         use OrderStatus as S;
         use RefundStatus as R;
         let lines = [
-            line(Plan::Pay, Outcome::Paid, order(S::Shipped, C::Unspecified, R::None), timing(true, Some(true))),
-            line(Plan::Pay, Outcome::PayRefused("ORDER_NOT_PAYABLE".into()), None, timing(false, None)),
-            line(Plan::Pay, Outcome::PayRefused("ORDER_NOT_PAYABLE".into()), None, timing(true, None)),
-            line(Plan::Pay, Outcome::Paid, order(S::Cancelled, C::PaymentTimeout, R::Recorded), timing(true, Some(false))),
-            line(Plan::PayLate, Outcome::Paid, order(S::Cancelled, C::PaymentTimeout, R::Recorded), None),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Shipped, C::Unspecified, R::None),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::PayRefused("ORDER_NOT_PAYABLE".into()),
+                None,
+                timing(false, None),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::PayRefused("ORDER_NOT_PAYABLE".into()),
+                None,
+                timing(true, None),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Cancelled, C::PaymentTimeout, R::Recorded),
+                timing(true, Some(false)),
+            ),
+            line(
+                Plan::PayLate,
+                Outcome::Paid,
+                order(S::Cancelled, C::PaymentTimeout, R::Recorded),
+                None,
+            ),
             line(Plan::NeverPay, Outcome::None, None, None),
         ];
         let late = late_by_sale(&lines);
@@ -443,7 +526,11 @@ mod tests {
         );
         let c = payers_in_time(&late);
         assert!(!c.pass);
-        assert!(c.detail.contains("3 of 4 payers late") && c.detail.contains("--pay-concurrency"), "{}", c.detail);
+        assert!(
+            c.detail.contains("3 of 4 payers late") && c.detail.contains("--pay-concurrency"),
+            "{}",
+            c.detail
+        );
         let c = payers_in_time(&late_by_sale(&lines[..1]));
         assert!(c.pass, "{}", c.detail);
     }

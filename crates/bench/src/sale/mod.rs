@@ -366,9 +366,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let memory = sampler.finish().await;
         if args.json {
             let mut v = run.to_json();
-            v["memory"] = memory.iter().map(crate::procstat::Memory::to_json).collect();
+            v["memory"] = memory
+                .iter()
+                .map(crate::procstat::Memory::to_json)
+                .collect();
             v["elapsedSecs"] = serde_json::json!(started.elapsed().as_secs_f64());
-            println!("{}", serde_json::to_string(&v).context("encode the report")?);
+            println!(
+                "{}",
+                serde_json::to_string(&v).context("encode the report")?
+            );
         } else {
             run.print_text();
             println!(

@@ -365,15 +365,34 @@ async fn sale_refuses_bad_options_naming_the_flag() {
     let cases: [(&[&str], &[&str]); 28] = [
         (&["--pay-concurrency", "0"], &["--pay-concurrency"]),
         (&["--pay-concurrency", "10001"], &["--pay-concurrency"]),
-        (&["--arrival-rate", "0", "--sustain-secs", "5"], &["--arrival-rate"]),
+        (
+            &["--arrival-rate", "0", "--sustain-secs", "5"],
+            &["--arrival-rate"],
+        ),
         (&["--arrival-rate", "10"], &["--sustain-secs"]),
         (&["--sustain-secs", "10"], &["--arrival-rate"]),
         (
-            &["--arrival-rate", "10", "--sustain-secs", "300", "--order-database-url", "postgres://x"],
+            &[
+                "--arrival-rate",
+                "10",
+                "--sustain-secs",
+                "300",
+                "--order-database-url",
+                "postgres://x",
+            ],
             &["--sustain-secs", "--max-duration-secs"],
         ),
         (
-            &["--arrival-rate", "20000", "--sustain-secs", "100", "--max-duration-secs", "1000", "--order-database-url", "postgres://x"],
+            &[
+                "--arrival-rate",
+                "20000",
+                "--sustain-secs",
+                "100",
+                "--max-duration-secs",
+                "1000",
+                "--order-database-url",
+                "postgres://x",
+            ],
             &["--arrival-rate", "--sustain-secs"],
         ),
         (
@@ -495,7 +514,11 @@ async fn a_sale_that_pays_too_slowly_for_the_deadline_fails_and_counts_its_late_
             "--json",
         ])
         .await;
-    assert!(!run.ok, "a sale whose payers missed their deadline passed: {}", run.stdout);
+    assert!(
+        !run.ok,
+        "a sale whose payers missed their deadline passed: {}",
+        run.stdout
+    );
     let r: Value = serde_json::from_str(&run.stdout)
         .unwrap_or_else(|e| panic!("no report ({e}): {}\n{}", run.stdout, run.stderr));
     let late = &r["payments"]["lateBySale"];
@@ -509,7 +532,10 @@ async fn a_sale_that_pays_too_slowly_for_the_deadline_fails_and_counts_its_late_
         .unwrap();
     assert_eq!(on_time["pass"], false, "{r}");
     assert!(
-        on_time["detail"].as_str().unwrap().contains("--pay-concurrency"),
+        on_time["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--pay-concurrency"),
         "{on_time}"
     );
     // Everything else still holds: nobody who paid in time lost their goods.

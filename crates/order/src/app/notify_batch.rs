@@ -139,8 +139,7 @@ impl Payments {
         let now = Utc::now();
         let payable = orders.len() == order_ids.len()
             && orders.iter().all(|o| {
-                o.status == Status::AwaitingPayment
-                    && o.payment_deadline.is_some_and(|d| d > now)
+                o.status == Status::AwaitingPayment && o.payment_deadline.is_some_and(|d| d > now)
             });
         if !payable {
             return Ok(None);

@@ -140,7 +140,8 @@ pub async fn orders_locked<C: ConnectionTrait>(
     c: &C,
     ids: &[Uuid],
 ) -> Result<Vec<Order>, OrderError> {
-    let sql = format!("{ORDER_SELECT} WHERE o.order_id = ANY($1) ORDER BY o.order_id FOR UPDATE OF o");
+    let sql =
+        format!("{ORDER_SELECT} WHERE o.order_id = ANY($1) ORDER BY o.order_id FOR UPDATE OF o");
     OrderRow::find_by_statement(stmt(&sql, [ids.to_vec().into()]))
         .all(c)
         .await?

@@ -78,12 +78,14 @@ pub async fn payments_locked<C: ConnectionTrait>(
     let sql = format!(
         "{PAYMENT_SELECT} WHERE provider_payment_id = ANY($1) ORDER BY provider_payment_id FOR UPDATE"
     );
-    Ok(PaymentRow::find_by_statement(stmt(&sql, [ids.to_vec().into()]))
-        .all(c)
-        .await?
-        .into_iter()
-        .map(StoredPayment::from)
-        .collect())
+    Ok(
+        PaymentRow::find_by_statement(stmt(&sql, [ids.to_vec().into()]))
+            .all(c)
+            .await?
+            .into_iter()
+            .map(StoredPayment::from)
+            .collect(),
+    )
 }
 
 /// Marks the successes of the payments `ids` applied.

@@ -146,7 +146,11 @@ async fn notifications_arriving_together_pay_their_orders_in_one_transaction() {
     let paid = "SELECT COUNT(*) AS n FROM orders WHERE status = 'PAID' AND payment_id IS NOT NULL";
     assert_eq!(count(&s.conn, paid).await, 25);
     assert_eq!(
-        count(&s.conn, "SELECT COUNT(DISTINCT xmin::text) AS n FROM orders WHERE status = 'PAID'").await,
+        count(
+            &s.conn,
+            "SELECT COUNT(DISTINCT xmin::text) AS n FROM orders WHERE status = 'PAID'"
+        )
+        .await,
         1,
         "one transaction paid them all"
     );
@@ -179,7 +183,12 @@ async fn notifications_arriving_together_pay_their_orders_in_one_transaction() {
         .map(|(o, p)| notice(*o, p, PaymentEventType::Succeeded))
         .collect();
     let answers = s.payments.notify_many(again).await;
-    assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.duplicate)), "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.as_ref().is_ok_and(|a| a.duplicate)),
+        "{answers:?}"
+    );
     let events = flashsale_test_support::probe::outbox(&s.conn, Some("order.paid"))
         .await
         .unwrap();
@@ -194,7 +203,13 @@ async fn a_notification_batch_with_unusual_ones_answers_each_as_alone() {
     let (c, pc) = awaiting(&s, "c").await;
     let (d, pd) = awaiting(&s, "d").await;
     // Paid before: its notification again is a duplicate.
-    assert!(!s.payments.notify(notice(c, &pc, PaymentEventType::Succeeded)).await.unwrap().duplicate);
+    assert!(
+        !s.payments
+            .notify(notice(c, &pc, PaymentEventType::Succeeded))
+            .await
+            .unwrap()
+            .duplicate
+    );
     let mut forged = notice(d, &pd, PaymentEventType::Succeeded);
     forged.signature = "0".repeat(64);
     let unknown = notice(a, "pay_never_started", PaymentEventType::Succeeded);
@@ -208,17 +223,48 @@ async fn a_notification_batch_with_unusual_ones_answers_each_as_alone() {
             notice(b, &pb, PaymentEventType::AttemptFailed),
         ])
         .await;
-    assert!(answers[0].as_ref().is_ok_and(|x| !x.duplicate && x.order_id == a), "{answers:?}");
-    assert!(answers[1].as_ref().is_ok_and(|x| x.duplicate), "{answers:?}");
-    assert!(matches!(answers[2], Err(OrderError::Unauthenticated(_))), "{answers:?}");
-    assert!(matches!(answers[3], Err(OrderError::UnknownPayment(_))), "{answers:?}");
-    assert!(answers[4].as_ref().is_ok_and(|x| !x.duplicate), "{answers:?}");
-    let status = |id: Uuid| format!("SELECT COUNT(*) AS n FROM orders WHERE order_id = '{id}' AND status = 'PAID'");
+    assert!(
+        answers[0]
+            .as_ref()
+            .is_ok_and(|x| !x.duplicate && x.order_id == a),
+        "{answers:?}"
+    );
+    assert!(
+        answers[1].as_ref().is_ok_and(|x| x.duplicate),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers[2], Err(OrderError::Unauthenticated(_))),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers[3], Err(OrderError::UnknownPayment(_))),
+        "{answers:?}"
+    );
+    assert!(
+        answers[4].as_ref().is_ok_and(|x| !x.duplicate),
+        "{answers:?}"
+    );
+    let status = |id: Uuid| {
+        format!("SELECT COUNT(*) AS n FROM orders WHERE order_id = '{id}' AND status = 'PAID'")
+    };
     assert_eq!(count(&s.conn, &status(a)).await, 1);
-    assert_eq!(count(&s.conn, &status(b)).await, 0, "an attempt that failed pays nothing");
-    assert_eq!(count(&s.conn, &status(d)).await, 0, "a forged notification pays nothing");
     assert_eq!(
-        count(&s.conn, "SELECT COUNT(*) AS n FROM outbox WHERE message_type = 'order.paid'").await,
+        count(&s.conn, &status(b)).await,
+        0,
+        "an attempt that failed pays nothing"
+    );
+    assert_eq!(
+        count(&s.conn, &status(d)).await,
+        0,
+        "a forged notification pays nothing"
+    );
+    assert_eq!(
+        count(
+            &s.conn,
+            "SELECT COUNT(*) AS n FROM outbox WHERE message_type = 'order.paid'"
+        )
+        .await,
         2
     );
 }
@@ -248,15 +294,29 @@ async fn completed_shipments_arriving_together_ship_their_orders_in_one_transact
     let mut orders = Vec::new();
     for i in 0..20 {
         let (o, p) = awaiting(&s, &format!("u{i}")).await;
-        s.payments.notify(notice(o, &p, PaymentEventType::Succeeded)).await.unwrap();
+        s.payments
+            .notify(notice(o, &p, PaymentEventType::Succeeded))
+            .await
+            .unwrap();
         orders.push(o);
     }
     let items: Vec<Completed> = orders.iter().map(|o| completed(*o)).collect();
     let answers = s.saga.ship_completed(items.clone()).await;
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
-    assert_eq!(count(&s.conn, "SELECT COUNT(*) AS n FROM orders WHERE status = 'SHIPPED'").await, 20);
     assert_eq!(
-        count(&s.conn, "SELECT COUNT(DISTINCT xmin::text) AS n FROM orders WHERE status = 'SHIPPED'").await,
+        count(
+            &s.conn,
+            "SELECT COUNT(*) AS n FROM orders WHERE status = 'SHIPPED'"
+        )
+        .await,
+        20
+    );
+    assert_eq!(
+        count(
+            &s.conn,
+            "SELECT COUNT(DISTINCT xmin::text) AS n FROM orders WHERE status = 'SHIPPED'"
+        )
+        .await,
         1,
         "one transaction shipped them all"
     );
@@ -268,7 +328,11 @@ async fn completed_shipments_arriving_together_ship_their_orders_in_one_transact
     let again = s.saga.ship_completed(items).await;
     assert!(again.iter().all(Result::is_ok), "{again:?}");
     assert_eq!(
-        count(&s.conn, "SELECT COUNT(*) AS n FROM order_status_history WHERE to_status = 'SHIPPED'").await,
+        count(
+            &s.conn,
+            "SELECT COUNT(*) AS n FROM order_status_history WHERE to_status = 'SHIPPED'"
+        )
+        .await,
         20
     );
 }
@@ -277,17 +341,33 @@ async fn completed_shipments_arriving_together_ship_their_orders_in_one_transact
 async fn a_completion_batch_with_an_unusual_one_answers_each_as_alone() {
     let s = setup().await;
     let (paid, p) = awaiting(&s, "a").await;
-    s.payments.notify(notice(paid, &p, PaymentEventType::Succeeded)).await.unwrap();
+    s.payments
+        .notify(notice(paid, &p, PaymentEventType::Succeeded))
+        .await
+        .unwrap();
     // Still awaiting payment: a completion for it changes nothing (but is consumed).
     let (unpaid, _) = awaiting(&s, "b").await;
     let answers = s
         .saga
-        .ship_completed(vec![completed(paid), completed(unpaid), completed(Uuid::new_v4())])
+        .ship_completed(vec![
+            completed(paid),
+            completed(unpaid),
+            completed(Uuid::new_v4()),
+        ])
         .await;
     assert!(answers[0].is_ok() && answers[1].is_ok(), "{answers:?}");
-    assert!(matches!(answers[2], Err(OrderError::Invalid(_))), "{answers:?}");
+    assert!(
+        matches!(answers[2], Err(OrderError::Invalid(_))),
+        "{answers:?}"
+    );
     assert_eq!(
-        count(&s.conn, &format!("SELECT COUNT(*) AS n FROM orders WHERE order_id = '{paid}' AND status = 'SHIPPED'")).await,
+        count(
+            &s.conn,
+            &format!(
+                "SELECT COUNT(*) AS n FROM orders WHERE order_id = '{paid}' AND status = 'SHIPPED'"
+            )
+        )
+        .await,
         1
     );
     assert_eq!(

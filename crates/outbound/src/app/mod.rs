@@ -32,8 +32,7 @@ pub use paid_batch::{MAX_BATCH as PAID_MAX_BATCH, Paid, PaidBatcher, paid_batche
 /// The shipment an `order.paid` asks for, checked.
 fn new_shipment(ev: &OrderPaid) -> Result<NewShipment<'_>, OutboundError> {
     let order_id = parse_uuid("order_id", &ev.order_id)?;
-    if ev.quantity < 1 || flashsale_contract::check_sku(&ev.sku).is_err() || ev.user_id.is_empty()
-    {
+    if ev.quantity < 1 || flashsale_contract::check_sku(&ev.sku).is_err() || ev.user_id.is_empty() {
         return Err(OutboundError::invalid(
             "order.paid",
             "needs a user, a valid sku and a quantity >= 1",

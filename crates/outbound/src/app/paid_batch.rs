@@ -19,8 +19,7 @@ use sea_orm::TransactionTrait as _;
 use tokio::sync::Semaphore;
 
 use super::{
-    FP_AFTER_WAREHOUSE_BEFORE_COMMIT, FP_ORDER_PAID_BEFORE_COMMIT, PRODUCER, Shipping,
-    new_shipment,
+    FP_AFTER_WAREHOUSE_BEFORE_COMMIT, FP_ORDER_PAID_BEFORE_COMMIT, PRODUCER, Shipping, new_shipment,
 };
 use crate::{
     domain::{OutboundError, Policy, ShipmentStatus},
@@ -144,8 +143,11 @@ impl Shipping {
             return Ok(None);
         }
         let ids: Vec<uuid::Uuid> = created.iter().map(|s| s.shipment_id).collect();
-        let index: HashMap<uuid::Uuid, usize> =
-            new.iter().enumerate().map(|(i, s)| (s.order_id, i)).collect();
+        let index: HashMap<uuid::Uuid, usize> = new
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.order_id, i))
+            .collect();
         let txn = self.db.begin().await?;
         let locked = db::lock_many(&txn, &ids).await?;
         if locked.len() != ids.len() || locked.iter().any(|s| s.attempts != 0) {

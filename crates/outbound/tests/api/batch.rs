@@ -77,14 +77,20 @@ async fn paid_orders_arriving_together_ship_in_one_transaction() {
     );
     assert_eq!(
         stack
-            .count("SELECT COUNT(*) AS n FROM shipment_attempts WHERE attempt = 1 AND outcome = 'OK'")
+            .count(
+                "SELECT COUNT(*) AS n FROM shipment_attempts WHERE attempt = 1 AND outcome = 'OK'"
+            )
             .await,
         24,
         "each attempt's warehouse and commit steps"
     );
     assert_eq!(stack.outbox_of("outbound.completed").await.len(), 12);
     let p = stack.get_product("BATCH").await;
-    assert_eq!((p.on_hand, p.reserved), (10, 0), "each reservation committed once");
+    assert_eq!(
+        (p.on_hand, p.reserved),
+        (10, 0),
+        "each reservation committed once"
+    );
     let t = stack.get_product("TICKET").await;
     assert_eq!(t.on_hand, 3, "COMMIT_AT_ORDER: no second deduction");
 
@@ -114,7 +120,9 @@ async fn a_batch_with_an_unusual_delivery_ships_each_as_alone() {
         ])
         .await;
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
-    let status = |o: Uuid| format!("SELECT COUNT(*) AS n FROM shipments WHERE order_id = '{o}' AND status = 'SHIPPED'");
+    let status = |o: Uuid| {
+        format!("SELECT COUNT(*) AS n FROM shipments WHERE order_id = '{o}' AND status = 'SHIPPED'")
+    };
     assert_eq!(stack.count(&status(a)).await, 1);
     assert_eq!(stack.count(&status(b)).await, 1);
     assert_eq!(
