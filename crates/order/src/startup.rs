@@ -97,9 +97,12 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let queries = Queries::new(f.db.clone(), changes.clone());
     let stuck = Stuck::new(f.db.clone(), &settings.saga);
     let s = saga.clone();
-    let reserved =
-        crate::app::reserved_batcher(saga.clone(), usize::from(settings.amqp.prefetch) / 2);
-    let handler = move |msg| amqp::handle(s.clone(), reserved.clone(), msg);
+    let half_prefetch = usize::from(settings.amqp.prefetch) / 2;
+    let batchers = amqp::Batchers {
+        reserved: crate::app::reserved_batcher(saga.clone(), half_prefetch),
+        completed: crate::app::completed_batcher(saga.clone(), half_prefetch),
+    };
+    let handler = move |msg| amqp::handle(s.clone(), batchers.clone(), msg);
     let topologies = [amqp::topology(&settings.amqp)];
     let relay = flashsale_messaging::RelayOptions {
         yield_to: intake.relay_yield(),
@@ -164,9 +167,11 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         ))
         // No bearer-token interceptor: the provider's signature authenticates a notification.
         .with_service(
-            PaymentNotificationServiceServer::new(PaymentNotifications::new(payments))
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
+            PaymentNotificationServiceServer::new(PaymentNotifications::new(
+                crate::app::notify_batcher(payments, crate::app::NOTIFY_MAX_BATCH),
+            ))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
         )
         .with_service(InterceptedService::new(
             DeadLetterServiceServer::new(dead_letters)

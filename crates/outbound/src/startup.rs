@@ -69,8 +69,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     )
     .with_failpoints(failpoints.clone());
 
-    let sh = shipping.clone();
-    let handler = move |msg| amqp::handle(sh.clone(), msg);
+    let paid = crate::app::paid_batcher(shipping.clone(), usize::from(settings.amqp.prefetch) / 2);
+    let handler = move |msg| amqp::handle(paid.clone(), msg);
     let topologies = [amqp::topology(&settings.amqp)];
     let dead_letters = flashsale_messaging::wiring::start(
         &mut f.runner,

@@ -10,7 +10,7 @@ use flashsale_proto::{
 };
 
 use super::{
-    follow::{Outcome, Plan},
+    follow::{Outcome, PayTiming, Plan},
     report::{counts, order_status, refund_status, short},
 };
 
@@ -23,6 +23,8 @@ pub(super) struct Line {
     pub outcome: Outcome,
     pub order: Option<Order>,
     pub shipment: Option<Shipment>,
+    /// When the sale paid it (winners who pay at once).
+    pub pay_timing: Option<PayTiming>,
 }
 
 /// One invariant check.
@@ -230,5 +232,306 @@ pub(super) fn gate(product: Option<&Product>, drift: Option<i64>) -> Check {
         name: "gate equals database",
         pass,
         detail,
+    }
+}
+
+/// Every order whose buyer paid at the provider before the payment deadline ended SHIPPED, or
+/// CANCELLED with a reason and its refund recorded (or paid back). Anything else — still PAID,
+/// cancelled without a refund or without a reason, not read back — is money taken for nothing.
+pub(super) fn paid_settled(lines: &[Line]) -> Check {
+    let (mut shipped, mut refunded, mut wrong) = (0, 0, Vec::new());
+    for l in lines {
+        let in_time = l.outcome.took_money()
+            && l.pay_timing.is_none_or(|t| t.paid_in_time != Some(false))
+            && l.plan != Plan::PayLate;
+        if !in_time {
+            continue;
+        }
+        match &l.order {
+            Some(o) if status_is(o, OrderStatus::Shipped) => shipped += 1,
+            Some(o)
+                if status_is(o, OrderStatus::Cancelled)
+                    && o.cancel_reason != CancelReason::Unspecified as i32
+                    && (o.refund_status == RefundStatus::Recorded as i32
+                        || o.refund_status == RefundStatus::Completed as i32) =>
+            {
+                refunded += 1
+            }
+            Some(o) => wrong.push(format!(
+                "{} ({}, refund {})",
+                short(&l.order_id),
+                order_status(o),
+                refund_status(o)
+            )),
+            None => wrong.push(format!("{} (not read back)", short(&l.order_id))),
+        }
+    }
+    let detail = if wrong.is_empty() {
+        format!(
+            "{} paid in time: {shipped} shipped, {refunded} cancelled with a reason and refunded",
+            shipped + refunded
+        )
+    } else {
+        format!(
+            "{} paid in time but neither shipped nor refunded: {}",
+            wrong.len(),
+            wrong.join(", ")
+        )
+    };
+    Check {
+        name: "paid orders shipped",
+        pass: wrong.is_empty(),
+        detail,
+    }
+}
+
+/// Payments of the winners who pay at once that came too late because of the sale itself:
+/// PayOrder sent after the deadline, refused ORDER_NOT_PAYABLE (the deadline passed while the
+/// payment queued in the sale), or paid at the provider after the deadline (the order was then
+/// cancelled and refunded). The deliberate late payers (`--pay-late`) are not counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct LateBySale {
+    pub payers: usize,
+    pub started_late: usize,
+    pub refused_late: usize,
+    pub paid_late: usize,
+    pub deliberate: usize,
+}
+
+impl LateBySale {
+    pub fn total(&self) -> usize {
+        self.started_late + self.refused_late + self.paid_late
+    }
+}
+
+pub(super) fn late_by_sale(lines: &[Line]) -> LateBySale {
+    let mut late = LateBySale::default();
+    for l in lines {
+        match l.plan {
+            Plan::PayLate => late.deliberate += 1,
+            Plan::Pay => {}
+            _ => continue,
+        }
+        if l.plan != Plan::Pay {
+            continue;
+        }
+        late.payers += 1;
+        let timing = l.pay_timing;
+        if timing.is_some_and(|t| !t.started_in_time) {
+            late.started_late += 1;
+        } else if matches!(&l.outcome, Outcome::PayRefused(r) if r == "ORDER_NOT_PAYABLE") {
+            late.refused_late += 1;
+        } else if timing.is_some_and(|t| t.paid_in_time == Some(false)) {
+            late.paid_late += 1;
+        }
+    }
+    late
+}
+
+/// Fails when the sale itself made winners who pay at once miss their deadline: the run then
+/// measured the sale's own pace, not the platform's.
+pub(super) fn payers_in_time(late: &LateBySale) -> Check {
+    let detail = format!(
+        "{} of {} payers late because of the sale (PayOrder after the deadline {}, refused \
+         ORDER_NOT_PAYABLE {}, paid at the provider after the deadline {}); {} late on purpose",
+        late.total(),
+        late.payers,
+        late.started_late,
+        late.refused_late,
+        late.paid_late,
+        late.deliberate
+    );
+    let hint = if late.total() > 0 {
+        " — raise --pay-concurrency or the payment timeout"
+    } else {
+        ""
+    };
+    Check {
+        name: "payers paid in time",
+        pass: late.total() == 0,
+        detail: format!("{detail}{hint}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(plan: Plan, outcome: Outcome, order: Option<Order>, t: Option<PayTiming>) -> Line {
+        Line {
+            order_id: "0123456789".into(),
+            buyer: "buyer-0001".into(),
+            plan,
+            outcome,
+            order,
+            shipment: None,
+            pay_timing: t,
+        }
+    }
+
+    fn order(status: OrderStatus, reason: CancelReason, refund: RefundStatus) -> Option<Order> {
+        Some(Order {
+            status: status as i32,
+            cancel_reason: reason as i32,
+            refund_status: refund as i32,
+            ..Order::default()
+        })
+    }
+
+    fn timing(started: bool, paid: Option<bool>) -> Option<PayTiming> {
+        Some(PayTiming {
+            queued: std::time::Duration::ZERO,
+            started_in_time: started,
+            paid_in_time: paid,
+        })
+    }
+
+    #[test]
+    fn a_timely_payment_must_end_shipped_or_refunded_with_a_reason() {
+        use CancelReason as C;
+        use OrderStatus as S;
+        use RefundStatus as R;
+        let ok = [
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Shipped, C::Unspecified, R::None),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Cancelled, C::OutboundFailed, R::Recorded),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Cancelled, C::PaymentTimeout, R::Completed),
+                timing(true, Some(true)),
+            ),
+            // Not paid in time, late on purpose, or never paid: not this check's business.
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Paid, C::Unspecified, R::None),
+                timing(true, Some(false)),
+            ),
+            line(
+                Plan::PayLate,
+                Outcome::Paid,
+                order(S::Paid, C::Unspecified, R::None),
+                None,
+            ),
+            line(
+                Plan::Pay,
+                Outcome::PayRefused("ORDER_NOT_PAYABLE".into()),
+                order(S::Cancelled, C::PaymentTimeout, R::None),
+                timing(true, None),
+            ),
+        ];
+        let c = paid_settled(&ok);
+        assert!(c.pass, "{}", c.detail);
+        assert!(
+            c.detail.contains("3 paid in time: 1 shipped, 2"),
+            "{}",
+            c.detail
+        );
+
+        for bad in [
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Paid, C::Unspecified, R::None),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Cancelled, C::PaymentTimeout, R::None),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Cancelled, C::Unspecified, R::Recorded),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::AwaitingPayment, C::Unspecified, R::None),
+                None,
+            ),
+            line(Plan::Pay, Outcome::Paid, None, timing(true, Some(true))),
+        ] {
+            let c = paid_settled(std::slice::from_ref(&bad));
+            assert!(!c.pass, "passed: {}", c.detail);
+            assert!(
+                c.detail.contains("neither shipped nor refunded"),
+                "{}",
+                c.detail
+            );
+        }
+    }
+
+    #[test]
+    fn payments_the_sale_made_too_late_are_counted_apart_from_deliberate_ones() {
+        use CancelReason as C;
+        use OrderStatus as S;
+        use RefundStatus as R;
+        let lines = [
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Shipped, C::Unspecified, R::None),
+                timing(true, Some(true)),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::PayRefused("ORDER_NOT_PAYABLE".into()),
+                None,
+                timing(false, None),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::PayRefused("ORDER_NOT_PAYABLE".into()),
+                None,
+                timing(true, None),
+            ),
+            line(
+                Plan::Pay,
+                Outcome::Paid,
+                order(S::Cancelled, C::PaymentTimeout, R::Recorded),
+                timing(true, Some(false)),
+            ),
+            line(
+                Plan::PayLate,
+                Outcome::Paid,
+                order(S::Cancelled, C::PaymentTimeout, R::Recorded),
+                None,
+            ),
+            line(Plan::NeverPay, Outcome::None, None, None),
+        ];
+        let late = late_by_sale(&lines);
+        assert_eq!(
+            late,
+            LateBySale {
+                payers: 4,
+                started_late: 1,
+                refused_late: 1,
+                paid_late: 1,
+                deliberate: 1,
+            }
+        );
+        let c = payers_in_time(&late);
+        assert!(!c.pass);
+        assert!(
+            c.detail.contains("3 of 4 payers late") && c.detail.contains("--pay-concurrency"),
+            "{}",
+            c.detail
+        );
+        let c = payers_in_time(&late_by_sale(&lines[..1]));
+        assert!(c.pass, "{}", c.detail);
     }
 }

@@ -28,6 +28,8 @@ use super::{
 
 /// How often an order is looked at while waiting.
 const POLL: Duration = Duration::from_millis(50);
+/// Orders read at a time while waiting; a chunk of which none got further ends the pass.
+const PASS_CHUNK: usize = 512;
 /// A late payer pays this long after its deadline …
 const LATE_MARGIN: Duration = Duration::from_millis(250);
 /// … once the service has cancelled the order, or at the latest this long after that.
@@ -67,7 +69,22 @@ pub(crate) struct Tracked {
     /// The order as last read.
     pub order: Option<Order>,
     pub confirmed_at: Option<Instant>,
+    /// When the sale's payment of a winner who pays at once: started (PayOrder sent) and
+    /// finished at the provider (checkout answered), against the order's payment deadline.
+    pub pay_timing: Option<PayTiming>,
     acknowledged: bool,
+}
+
+/// When the sale paid an order, against the order's payment deadline (this machine's clock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PayTiming {
+    /// Since the order was confirmed (AWAITING_PAYMENT seen) until PayOrder was sent: the
+    /// driver's own queueing.
+    pub queued: Duration,
+    /// PayOrder was sent before the deadline.
+    pub started_in_time: bool,
+    /// The buyer's checkout answered before the deadline (`None`: no checkout).
+    pub paid_in_time: Option<bool>,
 }
 
 /// The orders of a sale and what happened to them.
@@ -80,11 +97,15 @@ pub(crate) struct Run {
     pub bound_hits: Vec<String>,
     /// Buyers whose orders could not be listed: an order may be missing from the checks.
     pub unlisted_buyers: usize,
+    /// PayOrder + checkout calls in flight at once (`--pay-concurrency`).
+    pay_concurrency: usize,
+    /// How long the winners' actions took (phase (d)).
+    pub act_elapsed: Option<Duration>,
 }
 
 impl Run {
     /// The acknowledged orders, and any order of a buyer whose call failed.
-    pub async fn new(ctx: Arc<Ctx>, flood: &Flood) -> Self {
+    pub async fn new(ctx: Arc<Ctx>, flood: &Flood, pay_concurrency: usize) -> Self {
         let mut run = Self {
             tracked: flood
                 .accepted
@@ -95,6 +116,8 @@ impl Run {
             confirmation: None,
             bound_hits: Vec::new(),
             unlisted_buyers: 0,
+            pay_concurrency: pay_concurrency.max(1),
+            act_elapsed: None,
         };
         if flood.cut_short {
             run.bound_hits
@@ -207,38 +230,51 @@ impl Run {
         ));
     }
 
-    /// Phase (d), second half: pays, cancels and pays late, all at once.
+    /// Phase (d), second half: pays, cancels and pays late, all at once. Payments (PayOrder,
+    /// then the checkout) run `--pay-concurrency` at a time, in the order the orders were
+    /// accepted; cancels and reads share the read bound.
     pub async fn act(&mut self) {
+        let began = Instant::now();
         let gate = Arc::new(Semaphore::new(READ_CONCURRENCY));
+        let payers = Arc::new(Semaphore::new(self.pay_concurrency));
         let mut tasks = JoinSet::new();
         for (i, t) in self.tracked.iter().enumerate() {
             let acts = matches!(t.plan, Plan::Pay | Plan::Cancel | Plan::PayLate);
             let Some(order) = t.order.clone().filter(|_| acts) else {
                 continue;
             };
-            let (ctx, gate, buyer, plan) = (self.ctx.clone(), gate.clone(), t.buyer, t.plan);
+            let (ctx, gate, payers, buyer, plan) = (
+                self.ctx.clone(),
+                gate.clone(),
+                payers.clone(),
+                t.buyer,
+                t.plan,
+            );
+            let confirmed = t.confirmed_at.unwrap_or_else(Instant::now);
             tasks.spawn(async move {
-                let outcome = match plan {
+                let (outcome, timing) = match plan {
                     Plan::Pay => {
-                        let _permit = gate.acquire().await;
-                        pay(&ctx, buyer, &order).await
+                        let _permit = payers.acquire().await;
+                        pay_timed(&ctx, buyer, &order, confirmed).await
                     }
                     Plan::Cancel => {
                         let _permit = gate.acquire().await;
-                        cancel(&ctx, buyer, &order).await
+                        (cancel(&ctx, buyer, &order).await, None)
                     }
-                    Plan::PayLate => pay_late(&ctx, buyer, &order, &gate).await,
-                    _ => Outcome::None,
+                    Plan::PayLate => (pay_late(&ctx, buyer, &order, &gate).await, None),
+                    _ => (Outcome::None, None),
                 };
-                (i, outcome)
+                (i, outcome, timing)
             });
         }
         let hard = self.ctx.hard_deadline;
         while let Ok(Some(done)) = tokio::time::timeout_at(hard, tasks.join_next()).await {
-            if let Ok((i, outcome)) = done {
+            if let Ok((i, outcome, timing)) = done {
                 self.tracked[i].outcome = outcome;
+                self.tracked[i].pay_timing = timing;
             }
         }
+        self.act_elapsed = Some(began.elapsed());
         if !tasks.is_empty() {
             tasks.abort_all();
             self.bound_hits
@@ -356,21 +392,36 @@ impl Run {
             if open.is_empty() {
                 return true;
             }
-            let ids = open
-                .iter()
-                .map(|&i| self.tracked[i].order_id.clone())
-                .collect();
-            let read = orders(&self.ctx, ids).await;
-            let now = Instant::now();
-            for (&i, got) in open.iter().zip(read) {
-                if let Some(o) = got {
-                    let t = &mut self.tracked[i];
-                    if o.status != OrderStatus::Pending as i32 && t.confirmed_at.is_none() {
-                        t.confirmed_at = Some(now);
+            // Read in chunks, in the order the orders were accepted (the order the saga, the
+            // payments and the shipping roughly follow); a chunk in which nothing was done yet
+            // ends the pass, so waiting on thousands of orders does not read each of them
+            // again and again while the platform works on the first ones.
+            for chunk in open.chunks(PASS_CHUNK) {
+                let ids = chunk
+                    .iter()
+                    .map(|&i| self.tracked[i].order_id.clone())
+                    .collect();
+                let read = orders(&self.ctx, ids).await;
+                let now = Instant::now();
+                let (mut progressed, mut waiting) = (false, false);
+                for (&i, got) in chunk.iter().zip(read) {
+                    if let Some(o) = got {
+                        let t = &mut self.tracked[i];
+                        if o.status != OrderStatus::Pending as i32 && t.confirmed_at.is_none() {
+                            t.confirmed_at = Some(now);
+                        }
+                        let first = t.order.is_none();
+                        progressed |= first || done(&o);
+                        waiting |= !done(&o) && !give_up(&o);
+                        t.order = Some(o);
                     }
-                    t.order = Some(o);
+                }
+                // Orders that can no longer get there in time do not hold the pass up.
+                if !progressed && waiting {
+                    break;
                 }
             }
+            let now = Instant::now();
             let left: Vec<&Order> = open
                 .iter()
                 .filter_map(|&i| self.tracked[i].order.as_ref())
@@ -414,6 +465,7 @@ impl Tracked {
             outcome: Outcome::None,
             order: None,
             confirmed_at: None,
+            pay_timing: None,
             acknowledged,
         }
     }
@@ -476,6 +528,27 @@ async fn pay(ctx: &Ctx, buyer: usize, order: &Order) -> Outcome {
         Ok(payment_id) => checkout(ctx, &payment_id).await,
         Err(outcome) => outcome,
     }
+}
+
+/// [`pay`], timed against the order's payment deadline: how long the payment queued in the
+/// sale after the order was confirmed, and whether it started and finished in time.
+async fn pay_timed(
+    ctx: &Ctx,
+    buyer: usize,
+    order: &Order,
+    confirmed: Instant,
+) -> (Outcome, Option<PayTiming>) {
+    let deadline = deadline_of(order);
+    let started = Instant::now();
+    let outcome = pay(ctx, buyer, order).await;
+    let finished = Instant::now();
+    let before = |at: Instant| deadline.is_none_or(|d| at < d);
+    let timing = PayTiming {
+        queued: started.saturating_duration_since(confirmed),
+        started_in_time: before(started),
+        paid_in_time: (outcome == Outcome::Paid).then(|| before(finished)),
+    };
+    (outcome, Some(timing))
 }
 
 /// Starts paying in time, then pays at the provider after the order's payment deadline, once

@@ -12,6 +12,7 @@ mod flood;
 mod follow;
 pub(crate) mod read;
 mod report;
+mod sustain;
 
 use std::{
     process::ExitCode,
@@ -126,12 +127,31 @@ pub struct Args {
     /// The winners not in --pay, --never-pay or --pay-late cancel their order.
     #[arg(long, default_value_t = 0.1, value_parser = share)]
     pay_late: f64,
+    /// PayOrder calls (each followed by the buyer's checkout at the provider) in flight at once
+    /// for the winners who pay at once. A gateway serves every buyer at once; too few here
+    /// and the sale itself makes buyers miss their payment deadline (reported as payments
+    /// late by the sale, and a failed run).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pay_concurrency: u32,
     /// Stop making new CreateOrder calls after this many seconds (the calls in flight are
     /// answered) and go on to the payments and the report, as after the last call; unset: the
     /// flood makes every one of `--buyers` × `--requests-per-buyer` calls. Shorter than
     /// `--max-duration-secs`.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     duration_secs: Option<u64>,
+    /// A sustained sale instead of a burst: this many buyers arrive each second (open loop,
+    /// each a new buyer ordering one unit), for --sustain-secs, and the paying ones (--pay)
+    /// pay as soon as their order is confirmed; the report is a per-second timeline of
+    /// accepted, confirmed, paid and shipped orders and the backlog. Needs
+    /// --order-database-url; give it a large --stock.
+    #[arg(long, requires = "sustain_secs", value_parser = clap::value_parser!(u32).range(1..=20_000))]
+    arrival_rate: Option<u32>,
+    /// How long the sustained arrivals last, in seconds (with --arrival-rate); shorter than
+    /// --max-duration-secs, which bounds the drain after them.
+    #[arg(long, requires = "arrival_rate", value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    sustain_secs: Option<u64>,
+    #[command(flatten)]
+    backlog: sustain::Backlog,
     /// Hard bound on the whole run, in seconds; hitting it fails the run.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     max_duration_secs: u64,
@@ -182,6 +202,8 @@ pub(crate) struct Offer {
     pub per_user_limit: Option<u32>,
 }
 
+/// Most buyers of a sustained sale (--arrival-rate × --sustain-secs).
+const MAX_SUSTAINED_BUYERS: u64 = 1_000_000;
 /// Most units of one product.
 const MAX_STOCK: i64 = 1_000_000_000;
 /// Most products of one sale.
@@ -274,10 +296,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.max_duration_secs
         );
     }
+    let sustained = args.sustained()?;
+    let buyer_count = match sustained {
+        Some((rate, secs)) => u64::from(rate) * secs,
+        None => u64::from(args.buyers),
+    };
     let bound = Duration::from_secs(args.max_duration_secs);
     // Tokens outlive the run: a late payment near the bound must still be accepted.
     let ttl = bound + CALL_TIMEOUT * 6;
-    let buyers: Vec<String> = (0..args.buyers).map(|i| format!("buyer-{i:04}")).collect();
+    let buyers: Vec<String> = (0..buyer_count).map(|i| format!("buyer-{i:04}")).collect();
     let tokens = buyers
         .iter()
         .map(|b| args.secret.mint(b, Role::User, ttl))
@@ -333,6 +360,34 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             )
         })??;
 
+    if let Some((rate, secs)) = sustained {
+        let sampler = Sampler::start(args.pids.services());
+        let run = sustain::run(ctx.clone(), rate, secs, shares.pay, &args.backlog).await?;
+        let memory = sampler.finish().await;
+        if args.json {
+            let mut v = run.to_json();
+            v["memory"] = memory
+                .iter()
+                .map(crate::procstat::Memory::to_json)
+                .collect();
+            v["elapsedSecs"] = serde_json::json!(started.elapsed().as_secs_f64());
+            println!(
+                "{}",
+                serde_json::to_string(&v).context("encode the report")?
+            );
+        } else {
+            run.print_text();
+            println!(
+                "memory      peak VmRSS during the sale: {}",
+                crate::procstat::memory_line(&memory)
+            );
+        }
+        return Ok(if run.passed() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     // The services' resident memory, sampled from the flood until quiescence.
     let sampler = Sampler::start(args.pids.services());
     progress(&format!(
@@ -347,7 +402,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         flood.errors.values().sum::<u64>(),
         flood.elapsed.as_secs_f64()
     ));
-    let mut run = follow::Run::new(ctx.clone(), &flood).await;
+    let pay_concurrency = usize::try_from(args.pay_concurrency).unwrap_or(usize::MAX);
+    let mut run = follow::Run::new(ctx.clone(), &flood, pay_concurrency).await;
     run.confirm(flood.last_accept).await;
     run.assign(shares);
     run.act().await;
@@ -419,6 +475,33 @@ impl Args {
             });
         }
         Ok(offers)
+    }
+
+    /// `(arrival rate, seconds)` of a sustained sale, checked against the other options.
+    fn sustained(&self) -> anyhow::Result<Option<(u32, u64)>> {
+        let (Some(rate), Some(secs)) = (self.arrival_rate, self.sustain_secs) else {
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            secs < self.max_duration_secs,
+            "--sustain-secs ({secs}) must be shorter than --max-duration-secs ({}): the run \
+             needs time to drain after the arrivals",
+            self.max_duration_secs
+        );
+        let buyers = u64::from(rate) * secs;
+        anyhow::ensure!(
+            buyers <= MAX_SUSTAINED_BUYERS,
+            "--arrival-rate × --sustain-secs must be at most {MAX_SUSTAINED_BUYERS} buyers (got {buyers})"
+        );
+        anyhow::ensure!(
+            self.duration_secs.is_none(),
+            "--duration-secs bounds a burst; a sustained sale (--arrival-rate) lasts --sustain-secs"
+        );
+        anyhow::ensure!(
+            self.backlog.order_database_url.is_some(),
+            "--arrival-rate needs --order-database-url (the timeline reads the order database)"
+        );
+        Ok(Some((rate, secs)))
     }
 
     fn shares(&self) -> anyhow::Result<Shares> {

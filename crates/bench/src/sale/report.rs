@@ -97,8 +97,10 @@ pub(crate) async fn build(
             outcome: t.outcome,
             order: t.order,
             shipment,
+            pay_timing: t.pay_timing,
         })
         .collect();
+    let late = checks::late_by_sale(&lines);
     let checks = vec![
         checks::per_product(&products, &lines, |lines, sku, _, _| {
             checks::sold(lines, ctx.stock_of(sku))
@@ -109,7 +111,10 @@ pub(crate) async fn build(
         }),
         checks::refunds(&lines),
         checks::per_product(&products, &lines, |_, _, p, d| checks::gate(p, d)),
+        checks::paid_settled(&lines),
+        checks::payers_in_time(&late),
     ];
+    let payments = payments_json(&lines, &late, args.pay_concurrency, run.act_elapsed);
 
     let latency: serde_json::Map<String, Value> = QUANTILES
         .iter()
@@ -144,6 +149,7 @@ pub(crate) async fn build(
         "throughputRps": flood.throughput(),
         "latencyUs": latency,
         "confirmationMs": run.confirmation.map(|d| d.as_secs_f64() * 1000.0),
+        "payments": payments,
     });
     Report {
         head,
@@ -154,6 +160,47 @@ pub(crate) async fn build(
         memory,
         elapsed: started.elapsed(),
     }
+}
+
+/// What the sale's payments of the winners who pay at once did: how many, how fast, how long
+/// they queued in the sale, and how many it made too late.
+fn payments_json(
+    lines: &[Line],
+    late: &checks::LateBySale,
+    pay_concurrency: u32,
+    act: Option<Duration>,
+) -> Value {
+    let mut queued: Vec<f64> = lines
+        .iter()
+        .filter(|l| l.plan == Plan::Pay)
+        .filter_map(|l| l.pay_timing)
+        .map(|t| t.queued.as_secs_f64() * 1000.0)
+        .collect();
+    queued.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let i = ((queued.len() as f64 - 1.0) * q).round().max(0.0) as usize;
+        queued.get(i).copied()
+    };
+    let paid = lines
+        .iter()
+        .filter(|l| l.plan == Plan::Pay && l.outcome.took_money())
+        .count();
+    let secs = act.map_or(0.0, |d| d.as_secs_f64());
+    json!({
+        "payConcurrency": pay_concurrency,
+        "payers": late.payers,
+        "paid": paid,
+        "actSecs": secs,
+        "paidPerSec": if secs > 0.0 { paid as f64 / secs } else { 0.0 },
+        "queuedMs": {"p50": at(0.5), "p99": at(0.99), "max": queued.last()},
+        "lateBySale": {
+            "total": late.total(),
+            "startedLate": late.started_late,
+            "refusedLate": late.refused_late,
+            "paidLate": late.paid_late,
+            "deliberate": late.deliberate,
+        },
+    })
 }
 
 // === impl Report ===
@@ -303,6 +350,25 @@ impl Report {
             procstat::memory_line(&self.memory)
         );
         println!("plan        {}", map_text(&t["byPlan"]));
+        let p = &h["payments"];
+        println!(
+            "payments    {} paid of {} paying at once, {} in flight, {:.1} paid/s over {:.1} s; queued in the sale p50 {:.0} ms, max {:.0} ms",
+            p["paid"],
+            p["payers"],
+            p["payConcurrency"],
+            p["paidPerSec"].as_f64().unwrap_or(0.0),
+            p["actSecs"].as_f64().unwrap_or(0.0),
+            p["queuedMs"]["p50"].as_f64().unwrap_or(0.0),
+            p["queuedMs"]["max"].as_f64().unwrap_or(0.0),
+        );
+        println!(
+            "late        {} by the sale itself (PayOrder after the deadline {}, refused {}, paid after it {}); {} on purpose (--pay-late)",
+            p["lateBySale"]["total"],
+            p["lateBySale"]["startedLate"],
+            p["lateBySale"]["refusedLate"],
+            p["lateBySale"]["paidLate"],
+            p["lateBySale"]["deliberate"],
+        );
         if !quiet {
             println!();
             println!(

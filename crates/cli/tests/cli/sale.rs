@@ -12,7 +12,7 @@ use crate::{
 /// Asserts every invariant of a report passed, showing the failing ones.
 fn assert_invariants_pass(report: &Value) {
     let checks = report["invariants"].as_array().unwrap();
-    assert_eq!(checks.len(), 5, "{report}");
+    assert_eq!(checks.len(), 7, "{report}");
     let failed: Vec<&Value> = checks.iter().filter(|c| c["pass"] != true).collect();
     assert!(failed.is_empty(), "failed invariants: {failed:?}");
     assert_eq!(report["pass"], true);
@@ -362,7 +362,43 @@ async fn a_sale_with_a_duration_stops_flooding_then_finishes_and_passes() {
 #[tokio::test]
 async fn sale_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &[&str]); 20] = [
+    let cases: [(&[&str], &[&str]); 28] = [
+        (&["--pay-concurrency", "0"], &["--pay-concurrency"]),
+        (&["--pay-concurrency", "10001"], &["--pay-concurrency"]),
+        (
+            &["--arrival-rate", "0", "--sustain-secs", "5"],
+            &["--arrival-rate"],
+        ),
+        (&["--arrival-rate", "10"], &["--sustain-secs"]),
+        (&["--sustain-secs", "10"], &["--arrival-rate"]),
+        (
+            &[
+                "--arrival-rate",
+                "10",
+                "--sustain-secs",
+                "300",
+                "--order-database-url",
+                "postgres://x",
+            ],
+            &["--sustain-secs", "--max-duration-secs"],
+        ),
+        (
+            &[
+                "--arrival-rate",
+                "20000",
+                "--sustain-secs",
+                "100",
+                "--max-duration-secs",
+                "1000",
+                "--order-database-url",
+                "postgres://x",
+            ],
+            &["--arrival-rate", "--sustain-secs"],
+        ),
+        (
+            &["--arrival-rate", "10", "--sustain-secs", "5"],
+            &["--arrival-rate", "--order-database-url"],
+        ),
         (&["--products", "0"], &["--products"]),
         (&["--products", "51"], &["--products"]),
         (
@@ -449,4 +485,97 @@ async fn a_sale_that_cannot_finish_within_its_bound_stops_by_itself_and_fails() 
 /// A refund recorded and requested from the provider, or already paid back by it.
 fn refunded(o: &Value) -> bool {
     o["refundStatus"] == "RECORDED" || o["refundStatus"] == "COMPLETED"
+}
+
+#[tokio::test]
+async fn a_sale_that_pays_too_slowly_for_the_deadline_fails_and_counts_its_late_payments() {
+    let stack = FullStack::spawn(|_| {}).await;
+    // A thousand winners paid one at a time cannot all pay within the 2 s payment timeout:
+    // the sale itself makes them late, which must fail the run, not pass with nothing paid.
+    let run = stack
+        .sale(&[
+            "--buyers",
+            "1000",
+            "--stock",
+            "1000",
+            "--concurrency",
+            "64",
+            "--pay",
+            "1",
+            "--never-pay",
+            "0",
+            "--pay-late",
+            "0",
+            "--pay-concurrency",
+            "1",
+            "--max-duration-secs",
+            "120",
+            "--quiet",
+            "--json",
+        ])
+        .await;
+    assert!(
+        !run.ok,
+        "a sale whose payers missed their deadline passed: {}",
+        run.stdout
+    );
+    let r: Value = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("no report ({e}): {}\n{}", run.stdout, run.stderr));
+    let late = &r["payments"]["lateBySale"];
+    assert!(late["total"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(late["deliberate"], 0, "{r}");
+    assert_eq!(r["payments"]["payConcurrency"], 1, "{r}");
+    let checks = r["invariants"].as_array().unwrap();
+    let on_time = checks
+        .iter()
+        .find(|c| c["name"] == "payers paid in time")
+        .unwrap();
+    assert_eq!(on_time["pass"], false, "{r}");
+    assert!(
+        on_time["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--pay-concurrency"),
+        "{on_time}"
+    );
+    // Everything else still holds: nobody who paid in time lost their goods.
+    for c in checks.iter().filter(|c| c["name"] != "payers paid in time") {
+        assert_eq!(c["pass"], true, "{c}");
+    }
+}
+
+#[tokio::test]
+async fn a_sustained_sale_reports_a_timeline_and_ships_every_payment() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let run = stack
+        .sale(&[
+            "--arrival-rate",
+            "20",
+            "--sustain-secs",
+            "3",
+            "--stock",
+            "1000",
+            "--pay",
+            "1",
+            "--order-database-url",
+            &stack.order_db_url,
+            "--max-duration-secs",
+            "90",
+            "--json",
+        ])
+        .await;
+    let r = report(&run);
+    assert_eq!(r["mode"], "sustained", "{r}");
+    assert_eq!(r["arrivals"], 60, "{r}");
+    assert_eq!(r["accepted"], 60, "{r}");
+    assert_eq!(r["paidAtProvider"], 60, "{r}");
+    assert_eq!(r["paidLeftUnshipped"], 0, "{r}");
+    assert!(r["drainSecs"].as_f64().is_some(), "{r}");
+    let timeline = r["timeline"].as_array().unwrap();
+    assert!(timeline.len() >= 3, "{r}");
+    let last = timeline.last().unwrap();
+    assert_eq!(last["shipped"], 60, "{r}");
+    assert_eq!(last["pending"], 0, "{r}");
+    assert_eq!(last["outboxUnsent"]["order"], 0, "{r}");
+    assert_eq!(r["pass"], true, "{r}");
 }

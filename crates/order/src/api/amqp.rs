@@ -5,7 +5,7 @@ use flashsale_messaging::{AmqpConfig, DelayQueue, HandlerError, Incoming, QueueT
 use flashsale_proto::events::v1::envelope::Payload;
 
 use crate::{
-    app::{Reserved, ReservedBatcher, Saga},
+    app::{Completed, CompletedBatcher, Reserved, ReservedBatcher, Saga},
     domain::OrderError,
 };
 
@@ -63,13 +63,18 @@ fn classify(e: OrderError) -> HandlerError {
     }
 }
 
-/// Handles one delivery; `stock.reserved` goes through `reserved`, which confirms the
-/// deliveries waiting at the same moment together.
-pub async fn handle(
-    saga: Saga,
-    reserved: ReservedBatcher,
-    msg: Incoming,
-) -> Result<(), HandlerError> {
+/// The batchers the consumer hands deliveries to.
+#[derive(Clone)]
+pub struct Batchers {
+    /// `stock.reserved`: confirms the deliveries waiting at the same moment together.
+    pub reserved: ReservedBatcher,
+    /// `outbound.completed`: ships the deliveries waiting at the same moment together.
+    pub completed: CompletedBatcher,
+}
+
+/// Handles one delivery; `stock.reserved` and `outbound.completed` go through their
+/// [`Batchers`].
+pub async fn handle(saga: Saga, batchers: Batchers, msg: Incoming) -> Result<(), HandlerError> {
     let q = msg.queue.as_str();
     let env = &msg.envelope;
     match &env.payload {
@@ -80,7 +85,7 @@ pub async fn handle(
                 order_id: ev.order_id.clone(),
                 trace: flashsale_messaging::trace::current_headers(),
             };
-            match reserved.call(item).await {
+            match batchers.reserved.call(item).await {
                 Ok(answer) => answer,
                 Err(e) => Err(OrderError::Internal(anyhow::Error::new(e))),
             }
@@ -93,7 +98,15 @@ pub async fn handle(
             saga.on_payment_timeout(q, env, &ids).await
         }
         Some(Payload::OutboundCompleted(ev)) => {
-            saga.on_outbound_completed(q, env, &ev.order_id).await
+            let item = Completed {
+                consumer: q.to_owned(),
+                env: env.clone(),
+                order_id: ev.order_id.clone(),
+            };
+            match batchers.completed.call(item).await {
+                Ok(answer) => answer,
+                Err(e) => Err(OrderError::Internal(anyhow::Error::new(e))),
+            }
         }
         Some(Payload::OutboundFailed(ev)) => saga.on_outbound_failed(q, env, ev).await,
         other => {

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::grpc::{ADMIN, authorize, status};
 use crate::{
-    app::{Payments, Refunds, SignedNotice, reason_to_proto},
+    app::{NotifyBatcher, Refunds, SignedNotice, reason_to_proto},
     domain::{OrderError, ProviderPayment, RefundRecord, RefundState, parse_order_id},
 };
 
@@ -20,12 +20,14 @@ use crate::{
 /// flashsale token, and a buyer's token must not count; the HMAC does.
 #[derive(Clone)]
 pub struct PaymentNotifications {
-    payments: Payments,
+    notices: NotifyBatcher,
 }
 
 impl PaymentNotifications {
-    pub fn new(payments: Payments) -> Self {
-        Self { payments }
+    /// Notifications go through `notices`, which applies those arriving at the same moment
+    /// together.
+    pub fn new(notices: NotifyBatcher) -> Self {
+        Self { notices }
     }
 }
 
@@ -36,15 +38,16 @@ impl PaymentNotificationService for PaymentNotifications {
         req: Request<NotifyPaymentRequest>,
     ) -> Result<Response<NotifyPaymentResponse>, Status> {
         let r = req.into_inner();
-        let applied = self
-            .payments
-            .notify(SignedNotice {
-                payload: r.payload,
-                signature: r.signature,
-                timestamp: r.timestamp,
-            })
-            .await
-            .map_err(status)?;
+        let notice = SignedNotice {
+            payload: r.payload,
+            signature: r.signature,
+            timestamp: r.timestamp,
+        };
+        let applied = match self.notices.call(notice).await {
+            Ok(answer) => answer,
+            Err(e) => Err(OrderError::Internal(anyhow::Error::new(e))),
+        }
+        .map_err(status)?;
         Ok(Response::new(NotifyPaymentResponse {
             duplicate: applied.duplicate,
             order_id: applied.order_id.to_string(),

@@ -74,14 +74,19 @@ impl Checkout {
 
     /// Starts paying an order awaiting payment: the provider creates (or returns) the order's
     /// one payment, and the buyer is sent to its checkout. The order stays AWAITING_PAYMENT.
+    ///
+    /// The common cases read without a lock or a transaction (a PayOrder changes nothing in
+    /// the order): only an order found past its deadline is locked, to be cancelled.
     #[tracing::instrument(skip_all, fields(order_id = %p.order_id))]
     pub async fn start_payment(
         &self,
         caller: &Caller,
         p: StartPayment,
     ) -> Result<Started, OrderError> {
-        let txn = self.db.begin().await?;
-        let order = owned(&txn, caller, p.order_id).await?;
+        let order = match db::order(&self.db, p.order_id, false).await? {
+            Some(o) if caller.role == Role::Admin || o.user_id == caller.subject => o,
+            _ => return Err(OrderError::NotFound(p.order_id)),
+        };
         if order.user_id != caller.subject {
             return Err(OrderError::PermissionDenied(
                 "only the buyer pays an order".into(),
@@ -90,29 +95,47 @@ impl Checkout {
         if p.amount_cents != 0 && p.amount_cents != order.total_cents {
             return Err(OrderError::WrongAmount(order.total_cents));
         }
-        let started = payment_store::payment_of_order(&txn, order.order_id).await?;
-        let overdue = order.payment_deadline.is_some_and(|d| d <= Utc::now());
-        match (order.status, started) {
-            (Status::AwaitingPayment, _) if overdue => {
-                // The deadline is strict: the timeout wins even if its message is late.
-                cancel_in(&txn, &order, CancelReason::PaymentTimeout, None).await?;
-                txn.commit().await?;
-                return Err(OrderError::NotPayable(Status::Cancelled));
-            }
-            (Status::AwaitingPayment | Status::Paid | Status::Shipped, Some(s)) => {
-                txn.commit().await?;
+        let started = payment_store::payment_of_order(&self.db, order.order_id).await?;
+        let order = match decide(&order, started) {
+            Decision::Start => order,
+            Decision::Replay(payment) => {
                 return Ok(Started {
                     order,
-                    payment: s.payment,
+                    payment,
                     replayed: true,
                 });
             }
-            (Status::AwaitingPayment, None) => {}
-            (other, _) => return Err(OrderError::NotPayable(other)),
-        }
+            Decision::Refuse(status) => return Err(OrderError::NotPayable(status)),
+            Decision::Expire => {
+                // Decided again under the row lock: the order may have moved meanwhile.
+                let txn = self.db.begin().await?;
+                let order = owned(&txn, caller, p.order_id).await?;
+                let started = payment_store::payment_of_order(&txn, order.order_id).await?;
+                match decide(&order, started) {
+                    Decision::Expire => {
+                        // The deadline is strict: the timeout wins even if its message is late.
+                        cancel_in(&txn, &order, CancelReason::PaymentTimeout, None).await?;
+                        txn.commit().await?;
+                        return Err(OrderError::NotPayable(Status::Cancelled));
+                    }
+                    Decision::Replay(payment) => {
+                        txn.commit().await?;
+                        return Ok(Started {
+                            order,
+                            payment,
+                            replayed: true,
+                        });
+                    }
+                    Decision::Refuse(status) => return Err(OrderError::NotPayable(status)),
+                    Decision::Start => {
+                        txn.rollback().await?;
+                        order
+                    }
+                }
+            }
+        };
         // The provider is called with no lock held; it answers the same payment for the same
         // order, so a concurrent or retried PayOrder ends with the one payment.
-        txn.rollback().await?;
         let Some(deadline) = order.payment_deadline else {
             return Err(OrderError::NotPayable(order.status));
         };
@@ -133,15 +156,14 @@ impl Checkout {
             ))
             .into());
         }
-        let txn = self.db.begin().await?;
         // Recorded whatever the order became meanwhile, so the provider's notification can be
-        // matched (and a payment the buyer makes anyway refunded).
-        payment_store::insert_payment(&txn, order.order_id, &created).await?;
-        let order = owned(&txn, caller, order.order_id).await?;
-        let stored = payment_store::payment_of_order(&txn, order.order_id)
+        // matched (and a payment the buyer makes anyway refunded). One statement, committed on
+        // its own; the first payment recorded for the order wins.
+        payment_store::insert_payment(&self.db, order.order_id, &created).await?;
+        let stored = payment_store::payment_of_order(&self.db, order.order_id)
             .await?
             .ok_or_else(|| OrderError::Internal(anyhow::anyhow!("payment vanished")))?;
-        txn.commit().await?;
+        let order = super::load(&self.db, order.order_id).await?;
         match order.status {
             Status::AwaitingPayment | Status::Paid | Status::Shipped => Ok(Started {
                 order,
@@ -169,6 +191,30 @@ impl Checkout {
             }
             other => Err(OrderError::NotCancellable(other)),
         }
+    }
+}
+
+/// What PayOrder does with an order, given the payment already started for it.
+enum Decision {
+    /// Awaiting payment within its deadline, nothing started: ask the provider.
+    Start,
+    /// A payment was started before: answer it again.
+    Replay(ProviderPayment),
+    /// Awaiting payment past its deadline: cancel it (PAYMENT_TIMEOUT) and refuse.
+    Expire,
+    /// Not payable in this state.
+    Refuse(Status),
+}
+
+fn decide(order: &Order, started: Option<payment_store::StoredPayment>) -> Decision {
+    let overdue = order.payment_deadline.is_some_and(|d| d <= Utc::now());
+    match (order.status, started) {
+        (Status::AwaitingPayment, _) if overdue => Decision::Expire,
+        (Status::AwaitingPayment | Status::Paid | Status::Shipped, Some(s)) => {
+            Decision::Replay(s.payment)
+        }
+        (Status::AwaitingPayment, None) => Decision::Start,
+        (other, _) => Decision::Refuse(other),
     }
 }
 

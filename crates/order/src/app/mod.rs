@@ -19,12 +19,14 @@ use crate::{
 
 mod checkout;
 mod intake;
+mod notify_batch;
 mod page;
 mod payments;
 mod queries;
 mod refunds;
 mod saga;
 mod saga_batch;
+mod shipped_batch;
 mod sold_out;
 mod stuck;
 
@@ -33,6 +35,7 @@ pub use intake::{
     FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, WRITE_FALLBACKS, Written,
     write_pending, write_pending_batch, write_pending_batch_or_each, write_pending_batch_with,
 };
+pub use notify_batch::{MAX_BATCH as NOTIFY_MAX_BATCH, NotifyBatcher, notify_batcher};
 pub use payments::{Applied, Payments, SignedNotice};
 pub use queries::Queries;
 pub use refunds::{
@@ -40,6 +43,7 @@ pub use refunds::{
 };
 pub use saga::Saga;
 pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
+pub use shipped_batch::{Completed, CompletedBatcher, completed_batcher};
 pub use sold_out::{Load, SoldOutCache, Verdict};
 pub use stuck::{
     DEFAULT_STUCK_PAGE_SIZE, MAX_STUCK_PAGE_SIZE, STUCK_GAUGE, Stuck, StuckOrder, StuckPage,

@@ -44,9 +44,9 @@ pub struct Applied {
 /// Applies the provider's notifications. Cheap to clone.
 #[derive(Clone)]
 pub struct Payments {
-    db: DatabaseConnection,
-    secret: std::sync::Arc<[u8]>,
-    tolerance_secs: i64,
+    pub(super) db: DatabaseConnection,
+    pub(super) secret: std::sync::Arc<[u8]>,
+    pub(super) tolerance_secs: i64,
 }
 
 impl Payments {
@@ -196,7 +196,7 @@ impl Payments {
 }
 
 /// The verified payload as an event, with what it says.
-fn decode(payload: &[u8]) -> Result<(PaymentEvent, Notice), OrderError> {
+pub(super) fn decode(payload: &[u8]) -> Result<(PaymentEvent, Notice), OrderError> {
     let ev = PaymentEvent::decode(payload)
         .map_err(|e| OrderError::invalid("payload", format!("not a PaymentEvent: {e}")))?;
     let mut bad = Vec::new();

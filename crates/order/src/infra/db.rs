@@ -134,6 +134,22 @@ pub async fn orders<C: ConnectionTrait>(
         .collect())
 }
 
+/// The orders among `ids` that exist, locked until the transaction ends, taken in the order of
+/// their ids (so two batches never wait on each other in a circle).
+pub async fn orders_locked<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+) -> Result<Vec<Order>, OrderError> {
+    let sql =
+        format!("{ORDER_SELECT} WHERE o.order_id = ANY($1) ORDER BY o.order_id FOR UPDATE OF o");
+    OrderRow::find_by_statement(stmt(&sql, [ids.to_vec().into()]))
+        .all(c)
+        .await?
+        .into_iter()
+        .map(Order::try_from)
+        .collect()
+}
+
 /// Every user with an order (in any state) for `sku`.
 pub async fn users_with_orders<C: ConnectionTrait>(
     c: &C,
@@ -375,6 +391,72 @@ pub async fn await_payment_many<C: ConnectionTrait>(
         .map(|r| r.order_id)
         .collect();
     Ok(moved)
+}
+
+/// PAID → SHIPPED for every order of `ids` that is PAID, with their history rows, in one
+/// statement; the ids moved.
+pub async fn ship_many<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+    note: &str,
+) -> Result<Vec<Uuid>, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Id {
+        order_id: Uuid,
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = "WITH moved AS ( \
+            UPDATE orders SET status = 'SHIPPED', updated_at = now() \
+            WHERE status = 'PAID' AND order_id = ANY($1) RETURNING order_id \
+        ), hist AS ( \
+            INSERT INTO order_status_history (order_id, from_status, to_status, reason) \
+            SELECT order_id, 'PAID', 'SHIPPED', $2 FROM moved \
+        ) \
+        SELECT order_id FROM moved";
+    let values: Vec<Value> = vec![ids.to_vec().into(), note.into()];
+    Ok(Id::find_by_statement(stmt(sql, values))
+        .all(c)
+        .await?
+        .into_iter()
+        .map(|r| r.order_id)
+        .collect())
+}
+
+/// AWAITING_PAYMENT → PAID for every `(order, provider payment)` whose order is still awaiting
+/// payment, with their history rows, in one statement; the ids moved.
+pub async fn pay_many<C: ConnectionTrait>(
+    c: &C,
+    paid: &[(Uuid, String)],
+    note: &str,
+) -> Result<Vec<Uuid>, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Id {
+        order_id: Uuid,
+    }
+    if paid.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = paid.iter().map(|(o, _)| *o).collect();
+    let payments: Vec<String> = paid.iter().map(|(_, p)| p.clone()).collect();
+    let sql = "WITH v AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS v(order_id, payment_id)), \
+        moved AS ( \
+            UPDATE orders o SET status = 'PAID', payment_id = v.payment_id, updated_at = now() \
+            FROM v WHERE o.order_id = v.order_id AND o.status = 'AWAITING_PAYMENT' \
+            RETURNING o.order_id \
+        ), hist AS ( \
+            INSERT INTO order_status_history (order_id, from_status, to_status, reason) \
+            SELECT order_id, 'AWAITING_PAYMENT', 'PAID', $3 FROM moved \
+        ) \
+        SELECT order_id FROM moved";
+    let values: Vec<Value> = vec![ids.into(), payments.into(), note.into()];
+    Ok(Id::find_by_statement(stmt(sql, values))
+        .all(c)
+        .await?
+        .into_iter()
+        .map(|r| r.order_id)
+        .collect())
 }
 
 /// What a transition sets besides the status.

@@ -69,6 +69,40 @@ pub async fn payment_locked<C: ConnectionTrait>(
         .map(StoredPayment::from))
 }
 
+/// The payments with the providers' ids `ids` that exist, locked until the transaction ends,
+/// taken in the order of their ids.
+pub async fn payments_locked<C: ConnectionTrait>(
+    c: &C,
+    ids: &[String],
+) -> Result<Vec<StoredPayment>, OrderError> {
+    let sql = format!(
+        "{PAYMENT_SELECT} WHERE provider_payment_id = ANY($1) ORDER BY provider_payment_id FOR UPDATE"
+    );
+    Ok(
+        PaymentRow::find_by_statement(stmt(&sql, [ids.to_vec().into()]))
+            .all(c)
+            .await?
+            .into_iter()
+            .map(StoredPayment::from)
+            .collect(),
+    )
+}
+
+/// Marks the successes of the payments `ids` applied.
+pub async fn mark_succeeded_many<C: ConnectionTrait>(
+    c: &C,
+    ids: &[String],
+) -> Result<u64, OrderError> {
+    let res = c
+        .execute_raw(stmt(
+            "UPDATE provider_payments SET status = 'SUCCEEDED', confirmed_at = now() \
+             WHERE provider_payment_id = ANY($1) AND status <> 'SUCCEEDED'",
+            [ids.to_vec().into()],
+        ))
+        .await?;
+    Ok(res.rows_affected())
+}
+
 /// Records the payment the provider created for `order_id` (the first one wins: the provider
 /// returns the same payment for the same order).
 pub async fn insert_payment<C: ConnectionTrait>(

@@ -14,6 +14,7 @@ mod load;
 mod notify;
 mod notify_input;
 mod pay;
+mod pay_batch;
 mod prop;
 mod prop_payments;
 mod query;

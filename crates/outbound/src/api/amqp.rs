@@ -3,7 +3,10 @@
 use flashsale_messaging::{AmqpConfig, HandlerError, Incoming, QueueTopology};
 use flashsale_proto::events::v1::envelope::Payload;
 
-use crate::{app::Shipping, domain::OutboundError};
+use crate::{
+    app::{Paid, PaidBatcher},
+    domain::OutboundError,
+};
 
 /// The outbound service's consumer queue (competing consumers across replicas).
 pub const PAID_ORDERS_QUEUE: &str = "outbound.paid-orders";
@@ -12,9 +15,10 @@ pub fn topology(config: &AmqpConfig) -> QueueTopology {
     QueueTopology::new(config, PAID_ORDERS_QUEUE, &["order.paid"])
 }
 
-/// Handles one delivery.
-pub async fn handle(shipping: Shipping, msg: Incoming) -> Result<(), HandlerError> {
-    let Some(Payload::OrderPaid(ev)) = &msg.envelope.payload else {
+/// Handles one delivery, through `paid`, which ships the deliveries waiting at the same moment
+/// together.
+pub async fn handle(paid: PaidBatcher, msg: Incoming) -> Result<(), HandlerError> {
+    let Some(Payload::OrderPaid(_)) = &msg.envelope.payload else {
         let kind = msg
             .envelope
             .payload
@@ -24,8 +28,18 @@ pub async fn handle(shipping: Shipping, msg: Incoming) -> Result<(), HandlerErro
             "the outbound service does not handle `{kind}`"
         )));
     };
-    match shipping.on_order_paid(&msg.envelope, ev).await {
-        Ok(_) => Ok(()),
+    let answer = match paid
+        .call(Paid {
+            env: msg.envelope.clone(),
+            trace: flashsale_messaging::trace::current_headers(),
+        })
+        .await
+    {
+        Ok(answer) => answer,
+        Err(e) => Err(OutboundError::Internal(anyhow::Error::new(e))),
+    };
+    match answer {
+        Ok(()) => Ok(()),
         Err(OutboundError::Invalid(v)) => Err(HandlerError::permanent(anyhow::anyhow!(
             "invalid event: {v:?}"
         ))),

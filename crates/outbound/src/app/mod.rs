@@ -24,7 +24,36 @@ use crate::{
     },
 };
 
+mod paid_batch;
 mod query;
+
+pub use paid_batch::{MAX_BATCH as PAID_MAX_BATCH, Paid, PaidBatcher, paid_batcher};
+
+/// The shipment an `order.paid` asks for, checked.
+fn new_shipment(ev: &OrderPaid) -> Result<NewShipment<'_>, OutboundError> {
+    let order_id = parse_uuid("order_id", &ev.order_id)?;
+    if ev.quantity < 1 || flashsale_contract::check_sku(&ev.sku).is_err() || ev.user_id.is_empty() {
+        return Err(OutboundError::invalid(
+            "order.paid",
+            "needs a user, a valid sku and a quantity >= 1",
+        ));
+    }
+    let policy = if ev.deduction_policy
+        == flashsale_proto::product::v1::DeductionPolicy::CommitAtOrder as i32
+    {
+        Policy::CommitAtOrder
+    } else {
+        Policy::ReserveThenCommit
+    };
+    Ok(NewShipment {
+        order_id,
+        user_id: &ev.user_id,
+        sku: &ev.sku,
+        quantity: ev.quantity,
+        policy,
+        payment_id: &ev.payment_id,
+    })
+}
 
 /// The name this service signs its events with.
 pub const PRODUCER: &str = "outbound";
@@ -85,31 +114,7 @@ impl Shipping {
         env: &Envelope,
         ev: &OrderPaid,
     ) -> Result<Processed, OutboundError> {
-        let order_id = parse_uuid("order_id", &ev.order_id)?;
-        if ev.quantity < 1
-            || flashsale_contract::check_sku(&ev.sku).is_err()
-            || ev.user_id.is_empty()
-        {
-            return Err(OutboundError::invalid(
-                "order.paid",
-                "needs a user, a valid sku and a quantity >= 1",
-            ));
-        }
-        let policy = if ev.deduction_policy
-            == flashsale_proto::product::v1::DeductionPolicy::CommitAtOrder as i32
-        {
-            Policy::CommitAtOrder
-        } else {
-            Policy::ReserveThenCommit
-        };
-        let new = NewShipment {
-            order_id,
-            user_id: &ev.user_id,
-            sku: &ev.sku,
-            quantity: ev.quantity,
-            policy,
-            payment_id: &ev.payment_id,
-        };
+        let new = new_shipment(ev)?;
         self.failpoints
             .hit(FP_ORDER_PAID_BEFORE_COMMIT)
             .await

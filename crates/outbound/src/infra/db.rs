@@ -91,6 +91,93 @@ pub async fn create<C: ConnectionTrait>(c: &C, s: &NewShipment<'_>) -> Result<Uu
         .ok_or(OutboundError::NotFound(s.order_id))
 }
 
+/// Creates the shipments of the orders that have none, in one statement; returns the
+/// shipment of every order of `new` (created now or before).
+pub async fn create_many<C: ConnectionTrait>(
+    c: &C,
+    new: &[NewShipment<'_>],
+) -> Result<Vec<Shipment>, OutboundError> {
+    if new.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = new.iter().map(|_| Uuid::now_v7()).collect();
+    let orders: Vec<Uuid> = new.iter().map(|s| s.order_id).collect();
+    let users: Vec<String> = new.iter().map(|s| s.user_id.to_owned()).collect();
+    let skus: Vec<String> = new.iter().map(|s| s.sku.to_owned()).collect();
+    let quantities: Vec<i64> = new.iter().map(|s| s.quantity).collect();
+    let policies: Vec<String> = new.iter().map(|s| s.policy.as_db().to_owned()).collect();
+    let payments: Vec<String> = new.iter().map(|s| s.payment_id.to_owned()).collect();
+    c.execute_raw(stmt(
+        "INSERT INTO shipments (shipment_id, order_id, user_id, sku, quantity, policy, payment_id, status) \
+         SELECT *, 'PICKING' FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[]) \
+         ON CONFLICT (order_id) DO NOTHING",
+        [
+            ids.into(),
+            orders.clone().into(),
+            users.into(),
+            skus.into(),
+            quantities.into(),
+            policies.into(),
+            payments.into(),
+        ],
+    ))
+    .await?;
+    let sql = format!("{SELECT} WHERE order_id = ANY($1)");
+    Row::find_by_statement(stmt(&sql, [orders.into()]))
+        .all(c)
+        .await?
+        .into_iter()
+        .map(Shipment::try_from)
+        .collect()
+}
+
+/// The shipments of `ids` no other worker holds, locked for this transaction, taken in the
+/// order of their ids.
+pub async fn lock_many<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+) -> Result<Vec<Shipment>, OutboundError> {
+    let sql =
+        format!("{SELECT} WHERE shipment_id = ANY($1) ORDER BY shipment_id FOR UPDATE SKIP LOCKED");
+    Row::find_by_statement(stmt(&sql, [ids.to_vec().into()]))
+        .all(c)
+        .await?
+        .into_iter()
+        .map(Shipment::try_from)
+        .collect()
+}
+
+/// Ships every shipment of `ids` still PICKING at its first attempt, recording that attempt's
+/// steps (`steps`: `(shipment, step)` rows, all OK), in one statement; how many were shipped.
+pub async fn ship_first_attempts<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+    steps: &[(Uuid, &str)],
+) -> Result<u64, OutboundError> {
+    #[derive(FromQueryResult)]
+    struct N {
+        n: i64,
+    }
+    let step_ids: Vec<Uuid> = steps.iter().map(|(id, _)| *id).collect();
+    let step_names: Vec<String> = steps.iter().map(|(_, s)| (*s).to_owned()).collect();
+    let sql = "WITH shipped AS ( \
+            UPDATE shipments SET status = 'SHIPPED', attempts = 1, updated_at = now() \
+            WHERE shipment_id = ANY($1) AND status = 'PICKING' AND attempts = 0 RETURNING shipment_id \
+        ), steps AS ( \
+            INSERT INTO shipment_attempts (shipment_id, attempt, step, outcome, detail) \
+            SELECT s.id, 1, s.step, 'OK', '' FROM unnest($2::uuid[], $3::text[]) AS s(id, step) \
+        ) \
+        SELECT count(*) AS n FROM shipped";
+    let n = N::find_by_statement(stmt(
+        sql,
+        [ids.to_vec().into(), step_ids.into(), step_names.into()],
+    ))
+    .one(c)
+    .await?
+    .map_or(0, |r| r.n);
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
 pub async fn by_order<C: ConnectionTrait>(
     c: &C,
     order_id: Uuid,

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod batch;
 mod foundation;
 mod helpers;
 mod prop;

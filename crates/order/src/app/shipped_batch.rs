@@ -1,0 +1,104 @@
+//! `outbound.completed` in batches: the deliveries waiting at the same moment move their
+//! orders PAID → SHIPPED in one transaction — one inbox insert, one update with its history
+//! rows, one commit — instead of one transaction each. Anything unusual in a batch (a
+//! redelivery, an order that is not PAID or unknown, any error) rolls it back, and each
+//! delivery runs through [`Saga::on_outbound_completed`] on its own, which handles every case
+//! (docs/architecture.md#batchers).
+
+use flashsale_messaging::{envelope, inbox};
+use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
+use flashsale_proto::events::v1::Envelope;
+use sea_orm::TransactionTrait as _;
+
+use super::{Saga, saga_batch::GATHER};
+use crate::{
+    domain::{OrderError, parse_order_id},
+    infra::db,
+};
+
+/// One `outbound.completed` delivery waiting for its batch.
+#[derive(Clone, Debug)]
+pub struct Completed {
+    pub consumer: String,
+    pub env: Envelope,
+    pub order_id: String,
+}
+
+/// Most deliveries applied in one transaction.
+pub const MAX_BATCH: usize = 128;
+
+/// The batching worker of `outbound.completed`; cheap to clone.
+pub type CompletedBatcher = Batcher<Completed, Result<(), OrderError>>;
+
+/// Starts the worker: one batch at a time, each of at most `max_batch` deliveries (at most
+/// [`MAX_BATCH`]); as for `stock.reserved`, half the consumer's prefetch.
+pub fn completed_batcher(saga: Saga, max_batch: usize) -> CompletedBatcher {
+    Batcher::spawn(
+        "order_outbound_completed",
+        max_batch.clamp(1, MAX_BATCH),
+        GATHER,
+        1,
+        move |items: Vec<Completed>| {
+            let saga = saga.clone();
+            async move { Ok::<_, std::convert::Infallible>(saga.ship_completed(items).await) }
+        },
+    )
+}
+
+impl Saga {
+    /// Applies a batch of `outbound.completed`; one answer per delivery, in order.
+    pub async fn ship_completed(&self, items: Vec<Completed>) -> Vec<Result<(), OrderError>> {
+        together_or_each(
+            &items,
+            BatchMetrics {
+                size: "flashsale_outbound_completed_batch_size",
+                fallbacks: "flashsale_outbound_completed_batch_fallbacks_total",
+            },
+            |all| self.ship_together(all),
+            |c| self.on_outbound_completed(&c.consumer, &c.env, &c.order_id),
+        )
+        .await
+    }
+
+    /// The common case in one transaction; `Ok(false)` (nothing committed) when some delivery
+    /// needs the one-by-one path.
+    async fn ship_together(&self, items: &[Completed]) -> Result<bool, OrderError> {
+        let Some(consumer) = items.first().map(|c| c.consumer.as_str()) else {
+            return Ok(true);
+        };
+        let mut message_ids = Vec::with_capacity(items.len());
+        let mut order_ids = Vec::with_capacity(items.len());
+        for c in items {
+            if c.consumer != consumer {
+                return Ok(false);
+            }
+            let (Ok(m), Ok(o)) = (envelope::message_id(&c.env), parse_order_id(&c.order_id)) else {
+                return Ok(false);
+            };
+            message_ids.push(m);
+            order_ids.push(o);
+        }
+        let mut distinct = order_ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() != order_ids.len() {
+            return Ok(false);
+        }
+        let n = items.len();
+        let txn = self.db.begin().await?;
+        if inbox::claim_many(&txn, consumer, &message_ids).await? != n {
+            return Ok(false);
+        }
+        if db::ship_many(&txn, &distinct, "outbound.completed")
+            .await?
+            .len()
+            != n
+        {
+            return Ok(false);
+        }
+        self.failpoint(super::saga::FP_OUTBOUND_RESULT_BEFORE_COMMIT)
+            .await?;
+        txn.commit().await?;
+        Ok(true)
+    }
+}
