@@ -43,7 +43,7 @@ enum Command {
     Shipment(shipment::Args),
     /// Run a flash sale end to end: create a product, flood it with buyers, pay, cancel and pay
     /// late, wait for quiescence, then report and check the invariants.
-    Sale(sale::Args),
+    Sale(Box<sale::Args>),
     /// Benchmark the platform against the naive design and the raw ceilings, back to back.
     Bench(Box<bench::Args>),
     /// Regenerate docs/benchmarks.md's tables and charts from the kept benchmark results.
@@ -62,7 +62,7 @@ async fn main() -> ExitCode {
         Command::Product(args) => product::run(args).await,
         Command::Order(args) => order::run(args).await,
         Command::Shipment(args) => shipment::run(args).await,
-        Command::Sale(args) => sale::run(args).await,
+        Command::Sale(args) => sale::run(*args).await,
         Command::Bench(args) => bench::run(*args).await,
         Command::BenchReport(args) => flashsale_bench::kept::run(args),
         Command::Dlq(args) => dlq::run(args).await,
