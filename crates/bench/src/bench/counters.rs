@@ -22,6 +22,10 @@ pub const PG_STATS_SETTLE: Duration = Duration::from_secs(11);
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Counters(pub BTreeMap<String, i64>);
 
+/// Where a reading keeps one database's `pg_stat_database` counter (`pgdb/<name>/<column>`);
+/// [`Counters::since`] sums their differences into `pg.<column>`.
+const PER_DATABASE: &str = "pgdb/";
+
 /// The `pg_stat_database` columns summed over every database.
 const DATABASE_COLUMNS: [&str; 7] = [
     "xact_commit",
@@ -83,23 +87,30 @@ impl Sources {
 
     pub async fn read(&self) -> anyhow::Result<Counters> {
         let mut out = BTreeMap::new();
-        let sums: Vec<String> = DATABASE_COLUMNS
+        // Per database: a database dropped between two readings (another client's) must not
+        // take its counts out of the sum; `since` pairs them database by database.
+        let cols: Vec<String> = DATABASE_COLUMNS
             .iter()
-            .map(|c| format!("COALESCE(sum({c}), 0)::bigint AS {c}"))
+            .map(|c| format!("{c}::bigint AS {c}"))
             .collect();
-        let row = self
+        let rows = self
             .pg_admin
-            .query_one_raw(Statement::from_string(
+            .query_all_raw(Statement::from_string(
                 sea_orm::DatabaseBackend::Postgres,
                 format!(
-                    "SELECT {} FROM pg_stat_database WHERE datname IS NOT NULL",
-                    sums.join(", ")
+                    "SELECT datname, {} FROM pg_stat_database WHERE datname IS NOT NULL",
+                    cols.join(", ")
                 ),
             ))
-            .await?
-            .context("pg_stat_database answered no row")?;
-        for c in DATABASE_COLUMNS {
-            out.insert(format!("pg.{c}"), row.try_get::<i64>("", c)?);
+            .await?;
+        for row in rows {
+            let db: String = row.try_get("", "datname")?;
+            for c in DATABASE_COLUMNS {
+                out.insert(
+                    format!("{PER_DATABASE}{db}/{c}"),
+                    row.try_get::<i64>("", c)?,
+                );
+            }
         }
         let sums: Vec<String> = TABLE_COLUMNS
             .iter()
@@ -164,14 +175,27 @@ pub fn parse_commandstats(info: &str) -> BTreeMap<String, i64> {
 }
 
 impl Counters {
-    /// `self - before`, counter by counter (a counter missing before counts from 0).
+    /// `self - before`, counter by counter (a counter missing before counts from 0), with each
+    /// database's `pg_stat_database` differences summed into `pg.<column>` over the databases
+    /// in `self` (one dropped in between is left out; one created counts from 0).
     pub fn since(&self, before: &Counters) -> Counters {
-        Counters(
-            self.0
-                .iter()
-                .map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0)))
-                .collect(),
-        )
+        let mut out = BTreeMap::new();
+        for c in DATABASE_COLUMNS {
+            out.insert(format!("pg.{c}"), 0);
+        }
+        for (k, v) in &self.0 {
+            let d = v - before.0.get(k).copied().unwrap_or(0);
+            match k
+                .strip_prefix(PER_DATABASE)
+                .and_then(|rest| rest.rsplit_once('/'))
+            {
+                Some((_, column)) => *out.entry(format!("pg.{column}")).or_default() += d,
+                None => {
+                    out.insert(k.clone(), d);
+                }
+            }
+        }
+        Counters(out)
     }
 
     /// What a stretch did beyond the background of an equally long quiet stretch: `self -
@@ -251,6 +275,22 @@ mod tests {
         assert_eq!(net.get("pg.xact_commit"), 0);
         assert_eq!(net.get("redis.calls"), 998);
         assert_eq!(net.per(1_000)["redis.calls"], json!(0.998));
+    }
+
+    #[test]
+    fn a_database_dropped_between_two_readings_leaves_the_sum_alone() {
+        let at = |pairs: &[(&str, i64)]| {
+            Counters(pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect())
+        };
+        let before = at(&[
+            ("pgdb/a/xact_commit", 100),
+            ("pgdb/gone/xact_commit", 5_000),
+        ]);
+        let after = at(&[("pgdb/a/xact_commit", 103), ("pgdb/new/xact_commit", 2)]);
+        let d = after.since(&before);
+        assert_eq!(d.get("pg.xact_commit"), 5);
+        assert_eq!(d.get("pg.tup_inserted"), 0);
+        assert!(d.0.keys().all(|k| !k.starts_with(PER_DATABASE)), "{d:?}");
     }
 
     #[tokio::test]

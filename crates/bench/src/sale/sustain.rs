@@ -298,9 +298,9 @@ async fn buyer(ctx: &Ctx, counts: &Counts, i: u64, pays: bool) {
                 counter.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            // Not payable: still PENDING (wait for the saga), or cancelled (give up).
+            // Not payable yet: still PENDING, or confirmed since (try again); cancelled: give up.
             Err(s) if s.code() == tonic::Code::FailedPrecondition => {
-                if !still_pending(ctx, token, &order_id).await {
+                if !may_still_pay(ctx, token, &order_id).await {
                     counts.pay_failed.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
@@ -311,7 +311,7 @@ async fn buyer(ctx: &Ctx, counts: &Counts, i: u64, pays: bool) {
     }
 }
 
-async fn still_pending(ctx: &Ctx, token: &str, order_id: &str) -> bool {
+async fn may_still_pay(ctx: &Ctx, token: &str, order_id: &str) -> bool {
     let Ok(req) = request(
         GetOrderRequest {
             order_id: order_id.to_owned(),
@@ -321,10 +321,10 @@ async fn still_pending(ctx: &Ctx, token: &str, order_id: &str) -> bool {
         return false;
     };
     match ctx.orders.clone().get_order(req).await {
-        Ok(r) => r
-            .into_inner()
-            .order
-            .is_some_and(|o| o.status == OrderStatus::Pending as i32),
+        Ok(r) => r.into_inner().order.is_some_and(|o| {
+            o.status == OrderStatus::Pending as i32
+                || o.status == OrderStatus::AwaitingPayment as i32
+        }),
         Err(_) => true,
     }
 }
@@ -553,9 +553,11 @@ impl Sustained {
         Some(end <= 1.5 * middle + f64::from(self.rate))
     }
 
-    /// Passes when the backlog drained before the bound and no paid order was left unshipped.
+    /// Passes when the backlog drained before the bound, no paid order was left unshipped,
+    /// no call ended in an error and every buyer who meant to pay could.
     pub fn passed(&self) -> bool {
-        self.drain.is_some() && self.left_paid == Some(0)
+        let [_, _, _, _, errors, _, _, pay_failed, _] = self.counts;
+        self.drain.is_some() && self.left_paid == Some(0) && errors == 0 && pay_failed == 0
     }
 
     pub fn to_json(&self) -> Value {
