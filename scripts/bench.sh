@@ -5,6 +5,11 @@
 # $FLASHSALE_BENCH_DIR (default .run/bench). Each mode is bounded in requests and time.
 #   scripts/bench.sh                 all scenarios (flood, big-sale, ticketing)
 #   scripts/bench.sh flood           one scenario
+#   scripts/bench.sh sale sustained  the sales end to end through `flashsale sale`, with the
+#                    services restarted on their default payment deadline: `sale` is 40,000
+#                    buyers for 4 products of 8,000 units, every winner paying at once;
+#                    `sustained` is BENCH_SUSTAIN_RATE buyers a second (default 500) for
+#                    BENCH_SUSTAIN_SECS (default 60), every winner paying as soon as confirmed
 #   BENCH_ARGS="--requests 20000" scripts/bench.sh flood     smaller runs
 #   BENCH_MODES=naive,platform scripts/bench.sh big-sale     some modes only
 # Each run keeps its reports in a directory of its own, $FLASHSALE_BENCH_DIR/<UTC time>-<commit>
@@ -44,7 +49,7 @@ SCRIPT=bench
 BENCH_ROOT="${FLASHSALE_BENCH_DIR:-.run/bench}"
 OUT=""             # this run's directory under BENCH_ROOT
 # The bare hot row runs beside the naive design so that the report shows both.
-MODES="${BENCH_MODES:-noop,naive,naive-bare,gate,insert,platform}"
+MODES="${BENCH_MODES:-noop,naive-sweep,naive-bare,gate,insert,insert-batch,platform}"
 MODES_GIVEN="${BENCH_MODES:+yes}"
 CLI="$CARGO_TARGET_DIR/release/flashsale"
 REPLICAS="${BENCH_REPLICAS:-1}"
@@ -278,6 +283,9 @@ main() {
     ln -sfn "$(basename "$OUT")" "$BENCH_ROOT/latest"
     # Orders must stay unpaid for the whole run: a long payment timeout, the default warehouse.
     export FLASHSALE_PROFILE=release
+    # (The sales end to end run on the default deadline: the services restart for them.)
+    local own_deadline=""
+    [[ -n "${FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS:-}" ]] || own_deadline=yes
     export FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS="${FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS:-3600000}"
     export RUST_LOG="${RUST_LOG:-warn}"
     export FLASHSALE_PRODUCT_STOCK__DATABASE__MAX_CONNECTIONS="${FLASHSALE_PRODUCT_STOCK__DATABASE__MAX_CONNECTIONS:-16}"
@@ -341,9 +349,40 @@ main() {
             pid_args+=(--service-pid "$svc=$(<"$RUN_DIR/$svc.pid")" --service-pid "$svc-2=$(<"$RUN_DIR/$svc-2.pid")")
         done
     fi
-    local s modes failed=()
+    local s modes failed=() sale_services=false sale_args=()
     for s in "${scenarios[@]}"; do
         log "scenario $s"
+        case "$s" in
+            sale | sustained)
+                ((REPLICAS == 1)) || die "the sale scenarios run with one replica per service"
+                if ! $sale_services; then
+                    log "restarting the services on their default payment deadline for the sales"
+                    scripts/down.sh >/dev/null 2>&1 || true
+                    [[ -z "$own_deadline" ]] || unset FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS
+                    scripts/up.sh 9>&-
+                    sale_services=true
+                fi
+                sale_args=(--products 4 --pay 1 --never-pay 0 --pay-late 0 --quiet --json)
+                if [[ "$s" == sale ]]; then
+                    sale_args+=(--buyers 40000 --stock 8000 --per-user-limit 1 --max-duration-secs 900)
+                else
+                    sale_args+=(--arrival-rate "${BENCH_SUSTAIN_RATE:-500}" --sustain-secs "${BENCH_SUSTAIN_SECS:-60}"
+                        --stock 10000000 --per-user-limit 0 --max-duration-secs 900
+                        --order-database-url "$FLASHSALE_ORDER__DATABASE__URL"
+                        --product-database-url "$FLASHSALE_PRODUCT_STOCK__DATABASE__URL"
+                        --outbound-database-url "$FLASHSALE_OUTBOUND__DATABASE__URL"
+                        --amqp-url "${FLASHSALE_BENCH_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+                        --queue-prefix "$run_tag.")
+                fi
+                # shellcheck disable=SC2086 # SALE_ARGS is a list of options
+                "$CLI" sale "${sale_args[@]}" ${SALE_ARGS:-} >"$OUT/$s.json" &
+                BENCH_PID=$!
+                wait "$BENCH_PID" || failed+=("$s")
+                BENCH_PID=""
+                cat "$OUT/$s.json"
+                continue
+                ;;
+        esac
         modes="$MODES"
         [[ -n "$MODES_GIVEN" || "$s" != flood ]] || modes="$MODES,refusals"
         # In the background, waited for: a signal to the script then stops it at once (the

@@ -33,6 +33,26 @@ const REDIS_SETTINGS: [&str; 5] = [
     "io-threads",
 ];
 
+/// [`collect`] from the servers the environment names (`FLASHSALE_BENCH_POSTGRES_URL`,
+/// `FLASHSALE_BENCH_REDIS_URL`, `FLASHSALE_BENCH_AMQP_URL`), else the development ones: for
+/// `flashsale sale`, which talks only to the services.
+pub async fn from_env() -> Value {
+    let var =
+        |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
+    collect(
+        &var(
+            "FLASHSALE_BENCH_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432",
+        ),
+        &var("FLASHSALE_BENCH_REDIS_URL", "redis://127.0.0.1:6379"),
+        &var(
+            "FLASHSALE_BENCH_AMQP_URL",
+            "amqp://guest:guest@127.0.0.1:5672/%2f",
+        ),
+    )
+    .await
+}
+
 pub async fn collect(postgres_url: &str, redis_url: &str, amqp_url: &str) -> Value {
     let (commit, dirty) = commit();
     json!({

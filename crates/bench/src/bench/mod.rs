@@ -14,7 +14,7 @@ mod batches;
 mod counters;
 mod invariants;
 mod measure;
-mod meta;
+pub(crate) mod meta;
 mod openloop;
 mod platform;
 mod refusals;

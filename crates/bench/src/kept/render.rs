@@ -80,6 +80,10 @@ pub fn render(kept: &[Kept], chart_dir: &str) -> Rendered {
     for k in kept {
         if k.report["modes"].is_array() {
             bench(&mut md, &mut charts, k, chart_dir);
+        } else if k.report["mode"] == "sustained" {
+            sustained(&mut md, &mut charts, k, chart_dir);
+        } else if k.report["invariants"].is_array() {
+            sale(&mut md, k);
         } else {
             let _ = writeln!(
                 md,
@@ -204,6 +208,8 @@ fn bench(md: &mut String, charts: &mut Vec<(String, String)>, k: &Kept, chart_di
     }
     cost(md, &modes);
     refusals(md, &modes);
+    sweeps(md, &r["naive_sweep"]);
+    open_loop(md, charts, k, chart_dir);
     let failed: Vec<String> = modes
         .iter()
         .flat_map(|m| {
@@ -238,6 +244,324 @@ fn bench(md: &mut String, charts: &mut Vec<(String, String)>, k: &Kept, chart_di
             text(&r["scenario"])
         );
         charts.push((file, svg));
+    }
+}
+
+/// Every point of each naive sweep, the best marked.
+fn sweeps(md: &mut String, sweeps: &Value) {
+    for sw in sweeps.as_array().into_iter().flatten() {
+        let best = &sw["best"];
+        let _ = writeln!(
+            md,
+            "Naive design swept (round {}): {} requests from {} buyers for {} units per point; \
+             the best point is re-run at full size and is the naive baseline of the ratios.\n",
+            num(&sw["round"], 0),
+            num(&sw["requests_per_point"], 0),
+            num(&sw["buyers_per_point"], 0),
+            num(&sw["stock_per_point"], 0)
+        );
+        let _ = writeln!(
+            md,
+            "| variant | pool | in flight | accepted/s | p50 ms | p99 ms | errors |\n|---|--:|--:|--:|--:|--:|--:|"
+        );
+        for p in sw["points"].as_array().into_iter().flatten() {
+            let mark = if p == best { " **best**" } else { "" };
+            let _ = writeln!(
+                md,
+                "| {}{mark} | {} | {} | {} | {} | {} | {} |",
+                text(&p["variant"]),
+                num(&p["pool"], 0),
+                num(&p["concurrency"], 0),
+                num(&p["accepted_per_s"], 0),
+                num(&p["p50_ms"], 1),
+                num(&p["p99_ms"], 1),
+                num(&p["errors"], 0)
+            );
+        }
+        md.push('\n');
+    }
+}
+
+/// The open-loop curves: a table per target and one chart of p99 against the offered rate.
+fn open_loop(md: &mut String, charts: &mut Vec<(String, String)>, k: &Kept, chart_dir: &str) {
+    let Some(curves) = k.report["open_loop"].as_array().filter(|c| !c.is_empty()) else {
+        return;
+    };
+    let slo = curves
+        .iter()
+        .find_map(|c| c["slo_ms"].as_f64())
+        .unwrap_or(50.0);
+    let mut series = Vec::new();
+    for c in curves {
+        let target = text(&c["target"]);
+        let _ = writeln!(
+            md,
+            "Open loop, {target} (round {}, {} s per rate, latency from the scheduled start): \
+             **highest rate within p99 ≤ {} ms: {}** calls/s.\n",
+            num(&c["round"], 0),
+            num(&c["secs_per_rate"], 0),
+            num(&c["slo_ms"], 0),
+            num(&c["max_rate_within_slo"], 0)
+        );
+        let _ = writeln!(
+            md,
+            "| offered/s | achieved/s | p50 ms | p99 ms | p99.9 ms | max ms | errors | not started | within SLO |\n\
+             |--:|--:|--:|--:|--:|--:|--:|--:|---|"
+        );
+        let mut points = Vec::new();
+        for p in c["points"].as_array().into_iter().flatten() {
+            let l = &p["latency_ms"];
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                num(&p["offered_rps"], 0),
+                num(&p["achieved_rps"], 0),
+                num(&l["p50"], 1),
+                num(&l["p99"], 1),
+                num(&l["p999"], 1),
+                num(&l["max"], 1),
+                num(&p["errored"], 0),
+                num(&p["not_started"], 0),
+                if p["meets_slo"].as_bool() == Some(true) {
+                    "yes"
+                } else {
+                    "no"
+                }
+            );
+            if let (Some(x), Some(y)) = (p["offered_rps"].as_f64(), l["p99"].as_f64()) {
+                points.push((x, y));
+            }
+        }
+        md.push('\n');
+        series.push(Series {
+            dashed: !target.starts_with("platform"),
+            name: format!("{target} p99"),
+            points,
+        });
+    }
+    let file = format!("open-loop-{}.svg", k.name);
+    let svg = Chart {
+        title: format!(
+            "{}: p99 latency against the offered rate (open loop)",
+            text(&k.report["scenario"])
+        ),
+        x_label: "offered calls per second".into(),
+        y_label: "p99 ms from the scheduled start (log)".into(),
+        series,
+        marks: vec![(slo, format!("SLO {slo} ms"))],
+        log_y: true,
+    }
+    .render();
+    let _ = writeln!(
+        md,
+        "![p99 latency against the offered rate]({chart_dir}/{file})\n"
+    );
+    charts.push((file, svg));
+}
+
+/// `flashsale sale`: the sale's figures, its payments and its checks.
+fn sale(md: &mut String, k: &Kept) {
+    let r = &k.report;
+    let _ = writeln!(
+        md,
+        "### Sale end to end: `{}`\n\n{} buyers for {} product(s) of {} units, {} accepted; the \
+         flood took {} s ({} calls/s); the whole sale {} s. {}\n",
+        k.name,
+        num(&r["buyers"], 0),
+        r["skus"].as_array().map_or(0, Vec::len),
+        num(&r["stock"], 0),
+        num(&r["accepted"], 0),
+        num(&r["floodSecs"], 1),
+        num(&r["throughputRps"], 0),
+        num(&r["elapsedSecs"], 1),
+        verdict(r["pass"].as_bool())
+    );
+    if let Some(p) = r["payments"].as_object() {
+        let _ = writeln!(md, "| payments | |\n|---|--:|");
+        for (name, v) in p {
+            if v.is_number() {
+                let _ = writeln!(md, "| {name} | {} |", num(v, 1));
+            } else if let Some(o) = v.as_object() {
+                for (sub, v) in o.iter().filter(|(_, v)| v.is_number()) {
+                    let _ = writeln!(md, "| {name}.{sub} | {} |", num(v, 1));
+                }
+            }
+        }
+        md.push('\n');
+    }
+    memory(md, &r["memory"]);
+    checks(md, &r["invariants"]);
+}
+
+/// A sustained sale: its summary, its checks and two charts (rates, backlog).
+fn sustained(md: &mut String, charts: &mut Vec<(String, String)>, k: &Kept, chart_dir: &str) {
+    let r = &k.report;
+    let _ = writeln!(
+        md,
+        "### Sustained sale: `{}`\n\n{} new buyers a second for {} s, each paying as soon as its \
+         order is confirmed. {}\n",
+        k.name,
+        num(&r["arrivalRate"], 0),
+        num(&r["sustainSecs"], 0),
+        verdict(r["pass"].as_bool())
+    );
+    let _ = writeln!(md, "| | |\n|---|--:|");
+    for (label, key, places) in [
+        ("arrivals", "arrivals", 0),
+        ("accepted", "accepted", 0),
+        (
+            "accepted/s (second half of the arrivals)",
+            "acceptedPerSec",
+            1,
+        ),
+        (
+            "shipped/s (second half of the arrivals)",
+            "shippedPerSec",
+            1,
+        ),
+        ("shipped ÷ accepted per second", "shippedToAcceptedRatio", 2),
+        (
+            "backlog, middle fifth of the arrivals (mean)",
+            "backlogMiddle",
+            0,
+        ),
+        (
+            "backlog, last fifth of the arrivals (mean)",
+            "backlogEnd",
+            0,
+        ),
+        ("drain after the arrivals stopped, s", "drainSecs", 1),
+        ("paid at the provider", "paidAtProvider", 0),
+        ("paid but left unshipped", "paidLeftUnshipped", 0),
+        ("payments that could not be made", "paymentsFailed", 0),
+        ("errors", "errors", 0),
+    ] {
+        let _ = writeln!(md, "| {label} | {} |", num(&r[key], places));
+    }
+    let _ = writeln!(
+        md,
+        "| backlog bounded | {} |\n",
+        match r["backlogBounded"].as_bool() {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => DASH,
+        }
+    );
+    memory(md, &r["memory"]);
+    let timeline = r["timeline"].as_array().cloned().unwrap_or_default();
+    let rate = |key: &str| -> Vec<(f64, f64)> {
+        timeline
+            .windows(2)
+            .filter_map(|w| {
+                let (a, b) = (&w[0], &w[1]);
+                let dt = b["t"].as_f64()? - a["t"].as_f64()?;
+                (dt > 0.0).then_some((b["t"].as_f64()?, (b[key].as_f64()? - a[key].as_f64()?) / dt))
+            })
+            .collect()
+    };
+    if timeline.len() > 2 {
+        let series = ["accepted", "confirmed", "paid", "shipped"]
+            .iter()
+            .map(|k| Series {
+                name: format!("{k}/s"),
+                points: rate(k),
+                dashed: false,
+            })
+            .collect();
+        let file = format!("{}-rates.svg", k.name);
+        let svg = Chart {
+            title: "Sustained sale: orders per second".into(),
+            x_label: "seconds since the first arrival".into(),
+            y_label: "orders per second".into(),
+            series,
+            marks: Vec::new(),
+            log_y: false,
+        }
+        .render();
+        let _ = writeln!(
+            md,
+            "![Orders accepted, confirmed, paid and shipped per second]({chart_dir}/{file})\n"
+        );
+        charts.push((file, svg));
+        let backlog = |f: &dyn Fn(&Value) -> Option<f64>| -> Vec<(f64, f64)> {
+            timeline
+                .iter()
+                .filter_map(|s| Some((s["t"].as_f64()?, f(s)?)))
+                .collect()
+        };
+        let series = vec![
+            Series {
+                name: "orders PENDING".into(),
+                points: backlog(&|s| s["pending"].as_f64()),
+                dashed: false,
+            },
+            Series {
+                name: "orders PAID, not shipped".into(),
+                points: backlog(&|s| s["paidUnshipped"].as_f64()),
+                dashed: false,
+            },
+            Series {
+                name: "unsent outbox rows".into(),
+                points: backlog(&|s| {
+                    let o = s["outboxUnsent"].as_object()?;
+                    Some(o.values().filter_map(Value::as_f64).sum())
+                }),
+                dashed: true,
+            },
+        ];
+        let file = format!("{}-backlog.svg", k.name);
+        let svg = Chart {
+            title: "Sustained sale: backlog".into(),
+            x_label: "seconds since the first arrival".into(),
+            y_label: "orders or rows waiting".into(),
+            series,
+            marks: Vec::new(),
+            log_y: false,
+        }
+        .render();
+        let _ = writeln!(md, "![The backlog over time]({chart_dir}/{file})\n");
+        charts.push((file, svg));
+    }
+}
+
+fn verdict(pass: Option<bool>) -> &'static str {
+    match pass {
+        Some(true) => "Every check passed.",
+        Some(false) => "**The run failed a check** (below).",
+        None => "",
+    }
+}
+
+/// Each service's peak memory during a sale.
+fn memory(md: &mut String, memory: &Value) {
+    let peaks: Vec<String> = memory
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| format!("{} {} MiB", text(&m["service"]), num(&m["peak_rss_mib"], 1)))
+        .collect();
+    if !peaks.is_empty() {
+        let _ = writeln!(md, "Peak resident memory: {}.\n", peaks.join(", "));
+    }
+}
+
+/// A sale's invariant checks, the failed ones spelled out.
+fn checks(md: &mut String, checks: &Value) {
+    let all = checks.as_array().cloned().unwrap_or_default();
+    let failed: Vec<String> = all
+        .iter()
+        .filter(|c| c["pass"].as_bool() != Some(true))
+        .map(|c| format!("{} ({})", text(&c["name"]), text(&c["detail"])))
+        .collect();
+    if failed.is_empty() {
+        let names: Vec<String> = all.iter().map(|c| text(&c["name"])).collect();
+        let _ = writeln!(md, "Checks passed: {}.\n", names.join("; "));
+    } else {
+        let _ = writeln!(md, "Checks that **failed**:\n");
+        for f in failed {
+            let _ = writeln!(md, "- {f}");
+        }
+        md.push('\n');
     }
 }
 
@@ -435,6 +759,82 @@ mod tests {
         assert!(md.contains("](bench/intake-big-sale.svg)"), "{md}");
         assert_eq!(out.charts.len(), 1);
         assert_eq!(out.charts[0].1.matches("<polyline").count(), 2);
+    }
+
+    #[test]
+    fn open_loop_curves_sustained_sales_and_sales_are_rendered_with_their_charts() {
+        let mut bench = report();
+        bench["open_loop"] = json!([
+            {"target": "platform", "round": 1, "secs_per_rate": 10, "slo_ms": 50, "max_rate_within_slo": 2000,
+             "points": [{"offered_rps": 1000, "achieved_rps": 998, "latency_ms": {"p50": 2.0, "p99": 9.5, "p999": 20.0, "max": 30.0}, "errored": 0, "not_started": 0, "meets_slo": true},
+                        {"offered_rps": 4000, "achieved_rps": 3900, "latency_ms": {"p50": 20.0, "p99": 149.0, "p999": 300.0, "max": 400.0}, "errored": 0, "not_started": 0, "meets_slo": false}]},
+            {"target": "naive-fn pool 16", "round": 1, "secs_per_rate": 10, "slo_ms": 50, "max_rate_within_slo": 500,
+             "points": [{"offered_rps": 1000, "achieved_rps": 700, "latency_ms": {"p50": 500.0, "p99": 1274.0, "p999": 1300.0, "max": 1400.0}, "errored": 3, "not_started": 10, "meets_slo": false}]}
+        ]);
+        bench["naive_sweep"] = json!([{"round": 1, "requests_per_point": 4000, "buyers_per_point": 4000, "stock_per_point": 2000,
+            "points": [{"variant": "naive-fn", "pool": 16, "concurrency": 64, "accepted_per_s": 548.0, "p50_ms": 90.0, "p99_ms": 199.0, "errors": 0},
+                       {"variant": "naive", "pool": 8, "concurrency": 64, "accepted_per_s": 457.0, "p50_ms": 95.0, "p99_ms": 204.0, "errors": 0}],
+            "best": {"variant": "naive-fn", "pool": 16, "concurrency": 64, "accepted_per_s": 548.0, "p50_ms": 90.0, "p99_ms": 199.0, "errors": 0}}]);
+        let sustained = json!({"mode": "sustained", "arrivalRate": 500, "sustainSecs": 60, "arrivals": 30000, "accepted": 30000,
+            "acceptedPerSec": 500.0, "shippedPerSec": 480.0, "shippedToAcceptedRatio": 0.96, "backlogBounded": false,
+            "drainSecs": 12.0, "pass": true, "memory": [{"service": "order", "peak_rss_mib": 80.5}],
+            "timeline": [{"t": 0.0, "accepted": 0, "confirmed": 0, "paid": 0, "shipped": 0, "pending": 0, "paidUnshipped": 0, "outboxUnsent": {"order": 0}},
+                         {"t": 1.0, "accepted": 500, "confirmed": 400, "paid": 300, "shipped": 200, "pending": 100, "paidUnshipped": 100, "outboxUnsent": {"order": 5, "outbound": null}},
+                         {"t": 2.0, "accepted": 1000, "confirmed": 900, "paid": 800, "shipped": 700, "pending": 100, "paidUnshipped": 100, "outboxUnsent": {"order": 3}}]});
+        let sale = json!({"buyers": 40000, "skus": ["A", "B"], "stock": 8000, "accepted": 16000, "floodSecs": 9.0,
+            "throughputRps": 4400.0, "elapsedSecs": 120.0, "pass": false,
+            "payments": {"paidPerSec": 900.5, "lateBySale": {"startedLate": 0, "paidLate": 2}},
+            "memory": [], "invariants": [{"name": "paid orders shipped", "pass": false, "detail": "2 left"}, {"name": "units sold <= stock", "pass": true, "detail": "ok"}]});
+        let kept = vec![
+            Kept {
+                name: "big-sale".into(),
+                report: bench,
+            },
+            Kept {
+                name: "sale".into(),
+                report: sale,
+            },
+            Kept {
+                name: "sustained".into(),
+                report: sustained,
+            },
+        ];
+        let out = render(&kept, "bench");
+        let md = &out.markdown;
+        assert!(
+            md.contains("highest rate within p99 ≤ 50 ms: 2,000** calls/s"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 1,000 | 700 | 500.0 | 1,274.0 | 1,300.0 | 1,400.0 | 3 | 10 | no |"),
+            "{md}"
+        );
+        assert!(md.contains("| naive-fn **best** | 16 | 64 | 548 |"), "{md}");
+        assert!(
+            md.contains("| paidPerSec | 900.5 |") && md.contains("| lateBySale.paidLate | 2.0 |"),
+            "{md}"
+        );
+        assert!(md.contains("paid orders shipped (2 left)"), "{md}");
+        assert!(
+            md.contains("| shipped ÷ accepted per second | 0.96 |"),
+            "{md}"
+        );
+        assert!(md.contains("| backlog bounded | **no** |"), "{md}");
+        assert!(md.contains("Peak resident memory: order 80.5 MiB."), "{md}");
+        let files: Vec<&str> = out.charts.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            files,
+            vec![
+                "open-loop-big-sale.svg",
+                "intake-big-sale.svg",
+                "sustained-rates.svg",
+                "sustained-backlog.svg"
+            ]
+        );
+        // Rates are the differences of the cumulative counts: 500 accepted in the second second.
+        let rates = &out.charts[2].1;
+        assert_eq!(rates.matches("<polyline").count(), 4);
+        assert!(out.charts[0].1.contains("SLO 50 ms"));
     }
 
     #[test]

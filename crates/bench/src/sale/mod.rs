@@ -362,8 +362,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     if let Some((rate, secs)) = sustained {
         let sampler = Sampler::start(args.pids.services());
+        let cpu = crate::cpustat::Sampler::start(crate::cpustat::groups(&args.pids.services()));
+        let cpu_from = std::time::Instant::now();
         let run = sustain::run(ctx.clone(), rate, secs, shares.pay, &args.backlog).await?;
         let memory = sampler.finish().await;
+        let cpu = cpu
+            .finish()
+            .await
+            .window(cpu_from, std::time::Instant::now());
         if args.json {
             let mut v = run.to_json();
             v["memory"] = memory
@@ -371,6 +377,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .map(crate::procstat::Memory::to_json)
                 .collect();
             v["elapsedSecs"] = serde_json::json!(started.elapsed().as_secs_f64());
+            v["cpu"] = cost_per_order(cpu.as_ref(), &v);
+            v["meta"] = crate::bench::meta::from_env().await;
             println!(
                 "{}",
                 serde_json::to_string(&v).context("encode the report")?
@@ -388,8 +396,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    // The services' resident memory, sampled from the flood until quiescence.
+    // The services' resident memory and everyone's CPU, sampled from the flood until
+    // quiescence.
     let sampler = Sampler::start(args.pids.services());
+    let cpu = crate::cpustat::Sampler::start(crate::cpustat::groups(&args.pids.services()));
+    let cpu_from = std::time::Instant::now();
     progress(&format!(
         "flood: {requests} CreateOrder calls from {} buyers, {} at a time",
         args.buyers, args.concurrency
@@ -409,12 +420,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     run.act().await;
     run.quiesce().await;
     let memory = sampler.finish().await;
+    let cpu = cpu
+        .finish()
+        .await
+        .window(cpu_from, std::time::Instant::now());
 
     let report = report::build(&ctx, &args, shares, &flood, run, memory, started).await;
     if args.json {
+        let mut v = report.to_json(args.quiet);
+        v["cpu"] = cost_per_order(cpu.as_ref(), &v);
+        v["meta"] = crate::bench::meta::from_env().await;
         println!(
             "{}",
-            serde_json::to_string(&report.to_json(args.quiet)).context("encode the report")?
+            serde_json::to_string(&v).context("encode the report")?
         );
     } else {
         report.print_text(args.quiet);
@@ -557,6 +575,39 @@ impl Ctx {
 /// One line of progress on stderr (stdout carries the report).
 pub(crate) fn progress(line: &str) {
     eprintln!("sale: {line}");
+}
+
+/// The machine's CPU over the whole sale, per accepted and per completed (shipped) order, each
+/// process group's and the machine's milliseconds: the cost of an order through its whole saga.
+fn cost_per_order(
+    cpu: Option<&crate::cpustat::Usage>,
+    report: &serde_json::Value,
+) -> serde_json::Value {
+    let Some(u) = cpu else {
+        return serde_json::Value::Null;
+    };
+    let count = |v: &serde_json::Value| v.as_u64().and_then(|n| usize::try_from(n).ok());
+    let accepted = count(&report["accepted"]);
+    // A burst sale counts its shipped orders by status; a sustained one in its last sample.
+    let shipped = count(&report["totals"]["byStatus"]["SHIPPED"]).or_else(|| {
+        report["timeline"]
+            .as_array()
+            .and_then(|t| t.last())
+            .and_then(|s| count(&s["shipped"]))
+    });
+    let mut v = u.to_json(None);
+    for (key, n) in [("ms_per_accepted", accepted), ("ms_per_completed", shipped)] {
+        if let Some(ms) = u
+            .to_json(n)
+            .get_mut("ms_per_accepted")
+            .map(serde_json::Value::take)
+        {
+            v[key] = ms;
+        }
+    }
+    v["accepted"] = serde_json::json!(accepted);
+    v["completed"] = serde_json::json!(shipped);
+    v
 }
 
 #[cfg(test)]

@@ -553,11 +553,24 @@ impl Sustained {
         Some(end <= 1.5 * middle + f64::from(self.rate))
     }
 
+    /// Payments made at the provider whose orders never became PAID (the notification came
+    /// after the order's deadline, and the payment is refunded): buyers who paid and got
+    /// nothing. `None` when the order database was not read.
+    pub fn paid_not_taken(&self) -> Option<i64> {
+        let last = self.samples.last()?;
+        Some(i64::try_from(last.paid_at_provider).unwrap_or(i64::MAX) - last.paid?)
+    }
+
     /// Passes when the backlog drained before the bound, no paid order was left unshipped,
-    /// no call ended in an error and every buyer who meant to pay could.
+    /// every payment made became a PAID order, no call ended in an error and every buyer who
+    /// meant to pay could.
     pub fn passed(&self) -> bool {
         let [_, _, _, _, errors, _, _, pay_failed, _] = self.counts;
-        self.drain.is_some() && self.left_paid == Some(0) && errors == 0 && pay_failed == 0
+        self.drain.is_some()
+            && self.left_paid == Some(0)
+            && self.paid_not_taken().is_none_or(|n| n <= 0)
+            && errors == 0
+            && pay_failed == 0
     }
 
     pub fn to_json(&self) -> Value {
@@ -593,6 +606,7 @@ impl Sustained {
             "backlogBounded": self.bounded(),
             "drainSecs": self.drain,
             "paidLeftUnshipped": self.left_paid,
+            "paidNotTaken": self.paid_not_taken(),
             "pass": self.passed(),
             "timeline": self.samples.iter().map(|s| json!({
                 "t": s.at,
@@ -726,5 +740,21 @@ mod tests {
             ..sustained(vec![])
         };
         assert!(!stuck.passed());
+    }
+
+    #[test]
+    fn a_payment_that_never_made_its_order_paid_fails_the_run() {
+        let at = |paid_at_provider: u64, paid: i64| Sample {
+            paid_at_provider,
+            paid: Some(paid),
+            ..sample(1.0, false, 0, 0, 10)
+        };
+        assert_eq!(sustained(vec![at(10, 10)]).paid_not_taken(), Some(0));
+        assert!(sustained(vec![at(10, 10)]).passed());
+        let late = sustained(vec![at(10, 8)]);
+        assert_eq!(late.paid_not_taken(), Some(2));
+        assert!(!late.passed());
+        // Without the order database nothing is known, and nothing is claimed.
+        assert_eq!(sustained(vec![]).paid_not_taken(), None);
     }
 }

@@ -546,7 +546,9 @@ async fn a_sale_that_pays_too_slowly_for_the_deadline_fails_and_counts_its_late_
 
 #[tokio::test]
 async fn a_sustained_sale_reports_a_timeline_and_ships_every_payment() {
-    let stack = FullStack::spawn(|_| {}).await;
+    // A deadline no loaded test machine can miss: this test is about the timeline, not about
+    // payments made late (the sale fails those, as the next assertion would show).
+    let stack = FullStack::spawn_with(600_000, |_| {}).await;
     let run = stack
         .sale(&[
             "--arrival-rate",
@@ -574,6 +576,7 @@ async fn a_sustained_sale_reports_a_timeline_and_ships_every_payment() {
     assert_eq!(r["accepted"], 60, "{r}");
     assert_eq!(r["paidAtProvider"], 60, "{r}");
     assert_eq!(r["paidLeftUnshipped"], 0, "{r}");
+    assert_eq!(r["paidNotTaken"], 0, "{r}");
     assert!(r["drainSecs"].as_f64().is_some(), "{r}");
     let timeline = r["timeline"].as_array().unwrap();
     assert!(timeline.len() >= 3, "{r}");
@@ -582,4 +585,18 @@ async fn a_sustained_sale_reports_a_timeline_and_ships_every_payment() {
     assert_eq!(last["pending"], 0, "{r}");
     assert_eq!(last["outboxUnsent"]["order"], 0, "{r}");
     assert_eq!(r["pass"], true, "{r}");
+    // The cost of a completed order: the machine's CPU over the sale per shipped order.
+    assert_eq!(r["cpu"]["completed"], 60, "{r}");
+    assert!(
+        r["cpu"]["ms_per_completed"]["machine"]
+            .as_f64()
+            .is_some_and(|ms| ms > 0.0),
+        "{r}"
+    );
+    assert!(
+        r["meta"]["machine"]["cpus_online"]
+            .as_u64()
+            .is_some_and(|n| n > 0),
+        "{r}"
+    );
 }
