@@ -142,10 +142,7 @@ impl Stack {
         let exchange = unique_name("fs_cli_ex");
         // product-stock asks the order service about orders and starts first: the order
         // service's port is chosen now.
-        let order_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
+        let order_port = port_outside_the_ephemeral_range();
         let (stock_port, stock_stop, stock_db, stock_amqp) =
             spawn_stock_with(&exchange, Some(order_port)).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -292,4 +289,18 @@ pub fn piped(mut cmd: tokio::process::Command) -> tokio::process::Child {
 pub fn dev_payment_secrets(s: &mut flashsale_order::config::Settings) {
     s.payment.api_key = flashsale_contract::payment::DEV_PAYMENT_API_KEY.into();
     s.payment.webhook_secret = flashsale_contract::payment::DEV_WEBHOOK_SECRET.into();
+}
+
+/// A free port below the kernel's ephemeral range (32768 and up), for a server that binds it
+/// seconds later: a port `bind(0)` handed out and gave back may meanwhile become the local port
+/// of any test's outgoing connection, which one below that range never does.
+fn port_outside_the_ephemeral_range() -> u16 {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        ^ std::process::id().rotate_left(16);
+    (0..2_000u32)
+        .map(|i| 20_000 + ((seed.wrapping_add(i.wrapping_mul(7_919))) % 12_000) as u16)
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free port in 20000..32000")
 }
