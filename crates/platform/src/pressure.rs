@@ -84,6 +84,50 @@ impl Yield {
     }
 }
 
+/// A [`Yield`] with a memory: a burst that outlasts `max_lag` is a sustained load, and holding
+/// work back through it only delays that work by `max_lag` without ever letting the foreground
+/// have the cores to itself — the work has to be done meanwhile all the same. So once work has
+/// had to go out at its `max_lag` while the foreground was busy, the yielder holds nothing back
+/// until the foreground has been quiet again; a short burst is still answered first.
+#[derive(Clone, Debug)]
+pub struct Yielder {
+    rule: Yield,
+    sustained: bool,
+}
+
+impl Yielder {
+    pub fn new(rule: Yield) -> Self {
+        Self {
+            rule,
+            sustained: false,
+        }
+    }
+
+    /// As [`Yield::hold`], but `None` throughout a sustained load.
+    pub fn hold(&mut self, oldest: Option<Duration>) -> Option<Duration> {
+        let busy = self
+            .rule
+            .foreground
+            .quiet_for()
+            .is_some_and(|q| q < self.rule.quiet);
+        if !busy {
+            self.sustained = false;
+            return None;
+        }
+        if self.sustained {
+            return None;
+        }
+        let hold = self.rule.hold(oldest);
+        self.sustained = hold.is_none();
+        hold
+    }
+
+    /// Whether the foreground's load has outlasted `max_lag` and work is no longer held back.
+    pub fn sustained(&self) -> bool {
+        self.sustained
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +163,49 @@ mod tests {
                 .is_some_and(|q| q >= Duration::from_millis(50))
         );
         assert_eq!(y.hold(Some(Duration::ZERO)), None, "quiet again: go");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_that_outlasts_max_lag_is_held_back_no_more_until_the_foreground_is_quiet() {
+        let fg = Foreground::new();
+        let mut y = Yielder::new(Yield {
+            foreground: fg.clone(),
+            quiet: Duration::from_millis(50),
+            max_lag: Duration::from_secs(2),
+        });
+        fg.mark();
+        // A burst: young work is held back.
+        assert_eq!(
+            y.hold(Some(Duration::from_millis(5))),
+            Some(Duration::from_millis(50))
+        );
+        assert!(!y.sustained());
+        // The burst goes on past max_lag: the oldest work goes, and from then on new work too,
+        // while the foreground stays busy.
+        for _ in 0..200 {
+            tokio::time::advance(Duration::from_millis(10)).await;
+            fg.mark();
+        }
+        assert_eq!(y.hold(Some(Duration::from_secs(2))), None);
+        assert!(y.sustained());
+        for _ in 0..10 {
+            tokio::time::advance(Duration::from_millis(10)).await;
+            fg.mark();
+            assert_eq!(
+                y.hold(Some(Duration::from_millis(1))),
+                None,
+                "sustained: go"
+            );
+            assert_eq!(y.hold(None), None);
+        }
+        // Quiet again: the next burst is yielded to as the first was.
+        tokio::time::advance(Duration::from_millis(60)).await;
+        assert_eq!(y.hold(Some(Duration::from_millis(1))), None, "quiet: go");
+        assert!(!y.sustained());
+        fg.mark();
+        assert_eq!(
+            y.hold(Some(Duration::from_millis(1))),
+            Some(Duration::from_millis(50))
+        );
     }
 }

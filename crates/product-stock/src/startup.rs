@@ -127,9 +127,14 @@ pub async fn build_with_orders(
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
-            ProductStockServiceServer::new(ProductStockApi::new(catalog, gate, saga, reconciler))
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
+            ProductStockServiceServer::new(ProductStockApi::new(
+                catalog,
+                gate,
+                crate::app::commit_batcher(saga),
+                reconciler,
+            ))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
             f.auth.clone(),
         ))
         .with_service(InterceptedService::new(

@@ -56,9 +56,10 @@ pub struct RelayOptions {
     pub retention: Duration,
     /// Foreground work this relay gives way to: while the foreground is busy it publishes only
     /// once the oldest due row has waited the yield's `max_lag` (then from the oldest on), so the
-    /// events of a short burst go out right after it, and under a load that never pauses the
-    /// relay holds none back longer than that (whether the consumers keep up is another matter).
-    /// Every row of the outbox waits alike, whatever its event.
+    /// events of a short burst go out right after it. A load that outlasts `max_lag` is
+    /// sustained: from then on the relay holds nothing back until the foreground is quiet again
+    /// ([`flashsale_platform::pressure::Yielder`]). Every row of the outbox waits alike,
+    /// whatever its event.
     pub yield_to: Option<flashsale_platform::pressure::Yield>,
 }
 
@@ -134,6 +135,11 @@ impl OutboxRelay {
         let mut listener: Option<PgListener> = None;
         let mut backoff = BACKOFF_MIN;
         let mut last_purge = tokio::time::Instant::now();
+        let mut yielder = self
+            .options
+            .yield_to
+            .clone()
+            .map(flashsale_platform::pressure::Yielder::new);
         loop {
             if listener.is_none() {
                 listener = self.listen().await;
@@ -141,10 +147,10 @@ impl OutboxRelay {
             // Drain: batches until one comes back short.
             let mut failed = false;
             loop {
-                if let Some(y) = &self.options.yield_to {
+                if let Some(y) = &mut yielder {
                     let held = tokio::time::Instant::now();
                     loop {
-                        if y.foreground.quiet_for().is_none_or(|q| q >= y.quiet) {
+                        if y.hold(None).is_none() {
                             break;
                         }
                         let oldest = tokio::select! {

@@ -18,7 +18,7 @@ use flashsale_proto::product::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
-    app::{Catalog, DriftReport, Gate, Reconciler, StockSaga},
+    app::{Catalog, CommitBatcher, DriftReport, Gate, Reconciler},
     domain::{
         Adjustment, DeductionPolicy, GateBuyers, Product, ProductDraft, Refusal, ReservationState,
         ReserveRequest, Sku, StockError, parse_order_id,
@@ -30,16 +30,23 @@ use crate::{
 pub struct ProductStockApi {
     catalog: Catalog,
     gate: Gate,
-    saga: StockSaga,
+    commits: CommitBatcher,
     reconciler: Reconciler,
 }
 
 impl ProductStockApi {
-    pub fn new(catalog: Catalog, gate: Gate, saga: StockSaga, reconciler: Reconciler) -> Self {
+    /// `commits` is the batching worker `CommitReservation` goes through
+    /// ([`crate::app::commit_batcher`]).
+    pub fn new(
+        catalog: Catalog,
+        gate: Gate,
+        commits: CommitBatcher,
+        reconciler: Reconciler,
+    ) -> Self {
         Self {
             catalog,
             gate,
-            saga,
+            commits,
             reconciler,
         }
     }
@@ -357,9 +364,10 @@ impl ProductStockService for ProductStockApi {
         authorize(&req, SERVICE)?;
         let order_id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
         let (r, replayed) = self
-            .saga
-            .commit_reservation(order_id)
+            .commits
+            .call(order_id)
             .await
+            .map_err(|e| status(StockError::Internal(anyhow::Error::new(e))))?
             .map_err(status)?;
         let state = match r.state {
             ReservationState::Reserved => pb::ReservationState::Reserved,

@@ -12,6 +12,7 @@ use flashsale_platform::failpoint::Failpoints;
 use crate::{domain::StockError, infra::gate::GateError};
 
 mod catalog;
+mod commit_batch;
 mod gate;
 mod reconcile;
 mod saga;
@@ -19,6 +20,7 @@ mod saga_batch;
 mod terms;
 
 pub use catalog::Catalog;
+pub use commit_batch::{CommitBatcher, Committed, commit_batcher};
 pub use gate::{Gate, Reserved};
 pub use reconcile::{DriftReport, HOLD_SWEEP, Reconciler, Settled};
 pub use saga::StockSaga;

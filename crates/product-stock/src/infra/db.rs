@@ -261,13 +261,34 @@ pub async fn reservation<C: ConnectionTrait>(
         "SELECT order_id, sku, user_id, quantity, state, policy FROM reservations WHERE order_id = $1{}",
         if lock { " FOR UPDATE" } else { "" }
     );
-    let Some(r) = ReservationRow::find_by_statement(stmt(&sql, [order_id.into()]))
+    ReservationRow::find_by_statement(stmt(&sql, [order_id.into()]))
         .one(c)
         .await?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(Reservation {
+        .map(reservation_of)
+        .transpose()
+}
+
+/// The reservations of `ids` that exist, each row locked, taken in order id order so that
+/// concurrent callers lock them in the same order.
+pub async fn reservations_locked<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+) -> Result<Vec<Reservation>, StockError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = ReservationRow::find_by_statement(stmt(
+        "SELECT order_id, sku, user_id, quantity, state, policy FROM reservations \
+         WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE",
+        [ids.to_vec().into()],
+    ))
+    .all(c)
+    .await?;
+    rows.into_iter().map(reservation_of).collect()
+}
+
+fn reservation_of(r: ReservationRow) -> Result<Reservation, StockError> {
+    Ok(Reservation {
         order_id: r.order_id,
         sku: Sku::parse(&r.sku).map_err(|_| corrupt("reservations.sku", &r.sku))?,
         user_id: r.user_id,
@@ -276,7 +297,33 @@ pub async fn reservation<C: ConnectionTrait>(
             .ok_or_else(|| corrupt("reservations.state", &r.state))?,
         policy: DeductionPolicy::from_db(&r.policy)
             .ok_or_else(|| corrupt("reservations.policy", &r.policy))?,
-    }))
+    })
+}
+
+/// Moves the reservations of `ids` from `from` to `to`; returns how many were in `from`.
+pub async fn set_reservation_states<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+    from: ReservationState,
+    to: ReservationState,
+    cause: &str,
+) -> Result<usize, StockError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let res = c
+        .execute_raw(stmt(
+            "UPDATE reservations SET state = $3, cause = $4, updated_at = now() \
+             WHERE order_id = ANY($1) AND state = $2",
+            [
+                ids.to_vec().into(),
+                from.as_db().into(),
+                to.as_db().into(),
+                cause.into(),
+            ],
+        ))
+        .await?;
+    Ok(usize::try_from(res.rows_affected()).unwrap_or(usize::MAX))
 }
 
 /// Inserts a reservation row unless one exists for the order; returns whether it inserted.

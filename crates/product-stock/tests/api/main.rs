@@ -6,6 +6,7 @@
 mod buckets;
 mod catalog;
 mod cluster;
+mod commit_batch;
 mod contract;
 mod edge;
 mod foundation;

@@ -19,7 +19,7 @@ const RTC: DeductionPolicy = DeductionPolicy::ReserveThenCommit;
 const CAO: DeductionPolicy = DeductionPolicy::CommitAtOrder;
 const CONSUMER: &str = "product-stock.order-events";
 
-fn stock_saga(app: &TestApp) -> StockSaga {
+pub fn stock_saga(app: &TestApp) -> StockSaga {
     StockSaga::new(
         app.conn.clone(),
         app.gate.clone(),
@@ -28,7 +28,7 @@ fn stock_saga(app: &TestApp) -> StockSaga {
     )
 }
 
-fn item(env: &Envelope) -> Created {
+pub fn item(env: &Envelope) -> Created {
     let Some(Payload::OrderCreated(ev)) = &env.payload else {
         panic!("not order.created")
     };
@@ -41,7 +41,7 @@ fn item(env: &Envelope) -> Created {
 }
 
 /// Holds `q` units of `sku` in the gate for a new order and returns its `order.created`.
-async fn held(app: &TestApp, user: &str, sku: &str, q: i64) -> Envelope {
+pub async fn held(app: &TestApp, user: &str, sku: &str, q: i64) -> Envelope {
     let order = Uuid::new_v4();
     app.client()
         .await
