@@ -105,3 +105,41 @@ impl Secret {
             .map_err(|e| anyhow::anyhow!("{e}"))
     }
 }
+
+/// How one `CreateOrder` ended.
+#[derive(Clone, Debug)]
+pub enum Placed {
+    /// Accepted, with the order as the service answered it.
+    Accepted(Box<flashsale_proto::order::v1::Order>),
+    /// Refused with `FAILED_PRECONDITION`, and its reason.
+    Refused(String),
+    /// Anything else: the status code, or what went wrong before the call.
+    Error(String),
+}
+
+/// One `CreateOrder` of one unit of `sku` by the buyer of `token`.
+pub async fn place_order(
+    client: &mut flashsale_proto::order::v1::order_service_client::OrderServiceClient<Channel>,
+    token: &str,
+    sku: String,
+    request_id: String,
+) -> Placed {
+    let req = flashsale_proto::order::v1::CreateOrderRequest {
+        request_id,
+        sku,
+        quantity: 1,
+    };
+    let Ok(req) = authorized(req, token) else {
+        return Placed::Error("token".into());
+    };
+    match client.create_order(req).await {
+        Ok(resp) => match resp.into_inner().order {
+            Some(order) => Placed::Accepted(Box::new(order)),
+            None => Placed::Error("no order in the answer".into()),
+        },
+        Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+            Placed::Refused(flashsale_platform::error::reason_of(&s).unwrap_or_default())
+        }
+        Err(s) => Placed::Error(format!("{:?}", s.code())),
+    }
+}

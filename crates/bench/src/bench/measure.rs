@@ -22,6 +22,16 @@ pub enum Outcome {
     Error(String),
 }
 
+impl From<crate::client::Placed> for Outcome {
+    fn from(p: crate::client::Placed) -> Self {
+        match p {
+            crate::client::Placed::Accepted(_) => Outcome::Accepted,
+            crate::client::Placed::Refused(r) => Outcome::Refused(r),
+            crate::client::Placed::Error(e) => Outcome::Error(e),
+        }
+    }
+}
+
 /// The figures of one mode.
 #[derive(Debug)]
 pub struct Measurement {

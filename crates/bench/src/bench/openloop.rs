@@ -25,7 +25,7 @@ use std::{
 
 use flashsale_platform::auth::Role;
 use flashsale_proto::{
-    order::v1::{CreateOrderRequest, order_service_client::OrderServiceClient},
+    order::v1::order_service_client::OrderServiceClient,
     product::v1::{
         CreateProductRequest, DeductionPolicy,
         product_stock_service_client::ProductStockServiceClient,
@@ -41,7 +41,7 @@ use super::{
     sweep::{self, MAX_POOL},
 };
 use crate::{
-    client::{Secret, authorized, connect, status_error},
+    client::{Secret, authorized, connect, place_order, status_error},
     procstat::{self, ServicePid},
 };
 
@@ -561,24 +561,11 @@ pub async fn platform(
             let mut c = channels[i % channels.len()].clone();
             let (tokens, sku) = (tokens.clone(), sku.clone());
             async move {
-                let req = CreateOrderRequest {
-                    request_id: format!("{sku}-{i}"),
-                    sku,
-                    quantity: 1,
-                };
                 let Some(token) = tokens.get(i) else {
                     return Outcome::Error("token".into());
                 };
-                let Ok(req) = authorized(req, token) else {
-                    return Outcome::Error("token".into());
-                };
-                match c.create_order(req).await {
-                    Ok(_) => Outcome::Accepted,
-                    Err(s) if s.code() == tonic::Code::FailedPrecondition => Outcome::Refused(
-                        flashsale_platform::error::reason_of(&s).unwrap_or_default(),
-                    ),
-                    Err(s) => Outcome::Error(format!("{:?}", s.code())),
-                }
+                let request_id = format!("{sku}-{i}");
+                place_order(&mut c, token, sku, request_id).await.into()
             }
         })
         .await?;

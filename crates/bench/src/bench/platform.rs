@@ -9,7 +9,7 @@ use std::{
 
 use flashsale_platform::auth::Role;
 use flashsale_proto::{
-    order::v1::{CreateOrderRequest, order_service_client::OrderServiceClient},
+    order::v1::order_service_client::OrderServiceClient,
     product::v1::{
         CreateProductRequest, DeductionPolicy,
         product_stock_service_client::ProductStockServiceClient,
@@ -21,7 +21,7 @@ use super::{
     measure::{Measurement, Outcome, drive},
     saga::{self, Accept, Saga},
 };
-use crate::client::{Secret, authorized, connect, status_error};
+use crate::client::{Placed, Secret, authorized, connect, place_order, status_error};
 
 #[allow(clippy::too_many_arguments)]
 pub async fn flood(
@@ -82,20 +82,10 @@ pub async fn flood(
                 let mut c = channels[i % channels.len()].clone();
                 let (tokens, sku, accepts) = (tokens.clone(), sku.clone(), accepts.clone());
                 async move {
-                    let req = CreateOrderRequest {
-                        request_id: format!("{sku}-{i}"),
-                        sku,
-                        quantity: 1,
-                    };
-                    let Ok(req) = authorized(req, &tokens[i % buyers]) else {
-                        return Outcome::Error("token".into());
-                    };
-                    match c.create_order(req).await {
-                        Ok(resp) => {
+                    let request_id = format!("{sku}-{i}");
+                    match place_order(&mut c, &tokens[i % buyers], sku, request_id).await {
+                        Placed::Accepted(order) => {
                             let at = Instant::now();
-                            let Some(order) = resp.into_inner().order else {
-                                return Outcome::Error("no order in the answer".into());
-                            };
                             if let Ok(mut list) = accepts.lock() {
                                 list.push(Accept {
                                     order_id: order.order_id,
@@ -105,10 +95,7 @@ pub async fn flood(
                             }
                             Outcome::Accepted
                         }
-                        Err(s) if s.code() == tonic::Code::FailedPrecondition => Outcome::Refused(
-                            flashsale_platform::error::reason_of(&s).unwrap_or_default(),
-                        ),
-                        Err(s) => Outcome::Error(format!("{:?}", s.code())),
+                        other => other.into(),
                     }
                 }
             }

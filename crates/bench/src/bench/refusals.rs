@@ -11,18 +11,18 @@ use std::{
 };
 
 use flashsale_platform::auth::Role;
-use flashsale_proto::order::v1::{CreateOrderRequest, order_service_client::OrderServiceClient};
+use flashsale_proto::order::v1::order_service_client::OrderServiceClient;
 use serde_json::{Value, json};
 
 use super::{
     baselines::Load,
     counters::{Counters, PG_STATS_SETTLE, Sources},
-    measure::{Measurement, Outcome, drive},
+    measure::{Measurement, drive},
     platform,
     saga::Saga,
 };
 use crate::{
-    client::{Secret, authorized, connect},
+    client::{Secret, connect, place_order},
     procstat::{self, ServicePid},
 };
 
@@ -147,21 +147,10 @@ pub async fn run(t: Target<'_>, load: &Load, sku: &str) -> anyhow::Result<(Measu
             let mut c = channels[i % channels.len()].clone();
             let (tokens, sku) = (tokens.clone(), sku_owned.clone());
             async move {
-                let req = CreateOrderRequest {
-                    request_id: format!("{sku}-late-{i}"),
-                    sku,
-                    quantity: 1,
-                };
-                let Ok(req) = authorized(req, &tokens[i % tokens.len()]) else {
-                    return Outcome::Error("token".into());
-                };
-                match c.create_order(req).await {
-                    Ok(_) => Outcome::Accepted,
-                    Err(s) if s.code() == tonic::Code::FailedPrecondition => Outcome::Refused(
-                        flashsale_platform::error::reason_of(&s).unwrap_or_default(),
-                    ),
-                    Err(s) => Outcome::Error(format!("{:?}", s.code())),
-                }
+                let request_id = format!("{sku}-late-{i}");
+                place_order(&mut c, &tokens[i % tokens.len()], sku, request_id)
+                    .await
+                    .into()
             }
         },
     )

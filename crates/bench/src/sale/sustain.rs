@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::Context as _;
 use flashsale_proto::{
-    order::v1::{CreateOrderRequest, GetOrderRequest, OrderStatus, PayOrderRequest},
+    order::v1::{GetOrderRequest, OrderStatus, PayOrderRequest},
     payment::v1::PayCheckoutRequest,
 };
 use sea_orm::{ConnectionTrait as _, DatabaseConnection, FromQueryResult, Statement};
@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Ctx, progress, read::request};
-use crate::client::authorized;
+use crate::client::{Placed, place_order};
 
 /// Most CreateOrder calls (with their payments) the driver keeps in flight; an arrival beyond
 /// it is counted as skipped, never queued (the load stays open loop and bounded).
@@ -231,28 +231,15 @@ async fn buyer(ctx: &Ctx, counts: &Counts, i: u64, pays: bool) {
     else {
         return;
     };
-    let req = CreateOrderRequest {
-        request_id: uuid::Uuid::new_v4().to_string(),
-        sku: sku.clone(),
-        quantity: 1,
-    };
-    let Ok(req) = authorized(req, token) else {
-        counts.errors.fetch_add(1, Ordering::Relaxed);
-        return;
-    };
-    let order_id = match ctx.orders.clone().create_order(req).await {
-        Ok(r) => match r.into_inner().order {
-            Some(o) => o.order_id,
-            None => {
-                counts.errors.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-        },
-        Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let order_id = match place_order(&mut ctx.orders.clone(), token, sku.clone(), request_id).await
+    {
+        Placed::Accepted(o) => o.order_id,
+        Placed::Refused(_) => {
             counts.refused.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        Err(_) => {
+        Placed::Error(_) => {
             counts.errors.fetch_add(1, Ordering::Relaxed);
             return;
         }
