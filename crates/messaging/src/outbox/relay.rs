@@ -52,6 +52,12 @@ pub struct RelayOptions {
     pub batches_in_flight: u32,
     /// Poll interval when no `NOTIFY` arrives (a lost notification, a dead listener).
     pub poll_interval: Duration,
+    /// How long the relay lets rows gather after a `NOTIFY` woke it. Every transaction that
+    /// writes events notifies, and under a steady flow of small transactions (payments,
+    /// shipments) a relay that drained at every notification would publish a few rows per
+    /// batch, each batch a transaction of its own; a few milliseconds more per event make the
+    /// batches several times larger.
+    pub gather: Duration,
     /// Published rows older than this are deleted (checked every 10 minutes).
     pub retention: Duration,
     /// Foreground work this relay gives way to: while the foreground is busy it publishes only
@@ -69,6 +75,7 @@ impl Default for RelayOptions {
             batch_size: 256,
             batches_in_flight: 2,
             poll_interval: Duration::from_secs(1),
+            gather: Duration::from_millis(5),
             retention: Duration::from_secs(7 * 24 * 3600),
             yield_to: None,
         }
@@ -140,12 +147,27 @@ impl OutboxRelay {
             .yield_to
             .clone()
             .map(flashsale_platform::pressure::Yielder::new);
+        let mut notified = false;
         loop {
             if listener.is_none() {
                 listener = self.listen().await;
             }
-            // Drain: batches until one comes back short.
+            if notified && !self.options.gather.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.options.gather) => {}
+                    _ = &mut shutdown => return Ok(()),
+                }
+                // The rows notified meanwhile are taken by this drain.
+                if let Some(l) = &mut listener {
+                    while l.next_buffered().is_some() {}
+                }
+            }
+            notified = false;
+            // Drain: batches until one comes back short. The first batch runs alone: when it
+            // comes back short there was nothing for a second one, whose transaction would
+            // find every row locked or taken; after a full one, `batches_in_flight` at once.
             let mut failed = false;
+            let mut in_flight = 1;
             loop {
                 if let Some(y) = &mut yielder {
                     let held = tokio::time::Instant::now();
@@ -169,7 +191,8 @@ impl OutboxRelay {
                             .increment(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
                     }
                 }
-                let batch = self.relay_batches();
+                let batch = self.relay_batches(in_flight);
+                in_flight = self.options.batches_in_flight.max(1);
                 futures_util::pin_mut!(batch);
                 let res = tokio::select! {
                     res = &mut batch => res,
@@ -216,19 +239,21 @@ impl OutboxRelay {
                 _ = &mut shutdown => return Ok(()),
                 _ = tokio::time::sleep(wait) => {}
                 res = recv(&mut listener), if !failed => {
-                    if let Err(e) = res {
-                        warn!(error = %e, "outbox listener failed, polling until it is back");
-                        listener = None;
+                    match res {
+                        Ok(()) => notified = true,
+                        Err(e) => {
+                            warn!(error = %e, "outbox listener failed, polling until it is back");
+                            listener = None;
+                        }
                     }
                 }
             }
         }
     }
 
-    /// Up to `batches_in_flight` batches at once; whether every one of them came back full (so
-    /// more rows may be due). The first error, once every batch has finished.
-    async fn relay_batches(&self) -> anyhow::Result<bool> {
-        let n = self.options.batches_in_flight.max(1);
+    /// `n` batches at once; whether every one of them came back full (so more rows may be
+    /// due). The first error, once every batch has finished.
+    async fn relay_batches(&self, n: u32) -> anyhow::Result<bool> {
         let results = futures_util::future::join_all((0..n).map(|_| self.relay_batch())).await;
         let mut full = true;
         for r in results {
