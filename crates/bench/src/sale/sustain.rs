@@ -32,9 +32,14 @@ use crate::client::{Placed, place_order};
 /// Most CreateOrder calls (with their payments) the driver keeps in flight; an arrival beyond
 /// it is counted as skipped, never queued (the load stays open loop and bounded).
 pub(crate) const MAX_IN_FLIGHT: u64 = 20_000;
-/// A paying winner pays this long after its order was accepted, and tries again this often
-/// while the order is still PENDING.
+/// A paying winner pays this long after its order was accepted; while the order is still
+/// PENDING it tries again after twice as long each time, up to [`PAY_RETRY_MAX`], and only
+/// then also asks whether the order is still payable. A real buyer is not faster, and a driver
+/// whose waiting buyers asked at a fixed pace would, once a backlog formed, send calls in
+/// proportion to it and keep the saga from ever draining it.
 const PAY_RETRY: Duration = Duration::from_millis(200);
+/// The longest pause between a waiting buyer's tries.
+const PAY_RETRY_MAX: Duration = Duration::from_millis(1_600);
 /// How often the platform is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// The outbound service's work queue (`flashsale_outbound::api::amqp::PAID_ORDERS_QUEUE`).
@@ -248,8 +253,10 @@ async fn buyer(ctx: &Ctx, counts: &Counts, i: u64, pays: bool) {
     if !pays {
         return;
     }
+    let mut wait = PAY_RETRY;
     loop {
-        tokio::time::sleep(PAY_RETRY).await;
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(PAY_RETRY_MAX);
         if Instant::now() >= ctx.work_deadline {
             counts.pay_failed.fetch_add(1, Ordering::Relaxed);
             return;
@@ -287,7 +294,7 @@ async fn buyer(ctx: &Ctx, counts: &Counts, i: u64, pays: bool) {
             }
             // Not payable yet: still PENDING, or confirmed since (try again); cancelled: give up.
             Err(s) if s.code() == tonic::Code::FailedPrecondition => {
-                if !may_still_pay(ctx, token, &order_id).await {
+                if wait == PAY_RETRY_MAX && !may_still_pay(ctx, token, &order_id).await {
                     counts.pay_failed.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
