@@ -121,7 +121,7 @@ pub struct SagaSettings {
     /// long ago) the outbox relay holds this service's events back (0: it never does) ...
     pub intake_quiet_ms: u64,
     /// ... except events that have waited this long; once one has, the load is sustained and
-    /// the relay holds nothing back until the intake is quiet again.
+    /// the relay holds nothing back until the intake has been quiet this long.
     pub intake_max_lag_ms: u64,
     /// An order unchanged this long while PENDING or PAID, or this long past its payment
     /// deadline while AWAITING_PAYMENT, is stuck: counted in `flashsale_orders_stuck` and

@@ -88,7 +88,9 @@ impl Yield {
 /// work back through it only delays that work by `max_lag` without ever letting the foreground
 /// have the cores to itself — the work has to be done meanwhile all the same. So once work has
 /// had to go out at its `max_lag` while the foreground was busy, the yielder holds nothing back
-/// until the foreground has been quiet again; a short burst is still answered first.
+/// until the foreground has been quiet for `max_lag` too; a short burst is still answered
+/// first. (A pause of `quiet` alone does not end a sustained load: under a steady load short
+/// gaps come and go, and each would otherwise start another hold of `max_lag`.)
 #[derive(Clone, Debug)]
 pub struct Yielder {
     rule: Yield,
@@ -105,16 +107,11 @@ impl Yielder {
 
     /// As [`Yield::hold`], but `None` throughout a sustained load.
     pub fn hold(&mut self, oldest: Option<Duration>) -> Option<Duration> {
-        let busy = self
-            .rule
-            .foreground
-            .quiet_for()
-            .is_some_and(|q| q < self.rule.quiet);
-        if !busy {
+        let quiet_for = self.rule.foreground.quiet_for();
+        if quiet_for.is_none_or(|q| q >= self.rule.max_lag) {
             self.sustained = false;
-            return None;
         }
-        if self.sustained {
+        if quiet_for.is_none_or(|q| q >= self.rule.quiet) || self.sustained {
             return None;
         }
         let hold = self.rule.hold(oldest);
@@ -198,8 +195,18 @@ mod tests {
             );
             assert_eq!(y.hold(None), None);
         }
-        // Quiet again: the next burst is yielded to as the first was.
+        // A short gap in the load does not end it.
         tokio::time::advance(Duration::from_millis(60)).await;
+        assert_eq!(y.hold(Some(Duration::from_millis(1))), None, "quiet: go");
+        assert!(y.sustained());
+        fg.mark();
+        assert_eq!(
+            y.hold(Some(Duration::from_millis(1))),
+            None,
+            "still sustained"
+        );
+        // Quiet for max_lag: the next burst is yielded to as the first was.
+        tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(y.hold(Some(Duration::from_millis(1))), None, "quiet: go");
         assert!(!y.sustained());
         fg.mark();

@@ -63,7 +63,8 @@ pub struct RelayOptions {
     /// Foreground work this relay gives way to: while the foreground is busy it publishes only
     /// once the oldest due row has waited the yield's `max_lag` (then from the oldest on), so the
     /// events of a short burst go out right after it. A load that outlasts `max_lag` is
-    /// sustained: from then on the relay holds nothing back until the foreground is quiet again
+    /// sustained: from then on the relay holds nothing back until the foreground has been quiet
+    /// for `max_lag`
     /// ([`flashsale_platform::pressure::Yielder`]). Every row of the outbox waits alike,
     /// whatever its event.
     pub yield_to: Option<flashsale_platform::pressure::Yield>,
