@@ -19,6 +19,20 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// A free loopback port below the kernel's ephemeral range (32768 and up), for a server that
+/// binds it later: a port `bind(0)` handed out and gave back may meanwhile become the local port
+/// of any test's outgoing connection, which one below that range never does.
+pub fn port_outside_the_ephemeral_range() -> anyhow::Result<u16> {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        ^ std::process::id().rotate_left(16);
+    (0..2_000u32)
+        .map(|i| 20_000 + ((seed.wrapping_add(i.wrapping_mul(7_919))) % 12_000) as u16)
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .context("no free port in 20000..32000")
+}
+
 /// A PostgreSQL server program (Debian's layout; `FLASHSALE_TEST_PG_BIN`, or the fault suite's
 /// `FLASHSALE_FAULTS_PG_BIN`, names another directory).
 pub fn pg_bin(program: &str) -> PathBuf {

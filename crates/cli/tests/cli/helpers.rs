@@ -291,16 +291,6 @@ pub fn dev_payment_secrets(s: &mut flashsale_order::config::Settings) {
     s.payment.webhook_secret = flashsale_contract::payment::DEV_WEBHOOK_SECRET.into();
 }
 
-/// A free port below the kernel's ephemeral range (32768 and up), for a server that binds it
-/// seconds later: a port `bind(0)` handed out and gave back may meanwhile become the local port
-/// of any test's outgoing connection, which one below that range never does.
 fn port_outside_the_ephemeral_range() -> u16 {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos())
-        ^ std::process::id().rotate_left(16);
-    (0..2_000u32)
-        .map(|i| 20_000 + ((seed.wrapping_add(i.wrapping_mul(7_919))) % 12_000) as u16)
-        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
-        .expect("a free port in 20000..32000")
+    flashsale_test_support::servers::port_outside_the_ephemeral_range().unwrap()
 }

@@ -112,12 +112,9 @@ pub async fn spawn_sim(tune: impl FnOnce(&mut SimConfig)) -> Running {
 
 /// A port nothing listens on right now (the order service binds it next: product-stock must
 /// know the order service's address before either starts).
+/// A port for a server that binds it seconds later, after another has started.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    flashsale_test_support::servers::port_outside_the_ephemeral_range().unwrap()
 }
 
 /// product-stock on a free port on `exchange`, asking the order service at `order_port`.
