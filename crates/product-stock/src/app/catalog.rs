@@ -255,15 +255,17 @@ fn decode_token(token: &str) -> Result<String, StockError> {
         return Ok(String::new());
     }
     let bad = || StockError::invalid("page_token", "not a token this server issued");
-    let hex = token.strip_prefix(TOKEN_PREFIX).ok_or_else(bad)?;
+    let hex = token.strip_prefix(TOKEN_PREFIX).ok_or_else(bad)?.as_bytes();
     if hex.len() % 2 != 0 || hex.len() > 128 {
         return Err(bad());
     }
-    let bytes: Result<Vec<u8>, _> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
-        .collect();
-    let sku = String::from_utf8(bytes.map_err(|_| bad())?).map_err(|_| bad())?;
+    // Byte pairs, never string slices: a multi-byte character is refused, not split.
+    let digit = |b: u8| char::from(b).to_digit(16).ok_or_else(bad);
+    let bytes = hex
+        .chunks_exact(2)
+        .map(|pair| u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).map_err(|_| bad()))
+        .collect::<Result<Vec<u8>, StockError>>()?;
+    let sku = String::from_utf8(bytes).map_err(|_| bad())?;
     Sku::parse(&sku).map_err(|_| bad())?;
     Ok(sku)
 }
@@ -276,7 +278,7 @@ mod tests {
     fn page_tokens_round_trip_and_junk_is_refused() {
         assert_eq!(decode_token(&encode_token("WINE-1.x")).unwrap(), "WINE-1.x");
         assert_eq!(decode_token("").unwrap(), "");
-        for junk in ["abc", "p1.zz", "p1.6", "p1.7b7d"] {
+        for junk in ["abc", "p1.zz", "p1.6", "p1.7b7d", "p1.aéb", "p1.😀", "p1.é", "p1.+1"] {
             assert!(decode_token(junk).is_err(), "{junk} accepted");
         }
     }
