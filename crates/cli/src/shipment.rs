@@ -61,6 +61,10 @@ enum Command {
         status: Option<Status>,
         #[arg(long, allow_negative_numbers = true)]
         page_size: Option<i32>,
+        /// Only shipments created longer ago than this many milliseconds; with `--status
+        /// picking`, the shipments delayed that long, each with its last error.
+        #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
+        older_than_ms: i64,
     },
 }
 
@@ -85,13 +89,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "flashsale.outbound.v1.GetShipmentResponse",
             )?;
         }
-        Command::List { status, page_size } => {
+        Command::List {
+            status,
+            page_size,
+            older_than_ms,
+        } => {
             let mut page_token = String::new();
             loop {
                 let req = ListShipmentsRequest {
                     status: status.map_or(ShipmentStatus::Unspecified, Status::to_proto) as i32,
                     page_size: page_size.unwrap_or(0),
                     page_token,
+                    older_than_ms,
                 };
                 let page = client
                     .list_shipments(authorized(req, &token)?)

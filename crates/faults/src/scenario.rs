@@ -35,7 +35,7 @@ pub const ALL: &[&str] = &[
     "redis_restore_stale_snapshot",
     "restock_retried",
     "gate_drift_reconcile",
-    "fp_outbound_after_warehouse",
+    "fp_outbound_after_stock_commit",
     "fp_order_after_batch_write",
     "fp_order_reserved_before_commit",
     "fp_order_reserved_after_commit",
@@ -600,10 +600,10 @@ fn plan(name: &str) -> Option<Plan> {
         },
         "restock_retried" => base(|w| Box::pin(restock_retried(w))),
         "gate_drift_reconcile" => base(|w| Box::pin(gate_drift(w))),
-        "fp_outbound_after_warehouse" => fp(
+        "fp_outbound_after_stock_commit" => fp(
             |w| Box::pin(until_exit(w)),
             Failpoints {
-                outbound: Some("outbound.after_warehouse_before_commit=1*exit".into()),
+                outbound: Some("outbound.after_commit_before_warehouse=1*exit".into()),
                 ..Failpoints::default()
             },
         ),

@@ -27,17 +27,22 @@ pub struct Settings {
     pub warehouse: WarehouseSettings,
 }
 
-/// `shipping.*`: how hard a shipment is tried before it fails (and the order is refunded).
+/// `shipping.*`: how a shipment is retried. A transient failure (product-stock, the warehouse
+/// or the database not answering) delays a shipment and never fails it; only a permanent answer
+/// does. A shipment delayed past `alert_after_ms` is reported (a warning log and the
+/// `flashsale_shipments_overdue` gauge) and listed by `ListShipments` with `older_than_ms`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShippingSettings {
-    /// Attempts (warehouse + commit) before a shipment fails for good.
-    pub max_attempts: i32,
-    /// First backoff between commit retries inside one attempt; doubles each time.
+    /// Wait after a shipment's first delayed attempt; doubles with each further one.
     pub retry_base_ms: u64,
-    /// A shipment still PICKING after this long is taken up again by the sweeper.
+    /// Longest wait between two attempts at a shipment.
+    pub retry_max_ms: u64,
+    /// A shipment whose worker died mid-attempt is taken up again by the sweeper after this.
     pub stuck_after_ms: u64,
-    /// How often the sweeper looks.
+    /// How often the sweeper looks for shipments due for another attempt.
     pub sweep_interval_ms: u64,
+    /// A shipment still not shipped this long after its order was paid is overdue.
+    pub alert_after_ms: u64,
     /// Deadline of one CommitReservation call.
     pub commit_timeout_ms: u64,
 }
@@ -45,10 +50,11 @@ pub struct ShippingSettings {
 impl Default for ShippingSettings {
     fn default() -> Self {
         Self {
-            max_attempts: 5,
             retry_base_ms: 200,
+            retry_max_ms: 30_000,
             stuck_after_ms: 30_000,
-            sweep_interval_ms: 5_000,
+            sweep_interval_ms: 1_000,
+            alert_after_ms: 600_000,
             commit_timeout_ms: 3_000,
         }
     }
@@ -56,8 +62,13 @@ impl Default for ShippingSettings {
 
 impl Validate for ShippingSettings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        check_range(&format!("{p}.max_attempts"), self.max_attempts, 1, 100)?;
         check_range(&format!("{p}.retry_base_ms"), self.retry_base_ms, 1, 60_000)?;
+        check_range(
+            &format!("{p}.retry_max_ms"),
+            self.retry_max_ms,
+            self.retry_base_ms,
+            3_600_000,
+        )?;
         check_range(
             &format!("{p}.stuck_after_ms"),
             self.stuck_after_ms,
@@ -69,6 +80,12 @@ impl Validate for ShippingSettings {
             self.sweep_interval_ms,
             10,
             3_600_000,
+        )?;
+        check_range(
+            &format!("{p}.alert_after_ms"),
+            self.alert_after_ms,
+            1_000,
+            30 * 86_400_000,
         )?;
         check_range(
             &format!("{p}.commit_timeout_ms"),
@@ -169,9 +186,18 @@ mod tests {
     #[test]
     fn bad_shipping_and_warehouse_values_name_their_key() {
         type Case = (&'static str, fn(&mut Settings));
-        let cases: [Case; 7] = [
-            ("outbound.shipping.max_attempts", |s| {
-                s.shipping.max_attempts = 0
+        let cases: [Case; 10] = [
+            ("outbound.shipping.retry_base_ms", |s| {
+                s.shipping.retry_base_ms = 0
+            }),
+            ("outbound.shipping.retry_max_ms", |s| {
+                s.shipping.retry_max_ms = s.shipping.retry_base_ms - 1
+            }),
+            ("outbound.shipping.alert_after_ms", |s| {
+                s.shipping.alert_after_ms = 999
+            }),
+            ("outbound.shipping.alert_after_ms", |s| {
+                s.shipping.alert_after_ms = 31 * 86_400_000
             }),
             ("outbound.shipping.stuck_after_ms", |s| {
                 s.shipping.stuck_after_ms = 1

@@ -268,6 +268,7 @@ async fn check_quiescence(stack: &Stack, sku: &str, stock: i64, outcome: &Outcom
         status: ShipmentStatus::Failed as i32,
         page_size: 500,
         page_token: String::new(),
+        older_than_ms: 0,
     };
     let failed_shipments = out
         .list_shipments(admin(req))

@@ -51,6 +51,10 @@ fn to_proto(s: Shipment) -> pb::Shipment {
         attempts: s.attempts,
         create_time: Some(to_timestamp(s.created_at)),
         update_time: Some(to_timestamp(s.updated_at)),
+        stock_committed: s.stock_committed,
+        last_error: s.last_error,
+        next_attempt_time: (s.status == ShipmentStatus::Picking)
+            .then(|| to_timestamp(s.next_attempt_at)),
     }
 }
 
@@ -109,7 +113,7 @@ impl OutboundService for OutboundApi {
         };
         let (page, next) = self
             .shipping
-            .list(filter, r.page_size, &r.page_token)
+            .list(filter, r.older_than_ms, r.page_size, &r.page_token)
             .await
             .map_err(status)?;
         Ok(Response::new(ListShipmentsResponse {

@@ -1,7 +1,9 @@
-//! Shipping paid orders (docs/architecture.md#the-order-saga): a shipment per `order.paid`, the
-//! warehouse step, the commit of the reservation on product-stock, and `outbound.completed` or
-//! `outbound.failed`. A shipment that keeps failing is failed for good after
-//! `shipping.max_attempts`, so a paid order always ends shipped or refunded.
+//! Shipping paid orders (docs/architecture.md#the-order-saga): a shipment per `order.paid`; the
+//! order's units deducted on product-stock with `CommitReservation`, then the warehouse asked
+//! to ship (once per shipment: the shipment id is its request id); then `outbound.completed`,
+//! or `outbound.failed` on a permanent refusal. A transient failure of product-stock, the
+//! warehouse or the database delays a shipment with backoff and never fails it, so a paid order
+//! ends shipped, or refunded only when something refused it for good.
 
 use std::{sync::Arc, time::Duration};
 
@@ -16,10 +18,10 @@ use uuid::Uuid;
 
 use crate::{
     config::ShippingSettings,
-    domain::{OutboundError, Policy, Shipment, ShipmentStatus, parse_uuid},
+    domain::{OutboundError, Policy, Shipment, ShipmentStatus, backoff, parse_uuid},
     infra::{
         db::{self, NewShipment},
-        stock::{CommitError, StockCommitter},
+        stock::StockCommitter,
         warehouse::{Warehouse, WarehouseError},
     },
 };
@@ -57,23 +59,37 @@ fn new_shipment(ev: &OrderPaid) -> Result<NewShipment<'_>, OutboundError> {
 
 /// The name this service signs its events with.
 pub const PRODUCER: &str = "outbound";
-/// Commit retries inside one attempt.
-const COMMIT_TRIES: u32 = 3;
-/// Failpoint reached once the warehouse shipped, before the reservation is committed on
-/// product-stock: a crash here leaves the shipment PICKING, to be taken up again.
-pub const FP_AFTER_WAREHOUSE_BEFORE_COMMIT: &str = "outbound.after_warehouse_before_commit";
+/// Failpoint reached once product-stock deducted the order's units, before the warehouse is
+/// asked: a crash here leaves the shipment PICKING, to be taken up again (the commit answers
+/// the second time as a replay).
+pub const FP_AFTER_COMMIT_BEFORE_WAREHOUSE: &str = "outbound.after_commit_before_warehouse";
 /// Failpoint reached inside the `order.paid` consumer before the shipment is written.
 pub const FP_ORDER_PAID_BEFORE_COMMIT: &str = "outbound.order_paid.before_commit";
+/// Shipments the sweeper attempts at once (each holds a database connection while it waits on
+/// product-stock or the warehouse).
+const SWEEP_CONCURRENCY: usize = 4;
+/// Most shipments one sweep takes up.
+const SWEEP_BATCH: i64 = 100;
 
 /// How processing a shipment ended this time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Processed {
     Shipped,
     Failed,
+    /// A dependency did not answer: the shipment waits for its next attempt.
+    Delayed,
     /// Already terminal (a redelivery): nothing done.
     AlreadyDone,
     /// Another worker holds it right now.
     Busy,
+}
+
+/// Why a step of an attempt did not go through.
+enum StepError {
+    /// A refusal retrying cannot change: the shipment fails.
+    Permanent(String),
+    /// Try again later.
+    Transient(String),
 }
 
 #[derive(Clone)]
@@ -102,9 +118,14 @@ impl Shipping {
     }
 
     /// The same, reaching `failpoints` at its steps ([`FP_ORDER_PAID_BEFORE_COMMIT`],
-    /// [`FP_AFTER_WAREHOUSE_BEFORE_COMMIT`]).
+    /// [`FP_AFTER_COMMIT_BEFORE_WAREHOUSE`]).
     pub fn with_failpoints(self, failpoints: Failpoints) -> Self {
         Self { failpoints, ..self }
+    }
+
+    /// When the sweeper takes up a shipment created or attempted now, should its worker die.
+    fn lease_end(&self) -> chrono::DateTime<Utc> {
+        Utc::now() + millis(self.settings.stuck_after_ms)
     }
 
     /// `order.paid`: create the shipment (once per order) and ship it.
@@ -119,11 +140,15 @@ impl Shipping {
             .hit(FP_ORDER_PAID_BEFORE_COMMIT)
             .await
             .map_err(|e| OutboundError::Internal(anyhow::Error::new(e)))?;
-        let shipment_id = db::create(&self.db, &new).await?;
+        let shipment_id = db::create(&self.db, &new, self.lease_end()).await?;
         self.process(shipment_id, Some(env)).await
     }
 
-    /// One attempt at a shipment, under its row lock (other workers skip it meanwhile).
+    /// One attempt at a shipment, under its row lock (other workers skip it meanwhile): the
+    /// stock deducted on product-stock unless it was already, then the warehouse. A permanent
+    /// refusal of either fails the shipment (`outbound.failed`: the order is cancelled and
+    /// refunded, and its units go back to stock); a transient one records why and when the
+    /// shipment is tried again, and keeps what this attempt did (a deduction is not repeated).
     pub async fn process(
         &self,
         shipment_id: Uuid,
@@ -138,79 +163,85 @@ impl Shipping {
         }
         let attempt = s.attempts + 1;
         db::set_attempts(&txn, s.shipment_id, attempt).await?;
-
-        let mut step = "warehouse";
-        let outcome = match self.warehouse.ship(&s).await {
-            Err(WarehouseError::Permanent(r)) => Err(CommitError::Permanent(r)),
-            Err(WarehouseError::Transient(r)) => Err(CommitError::Transient(r)),
-            Ok(()) => {
-                db::attempt(&txn, s.shipment_id, attempt, "warehouse", "OK", "").await?;
-                match s.policy {
-                    // Ticketing: the units were deducted when the order was persisted.
-                    Policy::CommitAtOrder => Ok(()),
-                    Policy::ReserveThenCommit => {
-                        step = "commit";
-                        match self.failpoints.hit(FP_AFTER_WAREHOUSE_BEFORE_COMMIT).await {
-                            Ok(()) => self.commit_with_retries(s.order_id).await,
-                            Err(e) => Err(CommitError::Transient(e.to_string())),
-                        }
-                    }
-                }
-            }
-        };
+        let (step, outcome) = self.deduct_then_ship(&txn, &s, attempt).await?;
         match outcome {
             Ok(()) => {
-                db::attempt(&txn, s.shipment_id, attempt, step, "OK", "").await?;
-                self.finish(txn, &s, ShipmentStatus::Shipped, None, cause)
+                self.finish(&txn, &s, ShipmentStatus::Shipped, None, cause)
                     .await?;
+                txn.commit().await?;
+                count(ShipmentStatus::Shipped, 1);
                 Ok(Processed::Shipped)
             }
-            Err(CommitError::Permanent(reason)) => {
+            Err(StepError::Permanent(reason)) => {
                 db::attempt(&txn, s.shipment_id, attempt, step, "PERMANENT", &reason).await?;
-                self.finish(txn, &s, ShipmentStatus::Failed, Some(&reason), cause)
+                self.finish(&txn, &s, ShipmentStatus::Failed, Some(&reason), cause)
                     .await?;
-                Ok(Processed::Failed)
-            }
-            Err(CommitError::Transient(reason)) if attempt >= self.settings.max_attempts => {
-                db::attempt(&txn, s.shipment_id, attempt, step, "TRANSIENT", &reason).await?;
-                let reason = format!("gave up after {attempt} attempts: {reason}");
-                self.finish(txn, &s, ShipmentStatus::Failed, Some(&reason), cause)
-                    .await?;
-                Ok(Processed::Failed)
-            }
-            Err(CommitError::Transient(reason)) => {
-                db::attempt(&txn, s.shipment_id, attempt, step, "TRANSIENT", &reason).await?;
                 txn.commit().await?;
-                Err(OutboundError::Transient(reason))
+                count(ShipmentStatus::Failed, 1);
+                Ok(Processed::Failed)
+            }
+            Err(StepError::Transient(reason)) => {
+                db::attempt(&txn, s.shipment_id, attempt, step, "TRANSIENT", &reason).await?;
+                let wait = backoff(
+                    attempt,
+                    Duration::from_millis(self.settings.retry_base_ms),
+                    Duration::from_millis(self.settings.retry_max_ms),
+                    random_unit(),
+                );
+                let retry_at = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
+                db::delay(&txn, s.shipment_id, &reason, retry_at).await?;
+                txn.commit().await?;
+                tracing::info!(
+                    order_id = %s.order_id, attempt, step, reason = %reason,
+                    retry_in_ms = wait.as_millis() as u64, "shipment delayed"
+                );
+                metrics::counter!("flashsale_shipment_delays_total", "step" => step).increment(1);
+                Ok(Processed::Delayed)
             }
         }
     }
 
-    async fn commit_with_retries(&self, order_id: Uuid) -> Result<(), CommitError> {
-        let mut delay = Duration::from_millis(self.settings.retry_base_ms);
-        let mut last = None;
-        for _ in 0..COMMIT_TRIES {
-            match self.stock.commit(order_id).await {
-                Err(CommitError::Transient(r)) => {
-                    last = Some(r);
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
+    /// The steps of one attempt, in `txn` (the shipment's row locked): which step ended it and
+    /// how. Every step that went through is recorded as it goes.
+    async fn deduct_then_ship(
+        &self,
+        txn: &DatabaseTransaction,
+        s: &Shipment,
+        attempt: i32,
+    ) -> Result<(&'static str, Result<(), StepError>), OutboundError> {
+        // Ticketing (COMMIT_AT_ORDER): the units were deducted when the order was persisted.
+        if s.policy == Policy::ReserveThenCommit && !s.stock_committed {
+            match self.stock.commit(s.order_id).await {
+                Ok(()) => {
+                    db::attempt(txn, s.shipment_id, attempt, "commit", "OK", "").await?;
+                    db::mark_committed(txn, s.shipment_id).await?;
                 }
-                other => return other,
+                Err(e) => return Ok(("commit", Err(e.into()))),
             }
         }
-        Err(CommitError::Transient(last.unwrap_or_default()))
+        if let Err(e) = self.failpoints.hit(FP_AFTER_COMMIT_BEFORE_WAREHOUSE).await {
+            return Ok(("warehouse", Err(StepError::Transient(e.to_string()))));
+        }
+        match self.warehouse.ship(s).await {
+            Ok(()) => {
+                db::attempt(txn, s.shipment_id, attempt, "warehouse", "OK", "").await?;
+                Ok(("warehouse", Ok(())))
+            }
+            Err(e) => Ok(("warehouse", Err(e.into()))),
+        }
     }
 
+    /// Ends a PICKING shipment in `txn` with its `outbound.completed` or `outbound.failed` in
+    /// the outbox; the caller commits.
     async fn finish(
         &self,
-        txn: DatabaseTransaction,
+        txn: &DatabaseTransaction,
         s: &Shipment,
         to: ShipmentStatus,
         reason: Option<&str>,
         cause: Option<&Envelope>,
     ) -> Result<(), OutboundError> {
-        if !db::finish(&txn, s.shipment_id, to, reason).await? {
+        if !db::finish(txn, s.shipment_id, to, reason).await? {
             return Err(OutboundError::Internal(anyhow::anyhow!(
                 "shipment changed under its row lock"
             )));
@@ -234,39 +265,92 @@ impl Shipping {
             Some(c) => envelope::caused_by(c, payload, PRODUCER),
             None => envelope::new(payload, s.order_id.to_string(), "", PRODUCER),
         };
-        outbox::enqueue(&txn, &env).await?;
-        txn.commit().await?;
-        metrics::counter!("flashsale_shipments_total", "status" => to.as_db()).increment(1);
+        outbox::enqueue(txn, &env).await?;
         Ok(())
     }
 
-    /// Takes up shipments left PICKING (a crash, a message parked after its retries).
-    pub async fn sweep_stuck(&self) -> Result<u64, OutboundError> {
-        let age = chrono::Duration::milliseconds(
-            i64::try_from(self.settings.stuck_after_ms).unwrap_or(i64::MAX),
-        );
-        let mut done = 0;
-        for id in db::stuck(&self.db, Utc::now() - age, 100).await? {
-            match self.process(id, None).await {
-                Ok(Processed::Shipped | Processed::Failed) => done += 1,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, shipment_id = %id, "stuck shipment still failing")
+    /// Attempts every shipment due (delayed ones whose wait is over, and ones whose worker
+    /// died), [`SWEEP_CONCURRENCY`] at a time; how many ended shipped or failed. Then reports
+    /// the overdue ones.
+    pub async fn sweep_due(&self) -> Result<u64, OutboundError> {
+        let due = db::due(&self.db, Utc::now(), SWEEP_BATCH).await?;
+        let permits = tokio::sync::Semaphore::new(SWEEP_CONCURRENCY);
+        let runs = due.iter().map(|&id| {
+            let permits = &permits;
+            async move {
+                // Never closed, so a permit always comes.
+                let _permit = permits.acquire().await.ok();
+                match self.process(id, None).await {
+                    Ok(Processed::Shipped | Processed::Failed) => 1,
+                    Ok(_) => 0,
+                    Err(e) => {
+                        tracing::warn!(error = %e, shipment_id = %id, "shipment attempt failed");
+                        0
+                    }
                 }
             }
-        }
+        });
+        let done = futures_util::future::join_all(runs).await.into_iter().sum();
+        self.report_overdue().await?;
         Ok(done)
     }
 
-    /// Runs [`Self::sweep_stuck`] every `shipping.sweep_interval_ms` until `shutdown`.
+    /// Warns about shipments not shipped `shipping.alert_after_ms` after they were paid, and
+    /// sets the `flashsale_shipments_overdue` gauge to their number.
+    async fn report_overdue(&self) -> Result<(), OutboundError> {
+        let before = Utc::now() - millis(self.settings.alert_after_ms);
+        let (n, oldest) = db::overdue(&self.db, before).await?;
+        metrics::gauge!("flashsale_shipments_overdue").set(n as f64);
+        if let Some((order_id, since)) = oldest {
+            tracing::warn!(
+                overdue = n, oldest_order_id = %order_id, oldest_since = %since,
+                "shipments delayed past shipping.alert_after_ms; ListShipments with older_than_ms lists them with their last error"
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs [`Self::sweep_due`] every `shipping.sweep_interval_ms` until `shutdown`.
     pub async fn run_sweeper(
         self,
         shutdown: flashsale_platform::shutdown::Shutdown,
     ) -> anyhow::Result<()> {
         let period = Duration::from_millis(self.settings.sweep_interval_ms);
-        flashsale_platform::shutdown::every(period, shutdown, "stuck-shipment sweep", || {
-            self.sweep_stuck()
-        })
-        .await
+        flashsale_platform::shutdown::every(period, shutdown, "shipment sweep", || self.sweep_due())
+            .await
     }
+}
+
+impl From<crate::infra::stock::CommitError> for StepError {
+    fn from(e: crate::infra::stock::CommitError) -> Self {
+        match e {
+            crate::infra::stock::CommitError::Permanent(r) => Self::Permanent(r),
+            crate::infra::stock::CommitError::Transient(r) => Self::Transient(r),
+        }
+    }
+}
+
+impl From<WarehouseError> for StepError {
+    fn from(e: WarehouseError) -> Self {
+        match e {
+            WarehouseError::Permanent(r) => Self::Permanent(r),
+            WarehouseError::Transient(r) => Self::Transient(r),
+        }
+    }
+}
+
+fn millis(ms: u64) -> chrono::Duration {
+    chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
+/// A number in `0.0..1.0` from a random UUID's low 53 bits, which are all random (the jitter
+/// of a backoff).
+fn random_unit() -> f64 {
+    const BITS: u32 = 53;
+    let low = Uuid::new_v4().as_u128() & ((1u128 << BITS) - 1);
+    low as f64 / (1u64 << BITS) as f64
+}
+
+fn count(status: ShipmentStatus, n: u64) {
+    metrics::counter!("flashsale_shipments_total", "status" => status.as_db()).increment(n);
 }

@@ -1,14 +1,15 @@
 //! `order.paid` in batches: the deliveries waiting at the same moment are shipped together —
-//! one statement creating their shipments, one transaction locking them, the warehouse step of
-//! each, their `CommitReservation` calls on product-stock at once, then one statement
-//! shipping them with their attempt rows, one outbox insert of their `outbound.completed`, one
-//! commit — instead of two transactions each. A shipment the warehouse refuses is left out of
-//! the batch and goes through [`Shipping::on_order_paid`] on its own, which records the
-//! failure; anything else unusual (an invalid event, a shipment another worker holds or
-//! already attempted, a commit that does not answer OK, any error) rolls the batch back, and
-//! each delivery runs through the one-by-one path, which handles every case
-//! (docs/architecture.md#batchers). The warehouse and product-stock are idempotent per order,
-//! so a batch rolled back after calling them costs only the calls.
+//! one statement creating their shipments, one transaction locking them, their
+//! `CommitReservation` calls on product-stock at once, then the warehouse step of each, one
+//! statement shipping them with their attempt rows, one outbox insert of their
+//! `outbound.completed`, one commit — instead of two transactions each. A shipment the
+//! warehouse refuses fails in the same transaction; one the warehouse does not answer goes
+//! through [`Shipping::on_order_paid`] on its own, which delays it. Anything else unusual (an
+//! invalid event, a shipment another worker holds or already attempted, a commit that does not
+//! answer OK, any error) rolls the batch back, and each delivery runs through the one-by-one
+//! path, which handles every case (docs/architecture.md#batchers). product-stock's commit and
+//! the warehouse are idempotent per order and per shipment, so a batch rolled back after
+//! calling them costs only the calls.
 
 use std::collections::{HashMap, HashSet};
 
@@ -19,11 +20,11 @@ use sea_orm::TransactionTrait as _;
 use tokio::sync::Semaphore;
 
 use super::{
-    FP_AFTER_WAREHOUSE_BEFORE_COMMIT, FP_ORDER_PAID_BEFORE_COMMIT, PRODUCER, Shipping, new_shipment,
+    FP_AFTER_COMMIT_BEFORE_WAREHOUSE, FP_ORDER_PAID_BEFORE_COMMIT, PRODUCER, Shipping, new_shipment,
 };
 use crate::{
     domain::{OutboundError, Policy, ShipmentStatus},
-    infra::db,
+    infra::{db, warehouse::WarehouseError},
 };
 
 /// One `order.paid` delivery waiting for its batch.
@@ -66,7 +67,7 @@ pub fn paid_batcher(shipping: Shipping, max_batch: usize) -> PaidBatcher {
 
 impl Shipping {
     /// Ships a batch of `order.paid`; one answer per delivery, in order. The deliveries the
-    /// batch leaves out (a shipment the warehouse refuses) and every delivery of a batch that
+    /// batch leaves out (a shipment the warehouse did not answer) and every delivery of a batch that
     /// falls back go through [`Shipping::on_order_paid`], [`EACH_CONCURRENCY`] at a time.
     pub async fn ship_paid(&self, items: Vec<Paid>) -> Vec<Result<(), OutboundError>> {
         let everyone = || (0..items.len()).collect::<Vec<_>>();
@@ -110,8 +111,8 @@ impl Shipping {
     }
 
     /// The common case in one transaction: `Ok(Some(rest))` when the batch shipped every
-    /// delivery but those at the indices `rest` (their warehouse step refused them; they take
-    /// the one-by-one path, which records the failure); `Ok(None)` (nothing committed) when
+    /// delivery but those at the indices `rest` (the warehouse did not answer them; they take
+    /// the one-by-one path, which delays them), failing those the warehouse refused; `Ok(None)` (nothing committed) when
     /// the whole batch needs the one-by-one path.
     async fn ship_together(&self, items: &[Paid]) -> Result<Option<Vec<usize>>, OutboundError> {
         let mut new = Vec::with_capacity(items.len());
@@ -134,7 +135,7 @@ impl Shipping {
                 .await
                 .map_err(|e| OutboundError::Internal(anyhow::Error::new(e)))?;
         }
-        let created = db::create_many(&self.db, &new).await?;
+        let created = db::create_many(&self.db, &new, self.lease_end()).await?;
         let fresh = created.len() == new.len()
             && created
                 .iter()
@@ -153,36 +154,14 @@ impl Shipping {
         if locked.len() != ids.len() || locked.iter().any(|s| s.attempts != 0) {
             return Ok(None);
         }
-        let (mut good, mut rest) = (Vec::with_capacity(locked.len()), Vec::new());
-        for s in locked {
-            if self.warehouse.ship(&s).await.is_ok() {
-                good.push(s);
-            } else {
-                rest.extend(index.get(&s.order_id).copied());
-            }
-        }
-        if good.is_empty() {
-            return Ok(None);
-        }
-        let locked = good;
-        let ids: Vec<uuid::Uuid> = locked.iter().map(|s| s.shipment_id).collect();
+        // Deduct first: every RESERVE_THEN_COMMIT order's units on product-stock, at once. One
+        // try each: a commit that does not answer OK sends the batch down the one-by-one path,
+        // where a commit that went through answers as a replay and the rest are retried.
         let to_commit: Vec<uuid::Uuid> = locked
             .iter()
             .filter(|s| s.policy == Policy::ReserveThenCommit)
             .map(|s| s.order_id)
             .collect();
-        for _ in &to_commit {
-            if self
-                .failpoints
-                .hit(FP_AFTER_WAREHOUSE_BEFORE_COMMIT)
-                .await
-                .is_err()
-            {
-                return Ok(None);
-            }
-        }
-        // One try each: a commit that does not answer OK sends the batch down the one-by-one
-        // path, whose retries and attempts count as usual.
         let commits = to_commit.iter().map(|id| self.stock.commit(*id));
         if futures_util::future::join_all(commits)
             .await
@@ -191,26 +170,55 @@ impl Shipping {
         {
             return Ok(None);
         }
-        let steps: Vec<(uuid::Uuid, &str)> = locked
-            .iter()
-            .flat_map(|s| {
-                let last = match s.policy {
-                    Policy::ReserveThenCommit => "commit",
-                    Policy::CommitAtOrder => "warehouse",
-                };
-                [(s.shipment_id, "warehouse"), (s.shipment_id, last)]
-            })
-            .collect();
-        if db::ship_first_attempts(&txn, &ids, &steps).await? != ids.len() as u64 {
-            return Ok(None);
+        for _ in &to_commit {
+            if self
+                .failpoints
+                .hit(FP_AFTER_COMMIT_BEFORE_WAREHOUSE)
+                .await
+                .is_err()
+            {
+                return Ok(None);
+            }
         }
-        let causes: std::collections::HashMap<String, &Paid> = items
+        // Then ship. A refusal fails its shipment in this transaction; a warehouse that does not
+        // answer leaves the shipment to the one-by-one path, which delays it.
+        let causes: HashMap<String, &Paid> = items
             .iter()
             .filter_map(|p| match &p.env.payload {
                 Some(Payload::OrderPaid(ev)) => Some((ev.order_id.clone(), p)),
                 _ => None,
             })
             .collect();
+        let (mut good, mut refused, mut rest) = (Vec::with_capacity(locked.len()), 0, Vec::new());
+        for s in locked {
+            match self.warehouse.ship(&s).await {
+                Ok(()) => good.push(s),
+                Err(WarehouseError::Permanent(reason)) => {
+                    let cause = causes.get(&s.order_id.to_string()).map(|p| &p.env);
+                    self.fail_first_attempt(&txn, &s, &reason, cause).await?;
+                    refused += 1;
+                }
+                Err(WarehouseError::Transient(_)) => rest.extend(index.get(&s.order_id).copied()),
+            }
+        }
+        if good.is_empty() && refused == 0 {
+            return Ok(None);
+        }
+        let locked = good;
+        let ids: Vec<uuid::Uuid> = locked.iter().map(|s| s.shipment_id).collect();
+        let steps: Vec<(uuid::Uuid, &str)> = locked
+            .iter()
+            .flat_map(|s| {
+                let deduct = (s.policy == Policy::ReserveThenCommit).then_some("commit");
+                deduct
+                    .into_iter()
+                    .chain(["warehouse"])
+                    .map(|step| (s.shipment_id, step))
+            })
+            .collect();
+        if db::ship_first_attempts(&txn, &ids, &steps).await? != ids.len() as u64 {
+            return Ok(None);
+        }
         let mut envs = Vec::with_capacity(locked.len());
         for s in &locked {
             let payload = Payload::OutboundCompleted(OutboundCompleted {
@@ -234,6 +242,28 @@ impl Shipping {
         txn.commit().await?;
         metrics::counter!("flashsale_shipments_total", "status" => ShipmentStatus::Shipped.as_db())
             .increment(envs.len() as u64);
+        metrics::counter!("flashsale_shipments_total", "status" => ShipmentStatus::Failed.as_db())
+            .increment(refused);
         Ok(Some(rest))
+    }
+
+    /// A batch's shipment the warehouse refused at its first attempt, its stock deducted
+    /// (RESERVE_THEN_COMMIT): failed in `txn` with its `outbound.failed`, whose cancel gives the
+    /// units back.
+    async fn fail_first_attempt(
+        &self,
+        txn: &sea_orm::DatabaseTransaction,
+        s: &crate::domain::Shipment,
+        reason: &str,
+        cause: Option<&Envelope>,
+    ) -> Result<(), OutboundError> {
+        db::set_attempts(txn, s.shipment_id, 1).await?;
+        if s.policy == Policy::ReserveThenCommit {
+            db::attempt(txn, s.shipment_id, 1, "commit", "OK", "").await?;
+            db::mark_committed(txn, s.shipment_id).await?;
+        }
+        db::attempt(txn, s.shipment_id, 1, "warehouse", "PERMANENT", reason).await?;
+        self.finish(txn, s, ShipmentStatus::Failed, Some(reason), cause)
+            .await
     }
 }

@@ -12,6 +12,8 @@ use crate::{
 
 pub const DEFAULT_PAGE_SIZE: i64 = 50;
 pub const MAX_PAGE_SIZE: i64 = 500;
+/// The largest `older_than_ms` of ListShipments: 30 days.
+pub const MAX_OLDER_THAN_MS: i64 = 30 * 86_400_000;
 
 impl Shipping {
     /// The shipment of an order the caller may see (another user's is NOT_FOUND).
@@ -22,10 +24,12 @@ impl Shipping {
         }
     }
 
-    /// A page of shipments, newest first, and the next page's token.
+    /// A page of shipments, newest first, created more than `older_than_ms` ago when it is not
+    /// 0, and the next page's token.
     pub async fn list(
         &self,
         status: Option<ShipmentStatus>,
+        older_than_ms: i64,
         page_size: i32,
         token: &str,
     ) -> Result<(Vec<Shipment>, String), OutboundError> {
@@ -34,9 +38,21 @@ impl Shipping {
             0 => DEFAULT_PAGE_SIZE,
             n => i64::from(n).min(MAX_PAGE_SIZE),
         };
-        let filter = status.map_or("*", ShipmentStatus::as_db);
+        if !(0..=MAX_OLDER_THAN_MS).contains(&older_than_ms) {
+            return Err(OutboundError::invalid(
+                "older_than_ms",
+                format!("must be within 0..={MAX_OLDER_THAN_MS}"),
+            ));
+        }
+        let created_before =
+            (older_than_ms > 0).then(|| Utc::now() - chrono::Duration::milliseconds(older_than_ms));
+        let filter = format!(
+            "{}-{older_than_ms}",
+            status.map_or("*", ShipmentStatus::as_db)
+        );
+        let filter = filter.as_str();
         let after = decode(token, filter)?;
-        let mut page = db::list(&self.db, status, after, size + 1).await?;
+        let mut page = db::list(&self.db, status, created_before, after, size + 1).await?;
         let next = if page.len() as i64 > size {
             page.truncate(size as usize);
             page.last()
@@ -87,9 +103,10 @@ mod tests {
     #[test]
     fn tokens_round_trip_and_only_for_their_filter() {
         let (at, id) = (Utc::now(), Uuid::new_v4());
-        let t = encode(at, id, "FAILED");
-        assert_eq!(decode(&t, "FAILED").unwrap().unwrap().1, id);
-        assert!(decode(&t, "*").is_err());
+        let t = encode(at, id, "FAILED-0");
+        assert_eq!(decode(&t, "FAILED-0").unwrap().unwrap().1, id);
+        assert!(decode(&t, "*-0").is_err());
+        assert!(decode(&t, "FAILED-1000").is_err());
         assert!(decode("junk", "*").is_err());
     }
 }

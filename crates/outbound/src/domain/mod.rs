@@ -1,5 +1,8 @@
-//! Pure outbound types: a shipment and its life (PICKING → SHIPPED | FAILED). No tonic,
+//! Pure outbound types: a shipment and its life (PICKING → SHIPPED | FAILED), and the backoff
+//! between its attempts. No tonic,
 //! sea-orm, lapin or redis here.
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -71,8 +74,26 @@ pub struct Shipment {
     pub status: ShipmentStatus,
     pub failure_reason: Option<String>,
     pub attempts: i32,
+    /// Whether product-stock deducted the order's units for it (always false for
+    /// COMMIT_AT_ORDER, whose units were deducted at order).
+    pub stock_committed: bool,
+    /// Why the last attempt was delayed; empty when none was.
+    pub last_error: String,
+    /// When a PICKING shipment is tried again.
+    pub next_attempt_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// How long a shipment waits before attempt `attempt + 1` after `attempt` was delayed: `base`
+/// doubling per attempt up to `max`, the upper half of it drawn at random (`unit` in `0.0..1.0`),
+/// so shipments delayed by one outage do not all come back at once.
+pub fn backoff(attempt: i32, base: Duration, max: Duration, unit: f64) -> Duration {
+    let doublings = u32::try_from(attempt.saturating_sub(1))
+        .unwrap_or(0)
+        .min(30);
+    let full = base.saturating_mul(1 << doublings).min(max);
+    full / 2 + full.mul_f64(unit.clamp(0.0, 1.0) / 2.0)
 }
 
 /// What the outbound use cases can fail with.
@@ -125,6 +146,21 @@ mod tests {
         ] {
             assert_eq!(ShipmentStatus::from_db(s.as_db()), Some(s));
         }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_with_the_upper_half_random() {
+        let (base, max) = (Duration::from_millis(200), Duration::from_secs(30));
+        assert_eq!(backoff(1, base, max, 0.0), Duration::from_millis(100));
+        assert_eq!(backoff(1, base, max, 1.0), Duration::from_millis(200));
+        assert_eq!(backoff(4, base, max, 0.5), Duration::from_millis(1200));
+        assert_eq!(backoff(40, base, max, 1.0), max);
+        assert_eq!(backoff(i32::MAX, base, max, 0.0), max / 2);
+        assert_eq!(
+            backoff(0, base, max, 1.0),
+            base,
+            "a first attempt waits the base"
+        );
     }
 
     #[test]

@@ -30,6 +30,9 @@ struct Row {
     status: String,
     failure_reason: Option<String>,
     attempts: i32,
+    stock_committed: bool,
+    last_error: String,
+    next_attempt_at: DateTime<Utc>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -50,6 +53,9 @@ impl TryFrom<Row> for Shipment {
             quantity: r.quantity,
             failure_reason: r.failure_reason,
             attempts: r.attempts,
+            stock_committed: r.stock_committed,
+            last_error: r.last_error,
+            next_attempt_at: r.next_attempt_at,
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
@@ -57,7 +63,7 @@ impl TryFrom<Row> for Shipment {
 }
 
 const SELECT: &str = "SELECT shipment_id, order_id, user_id, sku, quantity, policy, status, failure_reason, attempts, \
-     created_at, updated_at FROM shipments";
+     stock_committed, last_error, next_attempt_at, created_at, updated_at FROM shipments";
 
 /// A paid order to ship.
 pub struct NewShipment<'a> {
@@ -69,11 +75,16 @@ pub struct NewShipment<'a> {
     pub payment_id: &'a str,
 }
 
-/// Creates the order's shipment unless it has one; returns the shipment id either way.
-pub async fn create<C: ConnectionTrait>(c: &C, s: &NewShipment<'_>) -> Result<Uuid, OutboundError> {
+/// Creates the order's shipment unless it has one; returns the shipment id either way. The
+/// sweeper takes it up at `retry_at` should the worker that ships it now die first.
+pub async fn create<C: ConnectionTrait>(
+    c: &C,
+    s: &NewShipment<'_>,
+    retry_at: DateTime<Utc>,
+) -> Result<Uuid, OutboundError> {
     c.execute_raw(stmt(
-        "INSERT INTO shipments (shipment_id, order_id, user_id, sku, quantity, policy, payment_id, status) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'PICKING') ON CONFLICT (order_id) DO NOTHING",
+        "INSERT INTO shipments (shipment_id, order_id, user_id, sku, quantity, policy, payment_id, status, next_attempt_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'PICKING', $8) ON CONFLICT (order_id) DO NOTHING",
         [
             Uuid::now_v7().into(),
             s.order_id.into(),
@@ -82,6 +93,7 @@ pub async fn create<C: ConnectionTrait>(c: &C, s: &NewShipment<'_>) -> Result<Uu
             s.quantity.into(),
             s.policy.as_db().into(),
             s.payment_id.into(),
+            retry_at.into(),
         ],
     ))
     .await?;
@@ -92,10 +104,11 @@ pub async fn create<C: ConnectionTrait>(c: &C, s: &NewShipment<'_>) -> Result<Uu
 }
 
 /// Creates the shipments of the orders that have none, in one statement; returns the
-/// shipment of every order of `new` (created now or before).
+/// shipment of every order of `new` (created now or before). As [`create`], `retry_at`.
 pub async fn create_many<C: ConnectionTrait>(
     c: &C,
     new: &[NewShipment<'_>],
+    retry_at: DateTime<Utc>,
 ) -> Result<Vec<Shipment>, OutboundError> {
     if new.is_empty() {
         return Ok(Vec::new());
@@ -108,8 +121,8 @@ pub async fn create_many<C: ConnectionTrait>(
     let policies: Vec<String> = new.iter().map(|s| s.policy.as_db().to_owned()).collect();
     let payments: Vec<String> = new.iter().map(|s| s.payment_id.to_owned()).collect();
     c.execute_raw(stmt(
-        "INSERT INTO shipments (shipment_id, order_id, user_id, sku, quantity, policy, payment_id, status) \
-         SELECT *, 'PICKING' FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[]) \
+        "INSERT INTO shipments (shipment_id, order_id, user_id, sku, quantity, policy, payment_id, status, next_attempt_at) \
+         SELECT *, 'PICKING', $8 FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[]) \
          ON CONFLICT (order_id) DO NOTHING",
         [
             ids.into(),
@@ -119,6 +132,7 @@ pub async fn create_many<C: ConnectionTrait>(
             quantities.into(),
             policies.into(),
             payments.into(),
+            retry_at.into(),
         ],
     ))
     .await?;
@@ -148,7 +162,8 @@ pub async fn lock_many<C: ConnectionTrait>(
 }
 
 /// Ships every shipment of `ids` still PICKING at its first attempt, recording that attempt's
-/// steps (`steps`: `(shipment, step)` rows, all OK), in one statement; how many were shipped.
+/// steps (`steps`: `(shipment, step)` rows, all OK) and, for RESERVE_THEN_COMMIT, that its stock
+/// was committed, in one statement; how many were shipped.
 pub async fn ship_first_attempts<C: ConnectionTrait>(
     c: &C,
     ids: &[Uuid],
@@ -161,7 +176,8 @@ pub async fn ship_first_attempts<C: ConnectionTrait>(
     let step_ids: Vec<Uuid> = steps.iter().map(|(id, _)| *id).collect();
     let step_names: Vec<String> = steps.iter().map(|(_, s)| (*s).to_owned()).collect();
     let sql = "WITH shipped AS ( \
-            UPDATE shipments SET status = 'SHIPPED', attempts = 1, updated_at = now() \
+            UPDATE shipments SET status = 'SHIPPED', attempts = 1, updated_at = now(), \
+                stock_committed = (policy = 'RESERVE_THEN_COMMIT') \
             WHERE shipment_id = ANY($1) AND status = 'PICKING' AND attempts = 0 RETURNING shipment_id \
         ), steps AS ( \
             INSERT INTO shipment_attempts (shipment_id, attempt, step, outcome, detail) \
@@ -233,6 +249,35 @@ pub async fn set_attempts<C: ConnectionTrait>(
     Ok(())
 }
 
+/// Records that product-stock deducted the shipment's units.
+pub async fn mark_committed<C: ConnectionTrait>(
+    c: &C,
+    shipment_id: Uuid,
+) -> Result<(), OutboundError> {
+    c.execute_raw(stmt(
+        "UPDATE shipments SET stock_committed = true, updated_at = now() WHERE shipment_id = $1",
+        [shipment_id.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// A delayed attempt: why, and when the shipment is tried again.
+pub async fn delay<C: ConnectionTrait>(
+    c: &C,
+    shipment_id: Uuid,
+    error: &str,
+    retry_at: DateTime<Utc>,
+) -> Result<(), OutboundError> {
+    c.execute_raw(stmt(
+        "UPDATE shipments SET last_error = $2, next_attempt_at = $3, updated_at = now() \
+         WHERE shipment_id = $1",
+        [shipment_id.into(), error.into(), retry_at.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
 /// PICKING → `to` (compare-and-set); returns whether it was still PICKING.
 pub async fn finish<C: ConnectionTrait>(
     c: &C,
@@ -254,10 +299,10 @@ pub async fn finish<C: ConnectionTrait>(
     Ok(res.rows_affected() == 1)
 }
 
-/// Shipments still PICKING whose last change is older than `older_than`.
-pub async fn stuck<C: ConnectionTrait>(
+/// Shipments still PICKING whose next attempt is due, longest due first.
+pub async fn due<C: ConnectionTrait>(
     c: &C,
-    older_than: DateTime<Utc>,
+    now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<Uuid>, OutboundError> {
     #[derive(FromQueryResult)]
@@ -265,8 +310,9 @@ pub async fn stuck<C: ConnectionTrait>(
         shipment_id: Uuid,
     }
     Ok(Id::find_by_statement(stmt(
-        "SELECT shipment_id FROM shipments WHERE status = 'PICKING' AND updated_at < $1 ORDER BY updated_at LIMIT $2",
-        [older_than.into(), limit.into()],
+        "SELECT shipment_id FROM shipments WHERE status = 'PICKING' AND next_attempt_at <= $1 \
+         ORDER BY next_attempt_at LIMIT $2",
+        [now.into(), limit.into()],
     ))
     .all(c)
     .await?
@@ -275,16 +321,44 @@ pub async fn stuck<C: ConnectionTrait>(
     .collect())
 }
 
-/// A page of shipments, newest first, after the `(created_at, shipment_id)` cursor.
+/// How many shipments are still PICKING though created before `before`, and the oldest one's
+/// order and creation time.
+pub async fn overdue<C: ConnectionTrait>(
+    c: &C,
+    before: DateTime<Utc>,
+) -> Result<(i64, Option<(Uuid, DateTime<Utc>)>), OutboundError> {
+    #[derive(FromQueryResult)]
+    struct Overdue {
+        n: i64,
+        order_id: Option<Uuid>,
+        created_at: Option<DateTime<Utc>>,
+    }
+    let r = Overdue::find_by_statement(stmt(
+        "SELECT (SELECT count(*) FROM shipments WHERE status = 'PICKING' AND created_at < $1) AS n, \
+                o.order_id, o.created_at \
+         FROM (SELECT 1) AS one LEFT JOIN LATERAL ( \
+             SELECT order_id, created_at FROM shipments WHERE status = 'PICKING' AND created_at < $1 \
+             ORDER BY created_at LIMIT 1) AS o ON true",
+        [before.into()],
+    ))
+    .one(c)
+    .await?;
+    Ok(r.map_or((0, None), |r| (r.n, r.order_id.zip(r.created_at))))
+}
+
+/// A page of shipments, newest first, after the `(created_at, shipment_id)` cursor, created
+/// before `created_before` when given.
 pub async fn list<C: ConnectionTrait>(
     c: &C,
     status: Option<ShipmentStatus>,
+    created_before: Option<DateTime<Utc>>,
     after: Option<(DateTime<Utc>, Uuid)>,
     limit: i64,
 ) -> Result<Vec<Shipment>, OutboundError> {
     let (at, id) = after.map_or((None, None), |(t, i)| (Some(t), Some(i)));
     let sql = format!(
         "{SELECT} WHERE ($1::text IS NULL OR status = $1) AND ($2::timestamptz IS NULL OR (created_at, shipment_id) < ($2, $3)) \
+         AND ($5::timestamptz IS NULL OR created_at < $5) \
          ORDER BY created_at DESC, shipment_id DESC LIMIT $4"
     );
     Row::find_by_statement(stmt(
@@ -294,6 +368,7 @@ pub async fn list<C: ConnectionTrait>(
             at.into(),
             id.into(),
             limit.into(),
+            created_before.into(),
         ],
     ))
     .all(c)

@@ -20,7 +20,9 @@ pub enum WarehouseError {
 
 #[tonic::async_trait]
 pub trait Warehouse: Send + Sync + 'static {
-    /// Picks and ships `shipment`; idempotent on its shipment id.
+    /// Picks and ships `shipment`. The shipment id is the request id: a warehouse must ship
+    /// each shipment once however often it is asked (outbound asks again after a crash or a
+    /// lost answer). Outbound asks only once the order's units are deducted on product-stock.
     async fn ship(&self, shipment: &Shipment) -> Result<(), WarehouseError>;
 }
 
@@ -95,6 +97,9 @@ mod tests {
             status: ShipmentStatus::Picking,
             failure_reason: None,
             attempts: 0,
+            stock_committed: false,
+            last_error: String::new(),
+            next_attempt_at: chrono::Utc::now(),
             created_at: chrono::Utc::now(),
             updated_at: chrono::Utc::now(),
         }

@@ -3,6 +3,7 @@
 use sea_orm_migration::{MigrationTrait, MigratorTrait, async_trait::async_trait};
 
 mod m0001_shipments;
+mod m0002_deduct_then_ship;
 
 pub struct Migrator;
 
@@ -13,6 +14,7 @@ impl MigratorTrait for Migrator {
             Box::new(flashsale_messaging::migration::CreateOutboxAndInbox),
             Box::new(flashsale_messaging::migration::CreateDeadLetters),
             Box::new(m0001_shipments::Migration),
+            Box::new(m0002_deduct_then_ship::Migration),
         ]
     }
 }

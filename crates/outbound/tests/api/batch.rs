@@ -6,7 +6,10 @@ use std::{sync::Arc, time::Duration};
 
 use flashsale_outbound::{
     app::{Paid, Shipping},
-    infra::{stock::GrpcCommitter, warehouse::AlwaysShips},
+    infra::{
+        stock::GrpcCommitter,
+        warehouse::{AlwaysShips, FlakyWarehouse, Warehouse},
+    },
 };
 use flashsale_platform::auth::{JwtKeys, ServiceToken};
 use flashsale_proto::product::v1::DeductionPolicy;
@@ -20,6 +23,11 @@ const CAO: DeductionPolicy = DeductionPolicy::CommitAtOrder;
 /// The shipping use cases over the stack's outbound database and product-stock, called
 /// directly (the stack's own consumer sees none of these deliveries).
 fn shipping(stack: &Stack) -> Shipping {
+    shipping_with(stack, Arc::new(AlwaysShips))
+}
+
+/// [`shipping`] with another warehouse.
+fn shipping_with(stack: &Stack, warehouse: Arc<dyn Warehouse>) -> Shipping {
     let mut s = flashsale_outbound::config::Settings::default();
     s.auth.allow_development_secret = true;
     s.upstream.product_stock_url = format!("http://127.0.0.1:{}", stack.stock_port);
@@ -28,12 +36,7 @@ fn shipping(stack: &Stack) -> Shipping {
     let token = Arc::new(ServiceToken::new(keys, "outbound").unwrap());
     let stock =
         GrpcCommitter::new(&s.upstream, &s.grpc.tls, token, Duration::from_secs(3)).unwrap();
-    Shipping::new(
-        stack.conn.clone(),
-        Arc::new(stock),
-        Arc::new(AlwaysShips),
-        s.shipping,
-    )
+    Shipping::new(stack.conn.clone(), Arc::new(stock), warehouse, s.shipping)
 }
 
 fn paid(stack: &Stack, order: Uuid, user: &str, sku: &str, policy: DeductionPolicy) -> Paid {
@@ -81,8 +84,8 @@ async fn paid_orders_arriving_together_ship_in_one_transaction() {
                 "SELECT COUNT(*) AS n FROM shipment_attempts WHERE attempt = 1 AND outcome = 'OK'"
             )
             .await,
-        24,
-        "each attempt's warehouse and commit steps"
+        22,
+        "each RESERVE_THEN_COMMIT attempt's commit and warehouse steps, each COMMIT_AT_ORDER one's warehouse step"
     );
     assert_eq!(stack.outbox_of("outbound.completed").await.len(), 12);
     let p = stack.get_product("BATCH").await;
@@ -135,4 +138,54 @@ async fn a_batch_with_an_unusual_delivery_ships_each_as_alone() {
     assert_eq!(stack.outbox_of("outbound.failed").await.len(), 1);
     let p = stack.get_product("MIX").await;
     assert_eq!((p.on_hand, p.reserved), (3, 0));
+}
+
+#[tokio::test]
+async fn a_batch_deducts_before_it_ships_and_fails_what_the_warehouse_refuses_in_the_same_transaction()
+ {
+    let stack = spawn_stack(|_| {}).await;
+    stack.product("GOOD", 5, RTC).await;
+    stack.product("BROKEN", 5, RTC).await;
+    let mut items = Vec::new();
+    for (i, sku) in ["GOOD", "BROKEN", "GOOD", "BROKEN"].into_iter().enumerate() {
+        let user = format!("u{i}");
+        let order = stack.reserved_order(&user, sku, RTC).await;
+        items.push(paid(&stack, order, &user, sku, RTC));
+    }
+    let ship = shipping_with(
+        &stack,
+        Arc::new(FlakyWarehouse::new(0.0, ["BROKEN".to_owned()])),
+    );
+    let answers = ship.ship_paid(items).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert_eq!(
+        stack
+            .count("SELECT COUNT(DISTINCT xmin::text) AS n FROM shipments")
+            .await,
+        1,
+        "one transaction shipped two and failed two"
+    );
+    assert_eq!(
+        stack
+            .count("SELECT COUNT(*) AS n FROM shipments WHERE status = 'FAILED' AND stock_committed AND attempts = 1")
+            .await,
+        2
+    );
+    assert_eq!(
+        stack
+            .count("SELECT COUNT(*) AS n FROM shipment_attempts WHERE step = 'warehouse'")
+            .await,
+        4,
+        "the warehouse asked once per shipment"
+    );
+    assert_eq!(stack.outbox_of("outbound.completed").await.len(), 2);
+    assert_eq!(stack.outbox_of("outbound.failed").await.len(), 2);
+    for sku in ["GOOD", "BROKEN"] {
+        let p = stack.get_product(sku).await;
+        assert_eq!(
+            (p.on_hand, p.reserved),
+            (3, 0),
+            "{sku}: deducted before shipping"
+        );
+    }
 }

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod batch;
+mod delays;
 mod foundation;
 mod helpers;
 mod prop;

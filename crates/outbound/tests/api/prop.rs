@@ -80,13 +80,25 @@ fn call(orders: Vec<String>) -> impl Strategy<Value = Call> {
     let status = prop_oneof![4 => -1i32..5, 1 => any::<i32>()];
     prop_oneof![
         1 => order_id.prop_map(|order_id| Call::Get(GetShipmentRequest { order_id })),
-        1 => (status, int32(), text()).prop_map(|(status, page_size, page_token)| {
-            Call::List(ListShipmentsRequest {
-                status,
-                page_size,
-                page_token,
-            })
-        }),
+        1 => (status, int32(), text(), older_than_ms()).prop_map(
+            |(status, page_size, page_token, older_than_ms)| {
+                Call::List(ListShipmentsRequest {
+                    status,
+                    page_size,
+                    page_token,
+                    older_than_ms,
+                })
+            }
+        ),
+    ]
+}
+
+/// Ages for ListShipments: mostly none or in range, sometimes negative or past 30 days.
+fn older_than_ms() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        3 => Just(0i64),
+        2 => 0i64..=2_592_000_000,
+        1 => any::<i64>(),
     ]
 }
 

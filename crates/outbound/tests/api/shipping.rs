@@ -1,9 +1,12 @@
-//! Shipping paid orders: committed and completed, failed and reported, COMMIT_AT_ORDER without a
-//! second deduction, redeliveries without a second shipment or commit, and a product-stock that
-//! never answers.
+//! Shipping paid orders: deducted, then shipped and completed; refused by the warehouse after
+//! the deduction, failed and the unit returned by the cancel; COMMIT_AT_ORDER without a second
+//! deduction; redeliveries without a second shipment or commit; and a product-stock that never
+//! answers, which delays a shipment and never fails it.
 
+use flashsale_messaging::envelope;
 use flashsale_proto::{
-    events::v1::envelope::Payload,
+    events::v1::{OrderCancelled, envelope::Payload},
+    order::v1::{CancelReason, OrderStatus},
     outbound::v1::{GetShipmentRequest, ListShipmentsRequest, ShipmentStatus},
     product::v1::DeductionPolicy,
 };
@@ -47,7 +50,8 @@ async fn a_paid_order_is_committed_and_shipped_once_even_when_redelivered() {
 }
 
 #[tokio::test]
-async fn a_warehouse_failure_fails_the_shipment_without_committing() {
+async fn a_warehouse_refusal_after_the_deduction_fails_the_shipment_and_the_cancel_returns_the_unit()
+ {
     let stack = spawn_stack(|s| s.warehouse.fail_skus = "BROKEN".into()).await;
     stack.product("BROKEN", 3, RTC).await;
     let order = stack.reserved_order("alice", "BROKEN", RTC).await;
@@ -56,17 +60,14 @@ async fn a_warehouse_failure_fails_the_shipment_without_committing() {
         .await;
     let s = stack.finished(order).await;
     assert_eq!(s.status, ShipmentStatus::Failed as i32);
+    assert!(s.stock_committed, "deducted before the warehouse was asked");
     assert!(
         s.failure_reason.contains("could not pick"),
         "{}",
         s.failure_reason
     );
     let p = stack.get_product("BROKEN").await;
-    assert_eq!(
-        (p.on_hand, p.reserved),
-        (3, 1),
-        "nothing committed; the order's cancel releases it"
-    );
+    assert_eq!((p.on_hand, p.reserved), (2, 0), "deducted first");
     let failed = stack.outbox_of("outbound.failed").await;
     assert_eq!(failed.len(), 1);
     fixtures::assert_same_shape(&failed[0]).unwrap();
@@ -74,6 +75,36 @@ async fn a_warehouse_failure_fails_the_shipment_without_committing() {
         panic!("payload")
     };
     assert_eq!(f.order_id, order.to_string());
+
+    // The order service cancels the order (OUTBOUND_FAILED) and refunds it: its unit goes back
+    // to stock, in the database and in the gate.
+    let cancelled = OrderCancelled {
+        order_id: order.to_string(),
+        user_id: "alice".into(),
+        sku: "BROKEN".into(),
+        quantity: 1,
+        reason: CancelReason::OutboundFailed as i32,
+        previous_status: OrderStatus::Paid as i32,
+    };
+    stack
+        .publish(&envelope::new(
+            Payload::OrderCancelled(cancelled),
+            order.to_string(),
+            "",
+            "order",
+        ))
+        .await;
+    let p = flashsale_test_support::eventually(
+        std::time::Duration::from_secs(20),
+        "the unit given back",
+        || async {
+            let p = stack.get_product("BROKEN").await;
+            (p.on_hand == 3 && p.gate_available == 3).then_some(p)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!((p.on_hand, p.reserved), (3, 0));
 }
 
 #[tokio::test]
@@ -112,28 +143,94 @@ async fn a_refused_commit_fails_the_shipment() {
 }
 
 #[tokio::test]
-async fn a_product_stock_that_never_answers_fails_the_shipment_after_its_attempts() {
+async fn a_product_stock_that_never_answers_delays_the_shipment_and_never_fails_it() {
     let stack = spawn_stack(|s| {
         s.upstream.product_stock_url = "http://127.0.0.1:1".into();
-        s.shipping.max_attempts = 2;
-        s.shipping.stuck_after_ms = 100;
+        s.shipping.retry_base_ms = 1;
+        s.shipping.retry_max_ms = 20;
+        s.shipping.sweep_interval_ms = 10;
+        s.shipping.alert_after_ms = 1_000;
     })
     .await;
     let order = uuid::Uuid::new_v4();
     stack.publish(&stack.paid(order, "alice", "ANY", RTC)).await;
-    let s = stack.finished(order).await;
-    assert_eq!((s.status, s.attempts), (ShipmentStatus::Failed as i32, 2));
+    // Far more attempts than a retry ladder would allow, and still not failed.
+    flashsale_test_support::eventually(
+        std::time::Duration::from_secs(30),
+        "twelve delayed attempts",
+        || async {
+            (stack
+                .count("SELECT COUNT(*) AS n FROM shipment_attempts WHERE outcome = 'TRANSIENT'")
+                .await
+                >= 12)
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let mut c = stack.outbound().await;
+    let get = GetShipmentRequest {
+        order_id: order.to_string(),
+    };
+    let s = c
+        .get_shipment(admin(get))
+        .await
+        .unwrap()
+        .into_inner()
+        .shipment
+        .unwrap();
+    assert_eq!(s.status, ShipmentStatus::Picking as i32);
+    assert!(s.attempts >= 12, "{}", s.attempts);
+    assert!(!s.stock_committed);
     assert!(
-        s.failure_reason.starts_with("gave up after 2 attempts"),
+        s.last_error.contains("CommitReservation"),
         "{}",
-        s.failure_reason
+        s.last_error
     );
+    assert!(s.next_attempt_time.is_some());
     assert_eq!(
         stack
-            .count("SELECT COUNT(*) AS n FROM shipment_attempts WHERE outcome = 'TRANSIENT'")
+            .count("SELECT COUNT(*) AS n FROM shipment_attempts WHERE step = 'warehouse'")
             .await,
-        2
+        0,
+        "the warehouse is never asked before the deduction"
     );
+    assert_eq!(stack.outbox_of("outbound.failed").await.len(), 0);
+
+    // Overdue once older than alert_after_ms: listed with its last error.
+    let overdue = flashsale_test_support::eventually(
+        std::time::Duration::from_secs(30),
+        "listed as overdue",
+        || {
+            let mut c = c.clone();
+            async move {
+                let req = ListShipmentsRequest {
+                    status: ShipmentStatus::Picking as i32,
+                    page_size: 10,
+                    page_token: String::new(),
+                    older_than_ms: 1_000,
+                };
+                let page = c.list_shipments(admin(req)).await.ok()?.into_inner();
+                (!page.shipments.is_empty()).then_some(page.shipments)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(overdue[0].order_id, order.to_string());
+    assert!(!overdue[0].last_error.is_empty());
+    for bad in [-1, 31 * 86_400_000] {
+        let req = ListShipmentsRequest {
+            older_than_ms: bad,
+            ..Default::default()
+        };
+        let status = c.list_shipments(admin(req)).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(
+            flashsale_platform::error::violated_fields(&status),
+            ["older_than_ms"]
+        );
+    }
 }
 
 #[tokio::test]
@@ -180,6 +277,7 @@ async fn shipments_are_visible_to_their_buyer_and_listed_for_admins() {
         page_size: 2,
         status: ShipmentStatus::Shipped as i32,
         page_token: String::new(),
+        older_than_ms: 0,
     };
     let page = c.list_shipments(admin(first)).await.unwrap().into_inner();
     assert_eq!(page.shipments.len(), 2);
@@ -187,6 +285,7 @@ async fn shipments_are_visible_to_their_buyer_and_listed_for_admins() {
         page_size: 2,
         status: ShipmentStatus::Shipped as i32,
         page_token: page.next_page_token.clone(),
+        older_than_ms: 0,
     };
     let rest = c.list_shipments(admin(next)).await.unwrap().into_inner();
     assert_eq!(
@@ -197,6 +296,7 @@ async fn shipments_are_visible_to_their_buyer_and_listed_for_admins() {
         page_size: 2,
         status: 0,
         page_token: page.next_page_token,
+        older_than_ms: 0,
     };
     assert_eq!(
         c.list_shipments(admin(other_filter))

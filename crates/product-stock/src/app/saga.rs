@@ -278,7 +278,10 @@ impl StockSaga {
             .await
     }
 
-    /// Releases a RESERVED (or COMMIT_AT_ORDER COMMITTED) reservation in `txn` and the gate.
+    /// Releases a RESERVED or COMMITTED reservation in `txn` and the gate. A committed one
+    /// gives its deducted units back to on_hand: a COMMIT_AT_ORDER order cancelled, or a
+    /// RESERVE_THEN_COMMIT order whose shipment the warehouse refused after outbound deducted
+    /// it (outbound deducts before it ships, and a shipped order is never cancelled).
     async fn release_persisted(
         &self,
         txn: DatabaseTransaction,
@@ -286,15 +289,10 @@ impl StockSaga {
         r: &Reservation,
         cause: &str,
     ) -> Result<(), StockError> {
-        let (on_hand_delta, reserved_delta) = match (r.state, r.policy) {
-            (ReservationState::Reserved, _) => (0, -r.quantity),
-            (ReservationState::Committed, DeductionPolicy::CommitAtOrder) => (r.quantity, 0),
-            (ReservationState::Committed, DeductionPolicy::ReserveThenCommit) => {
-                tracing::warn!(order_id = %r.order_id, "cancel of a shipped reservation ignored");
-                txn.commit().await?;
-                return Ok(());
-            }
-            (ReservationState::Released, _) => {
+        let (on_hand_delta, reserved_delta) = match r.state {
+            ReservationState::Reserved => (0, -r.quantity),
+            ReservationState::Committed => (r.quantity, 0),
+            ReservationState::Released => {
                 txn.commit().await?;
                 return self
                     .gate_finish_release(&r.sku, &r.user_id, r.order_id)
