@@ -18,3 +18,4 @@ mod reconcile;
 mod reserve;
 mod saga;
 mod saga_batch;
+mod write_off;
