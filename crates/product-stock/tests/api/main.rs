@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod admin_paths;
 mod buckets;
 mod catalog;
 mod cluster;
