@@ -362,7 +362,9 @@ mod tests {
     fn page_tokens_round_trip_and_junk_is_refused() {
         assert_eq!(decode_token(&encode_token("WINE-1.x")).unwrap(), "WINE-1.x");
         assert_eq!(decode_token("").unwrap(), "");
-        for junk in ["abc", "p1.zz", "p1.6", "p1.7b7d", "p1.aéb", "p1.😀", "p1.é", "p1.+1"] {
+        for junk in [
+            "abc", "p1.zz", "p1.6", "p1.7b7d", "p1.aéb", "p1.😀", "p1.é", "p1.+1",
+        ] {
             assert!(decode_token(junk).is_err(), "{junk} accepted");
         }
     }

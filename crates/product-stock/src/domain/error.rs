@@ -17,7 +17,9 @@ pub enum StockError {
     Refused(Refusal, i64),
     /// A write-off of more units than are free: on hand, less reserved, less the units held
     /// for orders acknowledged but not yet in the database.
-    #[error("only {0} units are free to write off (on hand, less units reserved or held for acknowledged orders)")]
+    #[error(
+        "only {0} units are free to write off (on hand, less units reserved or held for acknowledged orders)"
+    )]
     WriteOffAboveFree(i64),
     #[error("{0} was used before with a different payload")]
     IdempotencyKeyReused(&'static str),

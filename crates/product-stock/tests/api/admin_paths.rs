@@ -34,12 +34,7 @@ impl TestApp {
             .into_inner()
             .reports
             .remove(0);
-        (
-            r.gate_available,
-            r.unpersisted_holds,
-            r.drift,
-            r.repaired,
-        )
+        (r.gate_available, r.unpersisted_holds, r.drift, r.repaired)
     }
 
     async fn restock(&self, request_id: &str, sku: &str, units: i64) {
@@ -67,7 +62,10 @@ async fn a_repair_sets_the_gate_to_the_database_less_the_acknowledged_holds() {
     // Both ways of drifting: a gate selling 5 units too many, then 4 too few.
     for (figure, drift) in [(15, 5), (6, -4)] {
         app.gate.repair("RP", figure).await.unwrap();
-        assert_eq!(app.reconcile_one("RP", true).await, (7 + drift, 3, drift, true));
+        assert_eq!(
+            app.reconcile_one("RP", true).await,
+            (7 + drift, 3, drift, true)
+        );
         assert_eq!(app.gate_of("RP", 1).await, (7, 3));
     }
     persist_all(&app, "RP", &acked).await;
@@ -121,9 +119,13 @@ async fn repairs_racing_reservations_never_take_an_acknowledged_orders_units() {
     let gate = app.gate.clone();
     let repairs = async {
         for round in 0..8 {
-            gate.adjust(At::new("RPR", round % BUCKETS), &format!("stray-{round}"), 1)
-                .await
-                .unwrap();
+            gate.adjust(
+                At::new("RPR", round % BUCKETS),
+                &format!("stray-{round}"),
+                1,
+            )
+            .await
+            .unwrap();
             app.reconcile_one("RPR", true).await;
         }
     };
@@ -145,7 +147,10 @@ async fn repairs_racing_reservations_never_take_an_acknowledged_orders_units() {
     let gate_held: i64 = states.iter().map(|s| s.1).sum();
     let available: i64 = states.iter().map(|s| s.0).sum();
     assert_eq!(gate_held, held, "every acknowledged order keeps its hold");
-    assert!(available + gate_held <= STOCK, "never more on sale than the database has");
+    assert!(
+        available + gate_held <= STOCK,
+        "never more on sale than the database has"
+    );
     app.reconcile_one("RPR", true).await;
     assert_eq!(app.gate_of("RPR", BUCKETS).await, (STOCK - held, held));
     persist_all(&app, "RPR", &acked).await;
@@ -158,7 +163,8 @@ async fn a_restock_while_the_gate_is_lost_and_the_rebuild_after_it_keep_the_ackn
     let mut acked = Vec::new();
     for i in 0..3 {
         let a = app.acknowledge(&format!("u{i}"), "RB", 1).await;
-        app.orders.put("RB", a.order, &a.user, 1, FakeStatus::Pending);
+        app.orders
+            .put("RB", a.order, &a.user, 1, FakeStatus::Pending);
         acked.push(a);
     }
     // Redis loses the product; a restock lands before anything rebuilds it.
@@ -173,7 +179,11 @@ async fn a_restock_while_the_gate_is_lost_and_the_rebuild_after_it_keep_the_ackn
         (err.code(), reason(&err).as_str()),
         (Code::FailedPrecondition, "INSUFFICIENT_STOCK")
     );
-    assert!(err.message().contains("only 12 units are free"), "{}", err.message());
+    assert!(
+        err.message().contains("only 12 units are free"),
+        "{}",
+        err.message()
+    );
     assert_eq!(app.gate_of("RB", 1).await, (12, 3));
     // A restock after the rebuild reaches the gate once.
     app.restock("r2", "RB", 2).await;
@@ -189,7 +199,8 @@ async fn a_write_off_on_a_lost_gate_waits_while_the_order_service_cannot_list_pe
     let app = spawn_app().await;
     app.create("RD", 10, 0, RTC).await;
     let a = app.acknowledge("u0", "RD", 4).await;
-    app.orders.put("RD", a.order, &a.user, 4, FakeStatus::Pending);
+    app.orders
+        .put("RD", a.order, &a.user, 4, FakeStatus::Pending);
     app.gate.forget("RD").await.unwrap();
     app.orders.set_down(true);
     let err = app.write_off("w", "RD", 10).await.unwrap_err();
@@ -197,7 +208,11 @@ async fn a_write_off_on_a_lost_gate_waits_while_the_order_service_cannot_list_pe
     assert_eq!(app.stock_rows("RD").await, (10, 0, 0, 0, 0));
     app.orders.set_down(false);
     let err = app.write_off("w", "RD", 10).await.unwrap_err();
-    assert!(err.message().contains("only 6 units are free"), "{}", err.message());
+    assert!(
+        err.message().contains("only 6 units are free"),
+        "{}",
+        err.message()
+    );
     // The refused request left nothing behind: the same request id is judged afresh.
     let p = app.write_off("w", "RD", 6).await.unwrap();
     assert_eq!((p.on_hand, p.gate_available), (4, 0));

@@ -28,7 +28,13 @@ use crate::{
 const RTC: DeductionPolicy = DeductionPolicy::ReserveThenCommit;
 
 impl TestApp {
-    pub(crate) async fn create_bucketed(&self, sku: &str, stock: i64, limit: u32, buckets: u32) -> Product {
+    pub(crate) async fn create_bucketed(
+        &self,
+        sku: &str,
+        stock: i64,
+        limit: u32,
+        buckets: u32,
+    ) -> Product {
         let req = CreateProductRequest {
             sku: sku.into(),
             name: format!("{sku} magnum"),

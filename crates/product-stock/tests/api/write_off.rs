@@ -91,7 +91,9 @@ impl TestApp {
 /// refused for want of stock.
 pub async fn persist_all(app: &TestApp, sku: &str, acked: &[Acked]) {
     let before = app
-        .count(&format!("SELECT reserved AS n FROM stock WHERE sku = '{sku}'"))
+        .count(&format!(
+            "SELECT reserved AS n FROM stock WHERE sku = '{sku}'"
+        ))
         .await;
     for a in acked {
         app.publish(created(a.order, &a.user, sku, a.qty), &a.order.to_string())
@@ -106,8 +108,10 @@ pub async fn persist_all(app: &TestApp, sku: &str, acked: &[Acked]) {
     )
     .await;
     assert_eq!(
-        app.count(&format!("SELECT reserved AS n FROM stock WHERE sku = '{sku}'"))
-            .await,
+        app.count(&format!(
+            "SELECT reserved AS n FROM stock WHERE sku = '{sku}'"
+        ))
+        .await,
         before + units
     );
     assert!(
@@ -123,7 +127,8 @@ fn assert_refused_naming(err: &tonic::Status, free: i64) {
         "{err:?}"
     );
     assert!(
-        err.message().contains(&format!("only {free} units are free")),
+        err.message()
+            .contains(&format!("only {free} units are free")),
         "{}",
         err.message()
     );

@@ -46,7 +46,9 @@ impl RedisGate {
     ) -> Result<WriteOffOutcome, GateError> {
         validate_buckets(buckets)?;
         if units <= 0 {
-            return Err(GateError::InvalidInput("a write-off takes at least one unit"));
+            return Err(GateError::InvalidInput(
+                "a write-off takes at least one unit",
+            ));
         }
         if buckets == 1 {
             let r = self
@@ -62,7 +64,9 @@ impl RedisGate {
                 return Ok(WriteOffOutcome::Refused { free: r.int(1)? });
             }
             return Ok(match adjust_outcome(&r)?.0 {
-                AdjustOutcome::Applied { .. } | AdjustOutcome::Duplicate => WriteOffOutcome::Applied,
+                AdjustOutcome::Applied { .. } | AdjustOutcome::Duplicate => {
+                    WriteOffOutcome::Applied
+                }
                 AdjustOutcome::Rebuilt => WriteOffOutcome::Rebuilt,
                 AdjustOutcome::NotLoaded => WriteOffOutcome::NotLoaded,
             });
@@ -104,10 +108,7 @@ impl RedisGate {
             None => {
                 metrics::counter!("flashsale_write_offs_raced_total").increment(1);
                 WriteOffOutcome::Refused {
-                    free: self
-                        .free_units(sku, buckets, db_free)
-                        .await?
-                        .unwrap_or(0),
+                    free: self.free_units(sku, buckets, db_free).await?.unwrap_or(0),
                 }
             }
         })
