@@ -72,13 +72,18 @@ pub async fn build_with_orders(
     );
     // One terms cache for every handle: a product's terms never change after creation.
     let terms = Terms::new(f.db.clone());
-    let catalog = Catalog::new(f.db.clone(), redis_gate.clone(), failpoints.clone());
     let gate = Gate::new(
         f.db.clone(),
         redis_gate.clone(),
         orders.clone(),
         terms.clone(),
         &settings.stock,
+    );
+    let catalog = Catalog::new(
+        f.db.clone(),
+        redis_gate.clone(),
+        gate.clone(),
+        failpoints.clone(),
     );
     let saga = StockSaga::new(
         f.db.clone(),

@@ -116,7 +116,7 @@ impl From<StockError> for ApiError {
                 message,
             },
             StockError::Refused(r, _) => ApiError::failed_precondition(r.reason(), message),
-            StockError::WriteOffBelowReserved => {
+            StockError::WriteOffAboveFree(_) => {
                 ApiError::failed_precondition(Refusal::InsufficientStock.reason(), message)
             }
             StockError::IdempotencyKeyReused(_) => {

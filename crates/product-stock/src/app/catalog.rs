@@ -6,10 +6,13 @@ use flashsale_platform::failpoint::Failpoints;
 use flashsale_proto::events::v1::{StockAdjusted, envelope::Payload};
 use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
-use super::{PRODUCER, failpoint, gate_err};
+use super::{Gate, PRODUCER, failpoint, gate_err};
 use crate::{
     domain::{Adjustment, Product, ProductDraft, Sku, StockError},
-    infra::{db, gate::RedisGate},
+    infra::{
+        db,
+        gate::{NOT_LOADED_GENERATION, RedisGate, WriteOffOutcome},
+    },
 };
 
 /// Largest and default page of ListProducts.
@@ -25,14 +28,22 @@ pub type ProductView = (Product, Option<i64>);
 pub struct Catalog {
     db: DatabaseConnection,
     gate: RedisGate,
+    /// Rebuilds a lost gate before a write-off is checked against it.
+    reservations: Gate,
     failpoints: Failpoints,
 }
 
 impl Catalog {
-    pub fn new(db: DatabaseConnection, gate: RedisGate, failpoints: Failpoints) -> Self {
+    pub fn new(
+        db: DatabaseConnection,
+        gate: RedisGate,
+        reservations: Gate,
+        failpoints: Failpoints,
+    ) -> Self {
         Self {
             db,
             gate,
+            reservations,
             failpoints,
         }
     }
@@ -140,8 +151,17 @@ impl Catalog {
 
     /// Restock or write-off: the database first, with a `stock.adjusted` event in the same
     /// transaction; the gate follows (now, and again from the event, idempotently).
+    ///
+    /// A write-off may take only the units that are free: on_hand − reserved in the database,
+    /// less the units the gate holds for orders acknowledged to their buyers but not yet
+    /// persisted (docs/reliability.md, "Admin stock changes and acknowledged orders"). The
+    /// gate checks and takes them atomically under the stock row lock; a refusal rolls the
+    /// transaction back and changes nothing.
     #[tracing::instrument(skip_all, fields(sku = %adj.sku, request_id = %adj.request_id))]
     pub async fn adjust_stock(&self, adj: Adjustment) -> Result<(ProductView, bool), StockError> {
+        if adj.delta < 0 {
+            self.gate_loaded(&adj).await?;
+        }
         let txn = self.db.begin().await?;
         if let Some(first) = db::adjustment(&txn, &adj.request_id).await? {
             txn.commit().await?;
@@ -167,9 +187,6 @@ impl Catalog {
                 .ok_or_else(|| StockError::Internal(anyhow::anyhow!("adjustment twin vanished")))?;
             return self.replayed_adjustment(&adj, first).await;
         }
-        if !db::move_stock(&txn, &adj.sku, adj.delta, 0).await? {
-            return Err(StockError::WriteOffBelowReserved);
-        }
         // The gate's generation, read under the stock row lock (a rebuild takes it too): the
         // gate follows this adjustment only while it is still in this generation. Without Redis
         // nothing is committed: the admin retries with the same request id.
@@ -178,6 +195,20 @@ impl Catalog {
             .product_generation(adj.sku.as_str(), product.stock_buckets)
             .await
             .map_err(gate_err)?;
+        // A write-off leaves the gate first, under the lock, and only if its units are free
+        // there: should the commit fail, the gate sells fewer units for a while, never more. A
+        // restock reaches the gate only after the commit (see `StockSaga`'s release): units the
+        // database does not have yet are never on sale. Either way the `stock.adjusted` event
+        // applies it later if this does not, once.
+        if adj.delta < 0 {
+            self.take_free_units(&adj, &product, &generation).await?;
+        }
+        if !db::move_stock(&txn, &adj.sku, adj.delta, 0).await? {
+            // Unreachable while the gate checked `on_hand − reserved` under the row lock.
+            return Err(StockError::WriteOffAboveFree(
+                (product.on_hand - product.reserved).max(0),
+            ));
+        }
         let kind = if adj.delta > 0 {
             "RESTOCK"
         } else {
@@ -200,14 +231,6 @@ impl Catalog {
             PRODUCER,
         );
         outbox::enqueue(&txn, &env).await?;
-        // A write-off leaves the gate first, under the lock: should the commit fail, the gate
-        // sells fewer units for a while, never more. A restock reaches the gate only after the
-        // commit (see `StockSaga`'s release): units the database does not have yet are never on
-        // sale. Either way the `stock.adjusted` event applies it later if this does not, once.
-        if adj.delta < 0 {
-            self.gate_follows(&adj, product.stock_buckets, &generation)
-                .await;
-        }
         failpoint(&self.failpoints, "stock.adjust.before_commit").await?;
         txn.commit().await?;
         if adj.delta > 0 {
@@ -215,6 +238,67 @@ impl Catalog {
                 .await;
         }
         Ok((self.get_product(&adj.sku).await?, false))
+    }
+
+    /// Before a write-off: a gate that lost the product is rebuilt first (from the database
+    /// and the order service's pending orders), so the orders acknowledged while it was lost
+    /// hold their units again and the write-off cannot take them. A replay needs no gate.
+    async fn gate_loaded(&self, adj: &Adjustment) -> Result<(), StockError> {
+        if db::adjustment(&self.db, &adj.request_id).await?.is_some() {
+            return Ok(());
+        }
+        let product = db::product(&self.db, &adj.sku, false)
+            .await?
+            .ok_or_else(|| StockError::UnknownProduct(adj.sku.to_string()))?;
+        let generation = self
+            .gate
+            .product_generation(adj.sku.as_str(), product.stock_buckets)
+            .await
+            .map_err(gate_err)?;
+        if generation == NOT_LOADED_GENERATION {
+            self.reservations.rebuild_gate(&adj.sku).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes a write-off's units out of the gate if they are free (see [`Self::adjust_stock`]);
+    /// `product` was read under the stock row lock the caller's transaction holds.
+    async fn take_free_units(
+        &self,
+        adj: &Adjustment,
+        product: &Product,
+        generation: &str,
+    ) -> Result<(), StockError> {
+        let db_free = product.on_hand - product.reserved;
+        let outcome = if generation == NOT_LOADED_GENERATION {
+            WriteOffOutcome::NotLoaded
+        } else {
+            self.gate
+                .write_off_product(
+                    adj.sku.as_str(),
+                    product.stock_buckets,
+                    &adj.request_id,
+                    -adj.delta,
+                    generation,
+                    db_free,
+                )
+                .await
+                .map_err(gate_err)?
+        };
+        match outcome {
+            WriteOffOutcome::Applied => Ok(()),
+            WriteOffOutcome::Refused { free } => {
+                metrics::counter!("flashsale_write_offs_refused_total").increment(1);
+                Err(StockError::WriteOffAboveFree(free))
+            }
+            // The gate was lost (again) since it was loaded: nothing was taken, and the retry
+            // rebuilds it first.
+            WriteOffOutcome::NotLoaded | WriteOffOutcome::Rebuilt => {
+                Err(StockError::GateUnavailable(
+                    "the stock gate lost the product during the write-off; retry".into(),
+                ))
+            }
+        }
     }
 
     async fn gate_follows(&self, adj: &Adjustment, buckets: u32, generation: &str) {

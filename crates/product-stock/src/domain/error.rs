@@ -15,8 +15,12 @@ pub enum StockError {
     UnknownReservation(uuid::Uuid),
     #[error("{}", refusal_message(.0, *.1))]
     Refused(Refusal, i64),
-    #[error("the write-off would leave on_hand below what is reserved")]
-    WriteOffBelowReserved,
+    /// A write-off of more units than are free: on hand, less reserved, less the units held
+    /// for orders acknowledged but not yet in the database.
+    #[error(
+        "only {0} units are free to write off (on hand, less units reserved or held for acknowledged orders)"
+    )]
+    WriteOffAboveFree(i64),
     #[error("{0} was used before with a different payload")]
     IdempotencyKeyReused(&'static str),
     #[error("the reservation of order {0} was released")]

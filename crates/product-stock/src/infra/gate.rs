@@ -57,6 +57,7 @@ mod maintenance;
 mod outcome;
 mod restart;
 mod script;
+mod write_off;
 
 use std::time::Duration;
 
@@ -72,12 +73,14 @@ pub use outcome::{
     RebuiltHold, ReleaseFrom, ReleaseOutcome, RepairOutcome, ReserveOutcome, SettleOutcome,
 };
 pub use restart::{RunCheck, check_redis_run, on_connect};
+pub use write_off::WriteOffOutcome;
 
 use keys::{
     REQUEST_ID_MAX_LEN, validate_amount, validate_bucket, validate_prefix, validate_qty,
     validate_user,
 };
 use script::{LuaScript, Reply, int};
+use write_off::adjust_outcome;
 
 static RESERVE: LuaScript = LuaScript::new("reserve", include_str!("gate/lua/reserve.lua"));
 static MARK_PERSISTED: LuaScript = LuaScript::new(
@@ -94,6 +97,8 @@ static SETTLE_RELEASE: LuaScript = LuaScript::new(
     include_str!("gate/lua/settle_release.lua"),
 );
 static ADJUST: LuaScript = LuaScript::new("adjust", include_str!("gate/lua/adjust.lua"));
+static UNDO_ADJUST: LuaScript =
+    LuaScript::new("undo_adjust", include_str!("gate/lua/undo_adjust.lua"));
 static LOAD: LuaScript = LuaScript::new("load", include_str!("gate/lua/load.lua"));
 static REPAIR: LuaScript = LuaScript::new("repair", include_str!("gate/lua/repair.lua"));
 static PENDING: LuaScript = LuaScript::new("pending", include_str!("gate/lua/pending.lua"));
@@ -174,6 +179,7 @@ impl RedisGate {
             &PREPARE_RELEASE,
             &SETTLE_RELEASE,
             &ADJUST,
+            &UNDO_ADJUST,
             &LOAD,
             &REPAIR,
             &PENDING,
@@ -779,6 +785,22 @@ impl RedisGate {
         delta: i64,
         generation: &str,
     ) -> Result<(AdjustOutcome, Option<i64>), GateError> {
+        let r = self
+            .adjust_script(at, request_id, delta, generation, "")
+            .await?;
+        adjust_outcome(&r)
+    }
+
+    /// Runs `adjust.lua` on one bucket; `db_free` is its ARGV 4 (`""`: apply, clamping a
+    /// write-off at zero; a figure: an admin's write-off, refused unless it fits).
+    async fn adjust_script(
+        &self,
+        at: At<'_>,
+        request_id: &str,
+        delta: i64,
+        generation: &str,
+        db_free: &str,
+    ) -> Result<Reply, GateError> {
         let k = self.keys_at(at)?;
         if request_id.is_empty() || request_id.len() > REQUEST_ID_MAX_LEN {
             return Err(GateError::InvalidInput("request_id must be 1..=128 bytes"));
@@ -795,36 +817,15 @@ impl RedisGate {
             k.epoch(),
             k.refills(),
             k.generation(),
+            k.held(),
         ];
         let args = [
             delta.to_string(),
             self.record_ttl_ms.clone(),
             generation.to_owned(),
+            db_free.to_owned(),
         ];
-        let r = Reply::new(ADJUST.run(&mut *self.conn().await?, &keys, &args).await?)?;
-        match r.code()? {
-            "G" => Ok((AdjustOutcome::Rebuilt, None)),
-            "A" => Ok((
-                AdjustOutcome::Applied {
-                    applied: r.int(1)?,
-                    available: r.int(2)?,
-                    clamped: r.int(3)? == 1,
-                },
-                None,
-            )),
-            "D" => {
-                let applied = if r.len() > 1 {
-                    r.text(1)?
-                        .strip_prefix("A:")
-                        .and_then(|n| n.parse::<i64>().ok())
-                } else {
-                    None
-                };
-                Ok((AdjustOutcome::Duplicate, applied))
-            }
-            "N" => Ok((AdjustOutcome::NotLoaded, None)),
-            other => Err(unknown_code("adjust", other)),
-        }
+        Reply::new(ADJUST.run(&mut *self.conn().await?, &keys, &args).await?)
     }
 
     /// The product's gate generation, set afresh by every load: [`NOT_LOADED_GENERATION`] when

@@ -28,7 +28,13 @@ use crate::{
 const RTC: DeductionPolicy = DeductionPolicy::ReserveThenCommit;
 
 impl TestApp {
-    async fn create_bucketed(&self, sku: &str, stock: i64, limit: u32, buckets: u32) -> Product {
+    pub(crate) async fn create_bucketed(
+        &self,
+        sku: &str,
+        stock: i64,
+        limit: u32,
+        buckets: u32,
+    ) -> Product {
         let req = CreateProductRequest {
             sku: sku.into(),
             name: format!("{sku} magnum"),
@@ -49,7 +55,7 @@ impl TestApp {
     }
 
     /// Every bucket's (available, held, moving).
-    async fn buckets_of(&self, sku: &str, buckets: u32) -> Vec<(i64, i64, i64)> {
+    pub(crate) async fn buckets_of(&self, sku: &str, buckets: u32) -> Vec<(i64, i64, i64)> {
         self.gate
             .bucket_states(sku, buckets)
             .await
@@ -103,7 +109,7 @@ impl TestApp {
 
 /// Reserves through `c`, retrying UNAVAILABLE as a caller does; the refusal reason otherwise
 /// (the code and message when there is no reason).
-async fn try_reserve_with(
+pub(crate) async fn try_reserve_with(
     c: &mut crate::helpers::Client,
     order: Uuid,
     user_id: &str,
@@ -158,7 +164,7 @@ async fn strand(
 }
 
 /// A user whose bucket (of `buckets`) is `bucket`, named after `tag`.
-fn user_in(tag: &str, bucket: u32, buckets: u32) -> String {
+pub(crate) fn user_in(tag: &str, bucket: u32, buckets: u32) -> String {
     (0..)
         .map(|i| format!("{tag}-{i}"))
         .find(|u| bucket_of(u, buckets) == bucket)

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod admin_paths;
 mod buckets;
 mod catalog;
 mod cluster;
@@ -18,3 +19,4 @@ mod reconcile;
 mod reserve;
 mod saga;
 mod saga_batch;
+mod write_off;

@@ -13,3 +13,4 @@ mod pool;
 mod release;
 mod reserve;
 mod restart;
+mod write_off;
