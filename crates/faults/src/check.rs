@@ -396,6 +396,57 @@ pub async fn figures(
          WHERE accepted GROUP BY order_id) t",
     )
     .await?;
+    // The warehouse asked more than once for a shipment (a transient non-answer is not an ask
+    // that ships).
+    let asked_again = count(
+        &outbound,
+        "SELECT coalesce(sum(n - 1), 0)::bigint FROM (SELECT count(*) AS n FROM shipment_attempts \
+         WHERE step = 'warehouse' AND outcome <> 'TRANSIENT' GROUP BY shipment_id) t",
+    )
+    .await?;
+    f.dup_effects += asked_again;
+    // Outbound deducts, then ships: a RESERVE_THEN_COMMIT shipment the warehouse was asked for
+    // before its units were deducted, and a shipment failed on a transient error (a dependency
+    // that did not answer delays a shipment, never fails it), each break a promise.
+    let shipped_first = count(
+        &outbound,
+        "SELECT count(*) FROM shipments s WHERE s.policy = 'RESERVE_THEN_COMMIT' AND EXISTS ( \
+             SELECT 1 FROM shipment_attempts w WHERE w.shipment_id = s.shipment_id \
+             AND w.step = 'warehouse' AND w.outcome <> 'TRANSIENT' AND NOT EXISTS ( \
+                 SELECT 1 FROM shipment_attempts c WHERE c.shipment_id = s.shipment_id \
+                 AND c.step = 'commit' AND c.outcome = 'OK' AND c.id < w.id))",
+    )
+    .await?;
+    let failed_transient = count(
+        &outbound,
+        "SELECT count(*) FROM shipments s WHERE s.status = 'FAILED' AND NOT EXISTS ( \
+             SELECT 1 FROM shipment_attempts a WHERE a.shipment_id = s.shipment_id \
+             AND a.outcome = 'PERMANENT')",
+    )
+    .await?;
+    if shipped_first > 0 {
+        f.violations.push(format!(
+            "{shipped_first} shipment(s) asked of the warehouse before their units were deducted"
+        ));
+    }
+    if failed_transient > 0 {
+        f.violations.push(format!(
+            "{failed_transient} shipment(s) failed though nothing refused them for good"
+        ));
+    }
+    let asks = count(
+        &outbound,
+        "SELECT count(*) FROM shipment_attempts WHERE step = 'warehouse' AND outcome <> 'TRANSIENT'",
+    )
+    .await?;
+    let delayed = count(
+        &outbound,
+        "SELECT count(*) FROM shipment_attempts WHERE outcome = 'TRANSIENT'",
+    )
+    .await?;
+    f.notes.push(format!(
+        "warehouse(asks={asks},asked_again={asked_again},delayed_attempts={delayed})"
+    ));
 
     // Stock.
     let stock = sqlx::query("SELECT on_hand, reserved FROM stock WHERE sku = $1")

@@ -31,6 +31,7 @@ pub const ALL: &[&str] = &[
     "fp_outbound_consumer_after_commit",
     "net_cut_order_to_stock",
     "sigstop_product_stock",
+    "sigstop_product_stock_100s",
     "duplicate_and_poison_messages",
     "redis_restore_stale_snapshot",
     "restock_retried",
@@ -590,6 +591,7 @@ fn plan(name: &str) -> Option<Plan> {
         ),
         "net_cut_order_to_stock" => base(|w| Box::pin(net_cut(w))),
         "sigstop_product_stock" => base(|w| Box::pin(sigstop(w))),
+        "sigstop_product_stock_100s" => base(|w| Box::pin(sigstop_while_paying(w))),
         "duplicate_and_poison_messages" => Plan {
             at: Duration::from_millis(4000),
             ..base(|w| Box::pin(duplicates_and_poison(w)))
@@ -933,6 +935,31 @@ async fn sigstop(w: &mut World) -> anyhow::Result<u64> {
     // Longer than the order service's stock call timeout and outbound's commit timeout.
     tokio::time::sleep(Duration::from_millis(5000)).await;
     w.product_stock.resume();
+    Ok(0)
+}
+
+/// How long `sigstop_product_stock_100s` pauses product-stock: longer than any retry ladder
+/// a shipment could have had, and than the broker's heartbeat timeout.
+const LONG_PAUSE: Duration = Duration::from_secs(100);
+
+/// Pauses product-stock for [`LONG_PAUSE`] once the first `order.paid` is on the exchange, so
+/// the orders paid meanwhile meet a product-stock that does not answer their deduction.
+async fn sigstop_while_paying(w: &mut World) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w.tap.with_key("order.paid").is_empty() {
+        if Instant::now() > deadline {
+            w.violations
+                .push("no order was paid within 30 s: nothing met the pause".into());
+            return Ok(0);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w.product_stock.pause();
+    tokio::time::sleep(LONG_PAUSE).await;
+    w.product_stock.resume();
+    let paid = w.tap.with_key("order.paid").len();
+    w.notes
+        .push(format!("order.paid_by_the_end_of_the_pause={paid}"));
     Ok(0)
 }
 
