@@ -11,15 +11,22 @@
 
 use std::{fmt::Debug, future::Future};
 
-use flashsale_platform::error::violated_fields;
+use flashsale_platform::{auth::Role, error::violated_fields};
+use flashsale_proto::admin::v1::{
+    ListDeadLettersRequest, dead_letter_service_client::DeadLetterServiceClient,
+};
 use proptest::{
     prelude::*,
     sample::select,
     test_runner::{Config, TestCaseError, TestRunner},
 };
+use sea_orm::DatabaseConnection;
 use tonic::{Code, Status};
 
-use crate::generated::settled;
+use crate::{
+    generated::{settled, table_digest},
+    grpc::{channel, token, with_token},
+};
 
 /// Characters a near miss puts into a token: multi-byte ones (2, 3 and 4 bytes in UTF-8),
 /// digits and letters of other scripts a lenient parser might take for ASCII ones, invisible
@@ -211,10 +218,10 @@ pub fn judge(token: &str, issued: &[String], answer: &Result<(), Status>) -> Res
     }
 }
 
-/// The gRPC-level property of one listing, `cases` times: `send` sends a [`page_token`] of
-/// `issued` (tokens the server issued for the request `send` makes; not empty) and its answer
-/// is as [`judge`] wants; and `snapshot` (of the service's tables, say) reads the same after
-/// each answer as before the first.
+/// The gRPC-level property of one listing: `send` sends each token of `issued` (tokens the
+/// server issued for the request `send` makes; not empty), the empty one, then `cases`
+/// [`page_token`]s of `issued`, and each answer is as [`judge`] wants; and `snapshot` (of the
+/// service's tables, say) reads the same after each answer as before the first.
 pub fn check_page_tokens<S, SF, P, PF, T>(
     rt: &tokio::runtime::Runtime,
     issued: Vec<String>,
@@ -234,6 +241,11 @@ where
     }
     let read = || async { snapshot().await.map_err(|e| format!("{e:#}")) };
     let before = rt.block_on(settled(read))?;
+    // Every issued token, and the first page, works.
+    for token in issued.iter().chain([&String::new()]) {
+        let answer = rt.block_on(send(token.clone()));
+        judge(token, &issued, &answer)?;
+    }
     runner(cases)
         .run(&page_token(issued.clone()), |token| {
             rt.block_on(async {
@@ -249,6 +261,51 @@ where
             })
         })
         .map_err(|e| e.to_string())
+}
+
+/// [`check_page_tokens`] for the `ListDeadLetters` of the service on `port` whose database is
+/// `db`, filtered to `queue` (where at least two messages must be parked), as an admin; nothing
+/// of `tables` (see [`table_digest`]) may change.
+pub fn check_dead_letter_page_tokens(
+    rt: &tokio::runtime::Runtime,
+    port: u16,
+    db: &DatabaseConnection,
+    tables: &[&str],
+    queue: &str,
+    cases: u32,
+) -> Result<(), String> {
+    let list = |page_token: String| async move {
+        let ch = channel(port)
+            .await
+            .map_err(|e| Status::unavailable(format!("{e:#}")))?;
+        let req = ListDeadLettersRequest {
+            queue: queue.to_owned(),
+            page_size: 1,
+            page_token,
+        };
+        DeadLetterServiceClient::new(ch)
+            .list_dead_letters(with_token(req, &token("root", Role::Admin)))
+            .await
+            .map(tonic::Response::into_inner)
+    };
+    let issued = rt.block_on(async {
+        let mut issued = Vec::new();
+        let mut next = list(String::new()).await.map_err(|s| format!("{s:?}"))?;
+        while !next.next_page_token.is_empty() {
+            issued.push(next.next_page_token.clone());
+            next = list(next.next_page_token)
+                .await
+                .map_err(|s| format!("{s:?}"))?;
+        }
+        Ok::<_, String>(issued)
+    })?;
+    check_page_tokens(
+        rt,
+        issued,
+        cases,
+        |t| async { list(t).await.map(drop) },
+        || table_digest(db, tables),
+    )
 }
 
 fn runner(cases: u32) -> TestRunner {
