@@ -45,10 +45,13 @@ pub(crate) fn decode(filter: &str, token: &str) -> Option<Cursor> {
     if u64::from_be_bytes(word(17)?) != fnv1a(filter.as_bytes()) {
         return None;
     }
-    Some(Cursor {
+    let micros = i64::from_be_bytes(word(9)?);
+    let cursor = Cursor {
         id: i64::from_be_bytes(word(1)?),
-        parked_at: DateTime::from_timestamp_micros(i64::from_be_bytes(word(9)?))?,
-    })
+        parked_at: DateTime::from_timestamp_micros(micros).filter(|_| micros >= 0)?,
+    };
+    // Only the spelling `encode` writes: `from_str_radix` also takes `+f` and uppercase.
+    (encode(filter, cursor) == token).then_some(cursor)
 }
 
 /// 64-bit FNV-1a: a checksum, not a MAC.
@@ -87,5 +90,41 @@ mod tests {
         assert_eq!(decode("", &String::from_utf8(edited).unwrap()), None);
         let multibyte = "é".repeat(LEN);
         assert_eq!(decode("", &multibyte), None);
+    }
+
+    #[test]
+    fn a_second_spelling_of_a_token_or_an_instant_before_the_epoch_is_refused() {
+        let t = encode("q", cursor());
+        let plus = format!("+{}", &t[1..]);
+        assert!(t.starts_with('0') && decode("q", &plus).is_none(), "{plus}");
+        assert_eq!(decode("q", &t.to_uppercase()), None);
+        let before_epoch = Cursor {
+            parked_at: DateTime::from_timestamp_micros(-1).unwrap(),
+            id: 1,
+        };
+        assert_eq!(decode("q", &encode("q", before_epoch)), None);
+    }
+
+    #[test]
+    fn no_generated_token_panics_the_decoder_or_passes_unless_the_encoder_wrote_it() {
+        use flashsale_test_support::page_tokens::{check_cut_or_extended_refused, check_decoder};
+        for filter in ["", "q1"] {
+            let issued = vec![
+                encode(filter, cursor()),
+                encode(
+                    filter,
+                    Cursor {
+                        parked_at: DateTime::UNIX_EPOCH,
+                        id: i64::MAX,
+                    },
+                ),
+            ];
+            check_decoder(issued.clone(), 1024, |t| {
+                decode(filter, t).map(|c| encode(filter, c))
+            })
+            .unwrap();
+            check_cut_or_extended_refused(&issued[0], 256, |t| decode(filter, t).is_some())
+                .unwrap();
+        }
     }
 }

@@ -7,6 +7,11 @@ use uuid::Uuid;
 
 use crate::domain::OrderError;
 
+/// The latest instant a token carries, the end of year 9999 in microseconds. Tokens carry
+/// instants from the Unix epoch up to it: PostgreSQL's `timestamptz` holds all of these, while
+/// a forged instant outside its range would fail the page's query as the server's fault.
+const MAX_MICROS: i64 = 253_402_300_799_999_999;
+
 /// A 64-bit FNV-1a hash of a listing's filter, carried in its tokens.
 pub(super) fn filter_hash(filter: &str) -> u64 {
     filter.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -52,9 +57,14 @@ pub(super) fn decode(
     let at = micros
         .parse::<i64>()
         .ok()
+        .filter(|m| (0..=MAX_MICROS).contains(m))
         .and_then(DateTime::<Utc>::from_timestamp_micros)
         .ok_or_else(bad)?;
     let id = Uuid::try_parse(id).map_err(|_| bad())?;
+    // Only the spelling `encode` writes: no `+`, leading zeros, uppercase or hyphenated id.
+    if encode(kind, at, id, check) != token {
+        return Err(bad());
+    }
     Ok(Some((at, id)))
 }
 
@@ -71,5 +81,52 @@ mod tests {
         assert!(decode(&t, "o1", 43, "this filter").is_err());
         assert!(decode(&t, "s1", 42, "this filter").is_err());
         assert_eq!(decode("", "o1", 42, "this filter").unwrap(), None);
+    }
+
+    #[test]
+    fn a_second_spelling_of_a_token_or_an_instant_outside_the_database_is_refused() {
+        let id = Uuid::from_u128(0xabc7);
+        let good = format!("o1.5.{}.2a", id.simple());
+        assert!(decode(&good, "o1", 42, "f").unwrap().is_some());
+        for junk in [
+            format!("o1.+5.{}.2a", id.simple()),
+            format!("o1.05.{}.2a", id.simple()),
+            format!("o1.5.{}.+2a", id.simple()),
+            format!("o1.5.{}.2A", id.simple()),
+            format!("o1.5.{}.02a", id.simple()),
+            format!("o1.5.{}.2a", id.hyphenated()),
+            format!("o1.5.{}.2a", id.simple().to_string().to_uppercase()),
+            format!("o1.-1.{}.2a", id.simple()),
+            format!("o1.-8000000000000000000.{}.2a", id.simple()),
+            format!("o1.{}.{}.2a", MAX_MICROS + 1, id.simple()),
+        ] {
+            assert!(decode(&junk, "o1", 42, "f").is_err(), "{junk} accepted");
+        }
+    }
+
+    #[test]
+    fn no_generated_token_panics_the_decoder_or_passes_unless_the_encoder_wrote_it() {
+        let at = DateTime::<Utc>::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        let issued = vec![
+            encode("o1", at, Uuid::new_v4(), 42),
+            encode("o1", at, Uuid::from_u128(1), 42),
+            encode("o1", DateTime::UNIX_EPOCH, Uuid::nil(), 42),
+        ];
+        flashsale_test_support::page_tokens::check_decoder(issued, 2048, |t| {
+            let (at, id) = decode(t, "o1", 42, "f").ok()??;
+            Some(encode("o1", at, id, 42))
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn a_token_cut_short_or_extended_is_refused() {
+        let at = DateTime::<Utc>::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        let check = filter_hash("alice|*");
+        let token = encode("o1", at, Uuid::new_v4(), check);
+        flashsale_test_support::page_tokens::check_cut_or_extended_refused(&token, 512, |t| {
+            decode(t, "o1", check, "f").is_ok()
+        })
+        .unwrap();
     }
 }

@@ -106,7 +106,7 @@ impl Queries {
             orders.truncate(size as usize);
             orders
                 .last()
-                .map(|o| format!("p1.{}.{:x}", o.order_id.simple(), filter_hash(&filter)))
+                .map(|o| encode_pending_token(o.order_id, &filter))
                 .unwrap_or_default()
         } else {
             String::new()
@@ -187,7 +187,16 @@ fn decode_pending_token(token: &str, filter: &str) -> Result<Option<Uuid>, Order
     if u64::from_str_radix(hash, 16).ok() != Some(filter_hash(filter)) {
         return Err(bad());
     }
-    Uuid::try_parse(id).map(Some).map_err(|_| bad())
+    let id = Uuid::try_parse(id).map_err(|_| bad())?;
+    // Only the spelling `encode_pending_token` writes: no `+`, uppercase or hyphenated id.
+    if encode_pending_token(id, filter) != token {
+        return Err(bad());
+    }
+    Ok(Some(id))
+}
+
+fn encode_pending_token(last: Uuid, filter: &str) -> String {
+    format!("p1.{}.{:x}", last.simple(), filter_hash(filter))
 }
 
 fn filter_hash(filter: &str) -> u64 {
@@ -227,6 +236,46 @@ mod tests {
         assert!(decode_pending_token(&t, "pending|B").is_err());
         for junk in ["x", "p1.x.0", "o1.1.2.3", &format!("p1.{}", id.simple())] {
             assert!(decode_pending_token(junk, "pending|A").is_err(), "{junk}");
+        }
+    }
+
+    #[test]
+    fn no_generated_token_panics_the_decoders_or_passes_unless_the_encoder_wrote_it() {
+        use flashsale_test_support::page_tokens::{check_cut_or_extended_refused, check_decoder};
+        let at = DateTime::<Utc>::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        let issued = vec![
+            encode_token(at, Uuid::new_v4(), "alice|*"),
+            encode_token(at, Uuid::from_u128(9), "alice|*"),
+        ];
+        check_decoder(issued.clone(), 1024, |t| {
+            let (at, id) = decode_token(t, "alice|*").ok()??;
+            Some(encode_token(at, id, "alice|*"))
+        })
+        .unwrap();
+        check_cut_or_extended_refused(&issued[0], 256, |t| decode_token(t, "alice|*").is_ok())
+            .unwrap();
+
+        let pending = vec![
+            encode_pending_token(Uuid::new_v4(), "pending|A"),
+            encode_pending_token(Uuid::from_u128(3), "pending|A"),
+        ];
+        check_decoder(pending.clone(), 1024, |t| {
+            let id = decode_pending_token(t, "pending|A").ok()??;
+            Some(encode_pending_token(id, "pending|A"))
+        })
+        .unwrap();
+        check_cut_or_extended_refused(&pending[0], 256, |t| {
+            decode_pending_token(t, "pending|A").is_ok()
+        })
+        .unwrap();
+        let id = Uuid::from_u128(3);
+        let hash = filter_hash("pending|A");
+        for junk in [
+            format!("p1.{}.+{hash:x}", id.simple()),
+            format!("p1.{}.{hash:X}", id.simple()),
+            format!("p1.{}.{hash:x}", id.hyphenated()),
+        ] {
+            assert!(decode_pending_token(&junk, "pending|A").is_err(), "{junk}");
         }
     }
 }

@@ -211,4 +211,15 @@ mod tests {
         }
         assert_eq!(decode_token("", 1).unwrap(), None);
     }
+
+    #[test]
+    fn no_generated_token_panics_the_decoder_or_passes_unless_the_encoder_wrote_it() {
+        let at = DateTime::<Utc>::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        let issued = vec![encode_token(at, Uuid::new_v4(), 600_000)];
+        flashsale_test_support::page_tokens::check_decoder(issued, 1024, |t| {
+            let (at, id) = decode_token(t, 600_000).ok()??;
+            Some(encode_token(at, id, 600_000))
+        })
+        .unwrap();
+    }
 }

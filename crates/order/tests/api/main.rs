@@ -16,6 +16,7 @@ mod notify_input;
 mod pay;
 mod pay_batch;
 mod prop;
+mod prop_page_tokens;
 mod prop_payments;
 mod query;
 mod saga;

@@ -65,6 +65,11 @@ impl Shipping {
     }
 }
 
+/// The latest instant a token carries, the end of year 9999 in microseconds. Tokens carry
+/// instants from the Unix epoch up to it: PostgreSQL's `timestamptz` holds all of these, while
+/// a forged instant outside its range would fail the page's query as the server's fault.
+const MAX_MICROS: i64 = 253_402_300_799_999_999;
+
 fn encode(at: DateTime<Utc>, id: Uuid, filter: &str) -> String {
     format!("s1.{}.{}.{filter}", at.timestamp_micros(), id.simple())
 }
@@ -91,9 +96,15 @@ fn decode(token: &str, filter: &str) -> Result<Option<(DateTime<Utc>, Uuid)>, Ou
     let at = micros
         .parse::<i64>()
         .ok()
+        .filter(|m| (0..=MAX_MICROS).contains(m))
         .and_then(DateTime::<Utc>::from_timestamp_micros)
         .ok_or_else(bad)?;
-    Ok(Some((at, Uuid::try_parse(id).map_err(|_| bad())?)))
+    let id = Uuid::try_parse(id).map_err(|_| bad())?;
+    // Only the spelling `encode` writes: no `+`, leading zeros, uppercase or hyphenated id.
+    if encode(at, id, filter) != token {
+        return Err(bad());
+    }
+    Ok(Some((at, id)))
 }
 
 #[cfg(test)]
@@ -108,5 +119,40 @@ mod tests {
         assert!(decode(&t, "*-0").is_err());
         assert!(decode(&t, "FAILED-1000").is_err());
         assert!(decode("junk", "*").is_err());
+    }
+
+    #[test]
+    fn a_second_spelling_of_a_token_or_an_instant_outside_the_database_is_refused() {
+        let id = Uuid::from_u128(0xabc7);
+        assert!(decode(&format!("s1.5.{}.*", id.simple()), "*").is_ok());
+        for junk in [
+            format!("s1.+5.{}.*", id.simple()),
+            format!("s1.05.{}.*", id.simple()),
+            format!("s1.5.{}.*", id.hyphenated()),
+            format!("s1.5.{}.*", id.simple().to_string().to_uppercase()),
+            format!("s1.-1.{}.*", id.simple()),
+            format!("s1.-8000000000000000000.{}.*", id.simple()),
+            format!("s1.{}.{}.*", MAX_MICROS + 1, id.simple()),
+        ] {
+            assert!(decode(&junk, "*").is_err(), "{junk} accepted");
+        }
+    }
+
+    #[test]
+    fn no_generated_token_panics_the_decoder_or_passes_unless_the_encoder_wrote_it() {
+        use flashsale_test_support::page_tokens::{check_cut_or_extended_refused, check_decoder};
+        let at = DateTime::<Utc>::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        for filter in ["*", "FAILED"] {
+            let issued = vec![
+                encode(at, Uuid::new_v4(), filter),
+                encode(DateTime::UNIX_EPOCH, Uuid::nil(), filter),
+            ];
+            check_decoder(issued.clone(), 1024, |t| {
+                let (at, id) = decode(t, filter).ok()??;
+                Some(encode(at, id, filter))
+            })
+            .unwrap();
+            check_cut_or_extended_refused(&issued[0], 256, |t| decode(t, filter).is_ok()).unwrap();
+        }
     }
 }

@@ -10,6 +10,7 @@ pub struct TestApp {
     pub shutdown: Shutdown,
     pub task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     pub db: TestDatabase,
+    pub settings: Settings,
 }
 
 pub fn test_settings(db: &TestDatabase) -> Settings {
@@ -31,7 +32,8 @@ pub fn test_settings(db: &TestDatabase) -> Settings {
 
 pub async fn spawn_app() -> TestApp {
     let db = TestDatabase::create().await.expect("create test database");
-    let app = flashsale_outbound::startup::build(test_settings(&db))
+    let settings = test_settings(&db);
+    let app = flashsale_outbound::startup::build(settings.clone())
         .await
         .expect("build app");
     let (grpc_port, metrics_port, shutdown) = (app.grpc_port(), app.metrics_port(), app.shutdown());
@@ -42,6 +44,7 @@ pub async fn spawn_app() -> TestApp {
         shutdown,
         task: Some(task),
         db,
+        settings,
     }
 }
 

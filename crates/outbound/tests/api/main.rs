@@ -8,5 +8,6 @@ mod delays;
 mod foundation;
 mod helpers;
 mod prop;
+mod prop_page_tokens;
 mod shipping;
 mod stack;

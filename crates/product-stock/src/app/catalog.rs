@@ -351,6 +351,10 @@ fn decode_token(token: &str) -> Result<String, StockError> {
         .collect::<Result<Vec<u8>, StockError>>()?;
     let sku = String::from_utf8(bytes).map_err(|_| bad())?;
     Sku::parse(&sku).map_err(|_| bad())?;
+    // Only the spelling this server writes (lowercase hex): one cursor, one token.
+    if encode_token(&sku) != token {
+        return Err(bad());
+    }
     Ok(sku)
 }
 
@@ -363,9 +367,18 @@ mod tests {
         assert_eq!(decode_token(&encode_token("WINE-1.x")).unwrap(), "WINE-1.x");
         assert_eq!(decode_token("").unwrap(), "");
         for junk in [
-            "abc", "p1.zz", "p1.6", "p1.7b7d", "p1.aéb", "p1.😀", "p1.é", "p1.+1",
+            "abc", "p1.zz", "p1.6", "p1.7b7d", "p1.aéb", "p1.😀", "p1.é", "p1.+1", "p1.4A", "p1.",
         ] {
             assert!(decode_token(junk).is_err(), "{junk} accepted");
         }
+    }
+
+    #[test]
+    fn no_generated_token_panics_the_decoder_or_passes_unless_the_encoder_wrote_it() {
+        let issued = ["WINE-1.x", "A", "Z9_-.Q"].map(encode_token).to_vec();
+        flashsale_test_support::page_tokens::check_decoder(issued, 2048, |t| {
+            decode_token(t).ok().map(|sku| encode_token(&sku))
+        })
+        .unwrap();
     }
 }
