@@ -15,6 +15,7 @@ mod helpers;
 mod holds;
 mod prop;
 mod prop_dead_letters;
+mod races;
 mod reconcile;
 mod reserve;
 mod saga;
