@@ -188,12 +188,22 @@ impl StockSaga {
                 &envelope::caused_by(env, Payload::StockReserved(ok), PRODUCER),
             )
             .await?;
-            // Gate changes that follow the database happen before the commit (see
-            // `release_persisted`); a failed commit is retried and finds the hold marked.
+            // Gate changes that follow the database happen before the commit, under the stock
+            // row lock (see `release_persisted`). A commit that fails takes the mark back, so
+            // until the retry the gate holds the units again, as the database does not count
+            // them: a repair or a cancel meanwhile then sees the hold the retry will persist.
             self.gate_mark_persisted(&sku, &ev.user_id, order_id)
                 .await?;
-            failpoint(&self.failpoints, "stock.order_created.before_commit").await?;
-            txn.commit().await?;
+            let committed = async {
+                failpoint(&self.failpoints, "stock.order_created.before_commit").await?;
+                txn.commit().await?;
+                Ok::<(), StockError>(())
+            }
+            .await;
+            if let Err(e) = committed {
+                self.unmark_if_unwritten(&sku, &ev.user_id, order_id).await;
+                return Err(e);
+            }
         } else {
             db::set_reservation_state(
                 &txn,
@@ -272,6 +282,7 @@ impl StockSaga {
                 .await
                 .map_err(gate_err)?;
             txn.commit().await?;
+            failpoint(&self.failpoints, "stock.order_cancelled.after_commit").await?;
             return self.gate_finish_release(&sku, &ev.user_id, order_id).await;
         };
         self.release_persisted(txn, env, &r, "order.cancelled")
@@ -469,6 +480,33 @@ impl StockSaga {
             .await
             .map(drop)
             .map_err(gate_err)
+    }
+
+    /// Takes back the gate's mark of an order whose `order.created` transaction failed, if the
+    /// database (read under the stock row lock, so after that transaction ended) has no
+    /// reservation for it. Best effort: if it cannot run, the retry of the delivery persists
+    /// the reservation and the mark stands, as it would have.
+    async fn unmark_if_unwritten(&self, sku: &Sku, user_id: &str, order_id: Uuid) {
+        let undo = async {
+            let txn = self.db.begin().await?;
+            db::product(&txn, sku, true).await?;
+            if db::reservation(&txn, order_id, false).await?.is_none() {
+                let bucket = self.bucket(sku, user_id).await?;
+                self.gate
+                    .unmark_persisted(
+                        At::new(sku.as_str(), bucket),
+                        order_id,
+                        chrono::Utc::now().timestamp_millis(),
+                    )
+                    .await
+                    .map_err(gate_err)?;
+            }
+            txn.commit().await?;
+            Ok::<(), StockError>(())
+        };
+        if let Err(e) = undo.await {
+            tracing::warn!(%sku, %order_id, error = %e, "the gate's mark of an uncommitted reservation was not taken back");
+        }
     }
 
     async fn gate_drop_hold(

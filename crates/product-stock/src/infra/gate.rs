@@ -495,7 +495,13 @@ impl RedisGate {
         mode: &str,
     ) -> Result<PrepareOutcome, GateError> {
         let k = self.keys_at(at)?;
-        let keys = [k.avail(), k.order(order_id), k.releasing(), k.generation()];
+        let keys = [
+            k.avail(),
+            k.order(order_id),
+            k.releasing(),
+            k.generation(),
+            k.pending(),
+        ];
         let args = [
             order_id.hyphenated().to_string(),
             user_id.to_owned(),

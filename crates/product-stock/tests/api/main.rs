@@ -16,6 +16,7 @@ mod holds;
 mod prop;
 mod prop_dead_letters;
 mod prop_page_tokens;
+mod races;
 mod reconcile;
 mod reserve;
 mod saga;

@@ -5,12 +5,15 @@ use deadpool_redis::redis::{self, Value};
 use flashsale_platform::redis::KeyScan;
 use uuid::Uuid;
 
-use super::script::{Reply, int, redis_error, text};
+use super::script::{LuaScript, Reply, int, redis_error, text};
 use super::{At, GateError, GateSnapshot, PENDING, PendingHold, REPAIR, RedisGate, RepairOutcome};
 use super::{keys::validate_amount, unknown_code};
 
 /// Most holds one `pending_older_than` call returns.
 const MAX_PENDING_BATCH: usize = 10_000;
+
+static UNMARK_PERSISTED: LuaScript =
+    LuaScript::new("unmark_persisted", include_str!("lua/unmark_persisted.lua"));
 
 impl RedisGate {
     /// The product's counters, or `None` when the gate has not loaded it.
@@ -237,6 +240,32 @@ impl RedisGate {
             "N" => Ok(RepairOutcome::NotLoaded),
             other => Err(unknown_code("repair", other)),
         }
+    }
+
+    /// Undoes [`mark_persisted`](Self::mark_persisted) of an order whose `order.created`
+    /// transaction did not commit: the record goes back from P to H and its units back into
+    /// `held`. Call it under the product's stock row lock, once the database is known not to
+    /// hold the order's reservation. `false` when there was nothing to undo.
+    pub async fn unmark_persisted<'a>(
+        &self,
+        at: impl Into<At<'a>>,
+        order_id: Uuid,
+        now_ms: i64,
+    ) -> Result<bool, GateError> {
+        let k = self.keys_at(at.into())?;
+        validate_amount(now_ms, "now_ms must be 0..=2^53-1")?;
+        let keys = [
+            k.avail(),
+            k.held(),
+            k.pending(),
+            k.order(order_id),
+            k.epoch(),
+        ];
+        let args = [order_id.hyphenated().to_string(), now_ms.to_string()];
+        let value = UNMARK_PERSISTED
+            .run(&mut *self.conn().await?, &keys, &args)
+            .await?;
+        Ok(int(&value)? == 1)
     }
 
     /// Deletes every key of the product, order records and markers included (tests, admin).

@@ -20,15 +20,16 @@ local n = tonumber(ARGV[5])
 for i = 6, 5 + 2 * n, 2 do
   redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
 end
--- A record that survived the loss and moved on (persisted, released, refused) is not a hold:
--- only a missing record, a hold or a release that never committed (B: the order is still
--- pending) is (re)written.
+-- A record that survived the loss and moved on (released, refused) is not a hold: only a
+-- missing record, a hold, a release that never committed (B: the order is still pending) or a
+-- mark whose `order.created` never committed (P: the database, read under the stock row lock,
+-- has no reservation for these orders) is (re)written.
 local first = 6 + 2 * n
 local holds, held = {}, 0
 for j = 11, #KEYS do
   local a = first + 3 * (j - 11)
   local s = redis.call('HGET', KEYS[j], 's')
-  if not s or s == 'H' or s == 'B' then
+  if not s or s == 'H' or s == 'B' or s == 'P' then
     holds[#holds + 1] = {KEYS[j], ARGV[a], ARGV[a + 1], ARGV[a + 2]}
     held = held + tonumber(ARGV[a + 2])
   end

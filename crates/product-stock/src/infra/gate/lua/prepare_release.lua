@@ -3,7 +3,7 @@
 -- still open. Nothing moves yet: `avail`, `held` and the buyer's count change only in
 -- settle_release.lua, once the transaction has committed. A release that fails to commit
 -- therefore never puts units on sale that the database still counts as reserved.
--- KEYS: 1 avail, 2 the order's record, 3 releasing, 4 generation
+-- KEYS: 1 avail, 2 the order's record, 3 releasing, 4 generation, 5 pending
 -- ARGV: 1 order id, 2 user id, 3 qty, 4 record ttl ms, 5 mode: 'any' (H or P or no record)
 --       or 'hold' (H only), 6 now ms
 -- Reply: {'N'} not loaded | {'X'} already released | {'F', state} nothing held
@@ -34,6 +34,10 @@ if state == 'B' then
     return {'F', 'B'}
   end
   state = nil
+end
+if state == 'H' and not redis.call('ZSCORE', KEYS[5], ARGV[1]) then
+  -- A hold that survived a rebuild which did not hold it again (see release.lua).
+  state = 'P'
 end
 local from, qty, user
 if state == 'H' then

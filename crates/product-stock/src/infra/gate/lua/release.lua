@@ -14,6 +14,11 @@ local state = rec[1]
 if state == 'X' then
   return {'X'}
 end
+if state == 'H' and not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+  -- A hold that survived a rebuild which did not hold it again: the rebuild counted its units
+  -- from the database, so it stands for a persisted order (P), never for units to give back.
+  state = 'P'
+end
 local qty, user = ARGV[3], ARGV[2]
 if state == 'H' then
   qty, user = rec[2], rec[3]
