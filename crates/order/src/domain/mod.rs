@@ -15,7 +15,7 @@ pub use error::OrderError;
 /// a reservation: the contract's own types.
 pub use flashsale_contract::{Policy, Refusal};
 pub use payment::{
-    NewPayment, Notice, PaymentProvider, ProviderError, ProviderPayment, RefundCall, RefundState,
+    NewPayment, Notice, PaymentAtProvider, PaymentAtProviderState, PaymentProvider, ProviderError, ProviderPayment, RefundCall, RefundState,
     StartPayment, refund_backoff,
 };
 
