@@ -18,6 +18,7 @@ mod pay_batch;
 mod prop;
 mod prop_payments;
 mod query;
+mod reconcile;
 mod refund_lease;
 mod saga;
 mod saga_batch;
