@@ -92,12 +92,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         settings.payment.notification_tolerance_ms,
     );
     let refunds = Refunds::new(f.db.clone(), provider.clone(), &settings.payment);
-    let reconciler = Reconciler::new(
-        f.db.clone(),
-        provider,
-        payments.clone(),
-        &settings.payment,
-    );
+    let reconciler = Reconciler::new(f.db.clone(), provider, payments.clone(), &settings.payment);
     let saga = Saga::new(f.db.clone(), timeout_queue.clone(), &settings.saga)
         .with_failpoints(failpoints.clone());
     let queries = Queries::new(f.db.clone(), changes.clone());

@@ -11,9 +11,8 @@ use flashsale_contract::payment::check_currency;
 use flashsale_platform::ApiError;
 use flashsale_proto::payment::v1::{
     CreatePaymentRequest, CreatePaymentResponse, GetPaymentRequest, GetPaymentResponse,
-    PayCheckoutRequest, PayCheckoutResponse, Payment,
-    PaymentStatus, RefundPaymentRequest, RefundPaymentResponse,
-    payment_provider_service_server::PaymentProviderService,
+    PayCheckoutRequest, PayCheckoutResponse, Payment, PaymentStatus, RefundPaymentRequest,
+    RefundPaymentResponse, payment_provider_service_server::PaymentProviderService,
 };
 use tonic::{Request, Response, Status};
 

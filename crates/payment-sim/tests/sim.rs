@@ -21,8 +21,9 @@ use flashsale_proto::{
         },
     },
     payment::v1::{
-        CreatePaymentRequest, GetPaymentRequest, PayCheckoutRequest, PaymentEvent, PaymentEventType, PaymentStatus,
-        RefundPaymentRequest, payment_provider_service_client::PaymentProviderServiceClient,
+        CreatePaymentRequest, GetPaymentRequest, PayCheckoutRequest, PaymentEvent,
+        PaymentEventType, PaymentStatus, RefundPaymentRequest,
+        payment_provider_service_client::PaymentProviderServiceClient,
     },
 };
 use flashsale_test_support::eventually;
@@ -429,7 +430,10 @@ async fn get_payment_tells_the_merchant_where_a_payment_is_when_notifications_ar
     c.refund_payment(merchant_call(refund(&p.payment_id, 900)))
         .await
         .unwrap();
-    assert!(started.elapsed() >= delay, "refunds answer after refund_delay");
+    assert!(
+        started.elapsed() >= delay,
+        "refunds answer after refund_delay"
+    );
     let refund_id = format!("r-{}", p.payment_id);
     assert_eq!(sim.simulator.refund_calls(&refund_id), 1);
     assert_eq!(sim.simulator.refund_calls("r-other"), 0);

@@ -74,9 +74,8 @@ impl Reconciler {
     pub async fn reconcile_due(&self) -> Result<Reconciled, OrderError> {
         let mut done = Reconciled::default();
         loop {
-            let due =
-                payment_store::claim_unconfirmed(&self.db, CLAIM_BATCH, self.after, HORIZON)
-                    .await?;
+            let due = payment_store::claim_unconfirmed(&self.db, CLAIM_BATCH, self.after, HORIZON)
+                .await?;
             let n = due.len();
             let results: Vec<&'static str> = stream::iter(due)
                 .map(|p| async move { self.reconcile(&p).await })

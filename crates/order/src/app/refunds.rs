@@ -90,7 +90,10 @@ impl Refunds {
     async fn lane(&self) -> Result<usize, OrderError> {
         let mut n = 0;
         while n < LANE_ROUND {
-            let Some(r) = payment_store::claim_due(&self.db, 1, self.lease).await?.pop() else {
+            let Some(r) = payment_store::claim_due(&self.db, 1, self.lease)
+                .await?
+                .pop()
+            else {
                 break;
             };
             let outcome = self.attempt(&r).await;

@@ -120,7 +120,11 @@ async fn two_replicas_reconcile_each_payment_once_and_leave_a_pending_one_alone(
         .await;
     let (ra, rb) = tokio::join!(a.reconcile_due(), b.reconcile_due());
     let (ra, rb) = (ra.unwrap(), rb.unwrap());
-    assert_eq!(ra.asked + rb.asked, 2, "each payment asked about once: {ra:?} {rb:?}");
+    assert_eq!(
+        ra.asked + rb.asked,
+        2,
+        "each payment asked about once: {ra:?} {rb:?}"
+    );
     assert_eq!((ra.paid + rb.paid, ra.pending + rb.pending), (1, 1));
     app.wait_status("alice", &paid, OrderStatus::Paid).await;
     assert_eq!(
@@ -130,7 +134,8 @@ async fn two_replicas_reconcile_each_payment_once_and_leave_a_pending_one_alone(
     // Run again: nothing is due; and even asked anew, the pending one changes nothing and the
     // paid one is not asked about.
     assert_eq!(a.reconcile_due().await.unwrap(), Reconciled::default());
-    app.exec("UPDATE provider_payments SET checked_at = NULL").await;
+    app.exec("UPDATE provider_payments SET checked_at = NULL")
+        .await;
     let again = b.reconcile_due().await.unwrap();
     assert_eq!((again.asked, again.pending, again.paid), (1, 1, 0));
     assert_eq!(app.outbox_of("order.paid").await.len(), 1);
