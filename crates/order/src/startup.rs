@@ -1,6 +1,6 @@
 //! Builds the order service from its settings: database, the product-stock client, the payment
-//! provider, broker, outbox relay, saga consumer, deadline sweeper, refund worker, payment reconciliation, stuck-order
-//! gauge, inbox purger, change listener and the gRPC services.
+//! provider, broker, outbox relay, saga consumer, deadline sweeper, refund worker, payment
+//! reconciliation, stuck-order gauge, inbox purger, change listener and the gRPC services.
 
 use std::{sync::Arc, time::Duration};
 
