@@ -232,6 +232,11 @@ pub struct PaymentSettings {
     pub refund_retry_base_ms: u64,
     /// How often refunds that are due are looked for.
     pub refund_sweep_interval_ms: u64,
+    /// A started payment whose success has not arrived this long after it was started is asked
+    /// about at the provider (reconciliation); then again each time its age doubles, for a day.
+    pub reconcile_after_ms: u64,
+    /// How often payments due a question to the provider are looked for.
+    pub reconcile_interval_ms: u64,
 }
 
 impl std::fmt::Debug for PaymentSettings {
@@ -254,6 +259,8 @@ impl std::fmt::Debug for PaymentSettings {
             .field("refund_max_attempts", &self.refund_max_attempts)
             .field("refund_retry_base_ms", &self.refund_retry_base_ms)
             .field("refund_sweep_interval_ms", &self.refund_sweep_interval_ms)
+            .field("reconcile_after_ms", &self.reconcile_after_ms)
+            .field("reconcile_interval_ms", &self.reconcile_interval_ms)
             .finish()
     }
 }
@@ -273,6 +280,8 @@ impl Default for PaymentSettings {
             refund_max_attempts: 8,
             refund_retry_base_ms: 1_000,
             refund_sweep_interval_ms: 1_000,
+            reconcile_after_ms: 300_000,
+            reconcile_interval_ms: 60_000,
         }
     }
 }
@@ -345,6 +354,18 @@ impl Validate for PaymentSettings {
         check_range(
             &format!("{p}.refund_sweep_interval_ms"),
             self.refund_sweep_interval_ms,
+            10,
+            3_600_000,
+        )?;
+        check_range(
+            &format!("{p}.reconcile_after_ms"),
+            self.reconcile_after_ms,
+            1_000,
+            86_400_000,
+        )?;
+        check_range(
+            &format!("{p}.reconcile_interval_ms"),
+            self.reconcile_interval_ms,
             10,
             3_600_000,
         )
@@ -498,7 +519,7 @@ mod tests {
 
     #[test]
     fn bad_payment_values_name_their_key() {
-        let cases: [Case; 16] = [
+        let cases: [Case; 20] = [
             ("order.payment.provider_url", |s| {
                 s.payment.provider_url = "not a url".into()
             }),
@@ -542,6 +563,18 @@ mod tests {
             }),
             ("order.payment.refund_sweep_interval_ms", |s| {
                 s.payment.refund_sweep_interval_ms = 3_600_001
+            }),
+            ("order.payment.reconcile_after_ms", |s| {
+                s.payment.reconcile_after_ms = 999
+            }),
+            ("order.payment.reconcile_after_ms", |s| {
+                s.payment.reconcile_after_ms = 86_400_001
+            }),
+            ("order.payment.reconcile_interval_ms", |s| {
+                s.payment.reconcile_interval_ms = 0
+            }),
+            ("order.payment.reconcile_interval_ms", |s| {
+                s.payment.reconcile_interval_ms = 3_600_001
             }),
         ];
         each_is_refused_naming_its_key(&cases);

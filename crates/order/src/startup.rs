@@ -1,6 +1,6 @@
 //! Builds the order service from its settings: database, the product-stock client, the payment
-//! provider, broker, outbox relay, saga consumer, deadline sweeper, refund worker, stuck-order
-//! gauge, inbox purger, change listener and the gRPC services.
+//! provider, broker, outbox relay, saga consumer, deadline sweeper, refund worker, payment
+//! reconciliation, stuck-order gauge, inbox purger, change listener and the gRPC services.
 
 use std::{sync::Arc, time::Duration};
 
@@ -25,7 +25,7 @@ use crate::{
         grpc::{EdgeLimits, OrderApi},
         payment::PaymentNotifications,
     },
-    app::{Checkout, Intake, Payments, Queries, Refunds, Saga, Stuck},
+    app::{Checkout, Intake, Payments, Queries, Reconciler, Refunds, Saga, Stuck},
     config::Settings,
     domain::PaymentProvider,
     infra::{changes::OrderChanges, payment::GrpcPaymentProvider, stock::GrpcStock},
@@ -91,7 +91,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         &settings.payment.webhook_secret,
         settings.payment.notification_tolerance_ms,
     );
-    let refunds = Refunds::new(f.db.clone(), provider, &settings.payment);
+    let refunds = Refunds::new(f.db.clone(), provider.clone(), &settings.payment);
+    let reconciler = Reconciler::new(f.db.clone(), provider, payments.clone(), &settings.payment);
     let saga = Saga::new(f.db.clone(), timeout_queue.clone(), &settings.saga)
         .with_failpoints(failpoints.clone());
     let queries = Queries::new(f.db.clone(), changes.clone());
@@ -124,6 +125,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     f.runner.spawn(saga.run_sweeper(shutdown.clone()));
     f.runner.spawn(stuck.clone().run_gauge(shutdown.clone()));
     f.runner.spawn(refunds.clone().run(shutdown.clone()));
+    f.runner.spawn(reconciler.run(shutdown.clone()));
     f.runner.spawn(flashsale_messaging::inbox::run_purger(
         f.db.clone(),
         settings.amqp.inbox_purge(),

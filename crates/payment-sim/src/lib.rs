@@ -9,7 +9,9 @@
 //! (`notify_delay`, `notify_jitter`), twice (`duplicate_fraction`, the same signed bytes again: a
 //! replay), in another order (`reorder`, and an ATTEMPT_FAILED event before the success for
 //! `attempt_failed_fraction` of the payments), lost (`delivery_failures`: the first deliveries
-//! of each notification never arrive), and refunds declined (`refund_failures`).
+//! of each notification never arrive, or `drop_notifications`: none ever does), refunds declined
+//! (`refund_failures`) and answered slowly (`refund_delay`). `GetPayment` tells the merchant
+//! where a payment is, whatever became of its notifications.
 
 mod notify;
 mod provider;
@@ -56,6 +58,11 @@ pub struct SimConfig {
     pub retry_base: Duration,
     /// The first this-many calls of each refund are declined (`u32::MAX`: every one).
     pub refund_failures: u32,
+    /// Every notification is dropped, never sent (the merchant learns of payments only by
+    /// asking: GetPayment).
+    pub drop_notifications: bool,
+    /// Every RefundPayment call takes this long before it answers (a slow provider).
+    pub refund_delay: Duration,
     /// Seed of the simulator's randomness.
     pub seed: u64,
     /// How notifications reach an `https://` notification URL (CA, client certificate).
@@ -77,6 +84,8 @@ impl Default for SimConfig {
             max_deliveries: 20,
             retry_base: Duration::from_millis(200),
             refund_failures: 0,
+            drop_notifications: false,
+            refund_delay: Duration::ZERO,
             seed: 1,
             notify_tls: flashsale_platform::tls::GrpcTlsSettings::default(),
         }

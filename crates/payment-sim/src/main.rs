@@ -57,6 +57,12 @@ struct Args {
     /// The first N calls of every refund are declined (`always`: every one).
     #[arg(long, default_value = "0", value_parser = refund_failures)]
     refund_failures: u32,
+    /// Never send a notification (the merchant must ask: GetPayment).
+    #[arg(long)]
+    drop_notifications: bool,
+    /// Every refund call waits this many milliseconds before it answers.
+    #[arg(long, default_value_t = 0)]
+    refund_delay_ms: u64,
     /// Seed of the simulator's randomness.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -98,6 +104,8 @@ async fn main() -> anyhow::Result<()> {
         max_deliveries: args.max_deliveries,
         retry_base: Duration::from_millis(args.retry_base_ms),
         refund_failures: args.refund_failures,
+        drop_notifications: args.drop_notifications,
+        refund_delay: Duration::from_millis(args.refund_delay_ms),
         seed: args.seed,
         notify_tls: flashsale_platform::tls::GrpcTlsSettings {
             ca_file: args.tls_ca_file,
@@ -116,13 +124,15 @@ async fn main() -> anyhow::Result<()> {
 
 fn summary(c: &SimConfig) -> String {
     format!(
-        "delay {:?} + up to {:?}, duplicates {}, attempt failures {}, reorder {}, lost deliveries {}, declined refund calls {}",
+        "delay {:?} + up to {:?}, duplicates {}, attempt failures {}, reorder {}, lost deliveries {}, declined refund calls {}, notifications dropped {}, refund delay {:?}",
         c.notify_delay,
         c.notify_jitter,
         c.duplicate_fraction,
         c.attempt_failed_fraction,
         c.reorder,
         c.delivery_failures,
-        c.refund_failures
+        c.refund_failures,
+        c.drop_notifications,
+        c.refund_delay
     )
 }

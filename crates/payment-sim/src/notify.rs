@@ -38,7 +38,7 @@ pub struct Stats {
     pub accepted: u64,
     /// Deliveries the merchant refused or that failed on the way.
     pub refused: u64,
-    /// Deliveries dropped on purpose (`delivery_failures`).
+    /// Deliveries dropped on purpose (`delivery_failures`, `drop_notifications`).
     pub lost: u64,
     /// Second deliveries of the same signed bytes.
     pub duplicates: u64,
@@ -164,6 +164,10 @@ impl Notifier {
     async fn deliver(&self, url: &str, payload: Vec<u8>, twice: bool) {
         let cfg = &self.config;
         let mut wait = cfg.retry_base;
+        if cfg.drop_notifications {
+            self.counters.lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         for attempt in 1..=cfg.max_deliveries {
             let timestamp = now_secs();
             let signed = Signed {

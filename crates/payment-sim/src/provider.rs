@@ -10,9 +10,9 @@ use std::{
 use flashsale_contract::payment::check_currency;
 use flashsale_platform::ApiError;
 use flashsale_proto::payment::v1::{
-    CreatePaymentRequest, CreatePaymentResponse, PayCheckoutRequest, PayCheckoutResponse, Payment,
-    PaymentStatus, RefundPaymentRequest, RefundPaymentResponse,
-    payment_provider_service_server::PaymentProviderService,
+    CreatePaymentRequest, CreatePaymentResponse, GetPaymentRequest, GetPaymentResponse,
+    PayCheckoutRequest, PayCheckoutResponse, Payment, PaymentStatus, RefundPaymentRequest,
+    RefundPaymentResponse, payment_provider_service_server::PaymentProviderService,
 };
 use tonic::{Request, Response, Status};
 
@@ -64,6 +64,15 @@ impl Simulator {
     /// A payment as the simulator holds it.
     pub fn payment(&self, payment_id: &str) -> Option<Payment> {
         self.state.lock().ok()?.payments.get(payment_id).cloned()
+    }
+
+    /// RefundPayment calls made so far with `refund_id` (replays and declined ones included).
+    pub fn refund_calls(&self, refund_id: &str) -> u32 {
+        self.state
+            .lock()
+            .ok()
+            .and_then(|s| s.refunds.get(refund_id).map(|r| r.1))
+            .unwrap_or(0)
     }
 
     fn merchant<T>(&self, req: &Request<T>) -> Result<(), Status> {
@@ -172,6 +181,9 @@ impl PaymentProviderService for Simulator {
         check_id(&mut bad, "payment_id", &r.payment_id);
         check_id(&mut bad, "refund_id", &r.refund_id);
         invalid(bad)?;
+        if !self.config.refund_delay.is_zero() {
+            tokio::time::sleep(self.config.refund_delay).await;
+        }
         let mut state = self.state()?;
         let Some(payment) = state.payments.get(&r.payment_id).cloned() else {
             return Err(ApiError::NotFound(format!("no payment {}", r.payment_id)).into());
@@ -265,5 +277,21 @@ impl PaymentProviderService for Simulator {
         Ok(Response::new(PayCheckoutResponse {
             payment: Some(payment),
         }))
+    }
+
+    async fn get_payment(
+        &self,
+        req: Request<GetPaymentRequest>,
+    ) -> Result<Response<GetPaymentResponse>, Status> {
+        self.merchant(&req)?;
+        let r = req.into_inner();
+        let mut bad = Vec::new();
+        check_id(&mut bad, "payment_id", &r.payment_id);
+        invalid(bad)?;
+        let payment = self.state()?.payments.get(&r.payment_id).cloned();
+        match payment {
+            Some(p) => Ok(Response::new(GetPaymentResponse { payment: Some(p) })),
+            None => Err(ApiError::NotFound(format!("no payment {}", r.payment_id)).into()),
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The simulator as the order service and a buyer meet it, over gRPC: the merchant's calls need
 //! the API key and valid input, payments and refunds are idempotent, declined refunds are
 //! declined as often as configured, and a payment's notifications reach the merchant signed —
-//! late, twice, reordered or after lost deliveries, as configured.
+//! late, twice, reordered or after lost deliveries, as configured, or never, when GetPayment
+//! still tells the merchant where the payment is.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,8 +21,9 @@ use flashsale_proto::{
         },
     },
     payment::v1::{
-        CreatePaymentRequest, PayCheckoutRequest, PaymentEvent, PaymentEventType, PaymentStatus,
-        RefundPaymentRequest, payment_provider_service_client::PaymentProviderServiceClient,
+        CreatePaymentRequest, GetPaymentRequest, PayCheckoutRequest, PaymentEvent,
+        PaymentEventType, PaymentStatus, RefundPaymentRequest,
+        payment_provider_service_client::PaymentProviderServiceClient,
     },
 };
 use flashsale_test_support::eventually;
@@ -357,5 +359,86 @@ async fn notifications_arrive_signed_despite_loss_duplicates_and_reordering() {
         (stats.events, stats.lost, stats.duplicates),
         (2, 4, 2),
         "{stats:?}"
+    );
+}
+
+fn get(payment_id: &str) -> GetPaymentRequest {
+    GetPaymentRequest {
+        payment_id: payment_id.into(),
+    }
+}
+
+#[tokio::test]
+async fn get_payment_tells_the_merchant_where_a_payment_is_when_notifications_are_dropped() {
+    let (m, url) = merchant().await;
+    let delay = Duration::from_millis(200);
+    let (sim, mut c) = sim(|s| {
+        s.drop_notifications = true;
+        s.refund_delay = delay;
+    })
+    .await;
+    let p = c
+        .create_payment(merchant_call(create("o9", 900, &url)))
+        .await
+        .unwrap()
+        .into_inner()
+        .payment
+        .unwrap();
+    let status = |c: PaymentProviderServiceClient<Channel>, id: String| async move {
+        let mut c = c;
+        c.get_payment(merchant_call(get(&id)))
+            .await
+            .unwrap()
+            .into_inner()
+            .payment
+            .unwrap()
+            .status
+    };
+    assert_eq!(
+        status(c.clone(), p.payment_id.clone()).await,
+        PaymentStatus::Pending as i32
+    );
+    let no_key = c.get_payment(Request::new(get(&p.payment_id))).await;
+    assert_eq!(no_key.unwrap_err().code(), Code::Unauthenticated);
+    let empty = c.get_payment(merchant_call(get(""))).await.unwrap_err();
+    assert_eq!(empty.code(), Code::InvalidArgument);
+    let unknown = c
+        .get_payment(merchant_call(get("pay_nope")))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+
+    c.pay_checkout(Request::new(PayCheckoutRequest {
+        payment_id: p.payment_id.clone(),
+    }))
+    .await
+    .unwrap();
+    let stats = eventually(Duration::from_secs(10), "notification dropped", || async {
+        let s = sim.stats();
+        (s.lost >= 1).then_some(s)
+    })
+    .await
+    .unwrap();
+    assert_eq!((stats.events, stats.lost, stats.accepted), (1, 1, 0));
+    assert!(m.seen.lock().unwrap().is_empty());
+    assert_eq!(
+        status(c.clone(), p.payment_id.clone()).await,
+        PaymentStatus::Succeeded as i32
+    );
+
+    let started = std::time::Instant::now();
+    c.refund_payment(merchant_call(refund(&p.payment_id, 900)))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= delay,
+        "refunds answer after refund_delay"
+    );
+    let refund_id = format!("r-{}", p.payment_id);
+    assert_eq!(sim.simulator.refund_calls(&refund_id), 1);
+    assert_eq!(sim.simulator.refund_calls("r-other"), 0);
+    assert_eq!(
+        status(c.clone(), p.payment_id.clone()).await,
+        PaymentStatus::Refunded as i32
     );
 }

@@ -1,6 +1,7 @@
 //! The order use cases, one small handle per group: [`Intake`] (CreateOrder), [`Checkout`]
 //! (PayOrder, CancelOrder), [`Payments`] (the provider's notifications), [`Refunds`] (the
-//! refund worker and ListRefunds), [`Saga`] (the consumers and the deadline sweeper) and [`Queries`]
+//! refund worker and ListRefunds), [`Reconciler`] (payments whose notification never came,
+//! asked about at the provider), [`Saga`] (the consumers and the deadline sweeper) and [`Queries`]
 //! (GetOrder, ListOrders, WatchOrder) and [`Stuck`] (ListStuckOrders and the stuck-order
 //! gauge). The gRPC API and the event consumers call these; nothing
 //! here knows about tonic or lapin.
@@ -23,6 +24,7 @@ mod notify_batch;
 mod page;
 mod payments;
 mod queries;
+mod reconcile;
 mod refunds;
 mod saga;
 mod saga_batch;
@@ -38,6 +40,7 @@ pub use intake::{
 pub use notify_batch::{MAX_BATCH as NOTIFY_MAX_BATCH, NotifyBatcher, notify_batcher};
 pub use payments::{Applied, Payments, SignedNotice};
 pub use queries::Queries;
+pub use reconcile::{RECONCILED_TOTAL, Reconciled, Reconciler};
 pub use refunds::{
     DEFAULT_REFUND_PAGE_SIZE, MAX_REFUND_PAGE_SIZE, REFUNDS_GAUGE, RefundPage, Refunds,
 };

@@ -79,6 +79,19 @@ impl Payments {
             }
         })?;
         let (ev, notice) = decode(&n.payload)?;
+        let (applied, result) = self.apply(&ev, notice).await?;
+        metrics::counter!("flashsale_payment_notifications_total", "result" => result).increment(1);
+        Ok(applied)
+    }
+
+    /// Applies what the provider says of a payment — from a notification, or from asking it
+    /// (reconciliation) — once: returns what it did (`paid`, `refunded`, `duplicate`,
+    /// `attempt_failed`).
+    pub(super) async fn apply(
+        &self,
+        ev: &PaymentEvent,
+        notice: Notice,
+    ) -> Result<(Applied, &'static str), OrderError> {
         let txn = self.db.begin().await?;
         let stored = payment_store::payment_locked(&txn, &ev.payment_id)
             .await?
@@ -112,9 +125,7 @@ impl Payments {
             } else {
                 "attempt_failed"
             };
-            metrics::counter!("flashsale_payment_notifications_total", "result" => result)
-                .increment(1);
-            return Ok(applied);
+            return Ok((applied, result));
         }
         let order = db::order(&txn, stored.order_id, true)
             .await?
@@ -189,9 +200,8 @@ impl Payments {
         if result == "paid" {
             metrics::counter!("flashsale_orders_paid_total").increment(1);
         }
-        metrics::counter!("flashsale_payment_notifications_total", "result" => result).increment(1);
-        tracing::info!(order_id = %order.order_id, payment_id = %p.provider_payment_id, result, "payment notification applied");
-        Ok(applied)
+        tracing::info!(order_id = %order.order_id, payment_id = %p.provider_payment_id, result, "payment outcome applied");
+        Ok((applied, result))
     }
 }
 

@@ -1,15 +1,16 @@
 //! Refunds through the provider (docs/architecture.md#payments). A refund is recorded
 //! REQUESTED in the transaction that decides it (a late payment, a failed shipment); this worker
-//! then asks the provider to pay it, with the order id as the provider's idempotency key, and
-//! retries a refusal or an unanswered call with backoff (`payment.refund_retry_base_ms`,
-//! doubling, at most ten minutes). After `payment.refund_max_attempts` calls the refund is
+//! then asks the provider to pay it, with the order id as the provider's idempotency key (a
+//! provider that keeps to its contract pays a repeat once), and retries a refusal or an
+//! unanswered call with backoff (`payment.refund_retry_base_ms`, doubling, at most ten
+//! minutes). Each refund is claimed right before its call, so two replicas never send one
+//! refund twice. After `payment.refund_max_attempts` calls the refund is
 //! parked FAILED: counted in `flashsale_refunds_unsettled{status="FAILED"}`, listed by
 //! ListRefunds, and left for a person.
 
 use std::{sync::Arc, time::Duration};
 
 use chrono::Utc;
-use futures_util::{StreamExt as _, stream};
 use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 
@@ -26,9 +27,11 @@ pub const DEFAULT_REFUND_PAGE_SIZE: u64 = 50;
 pub const MAX_REFUND_PAGE_SIZE: u64 = 500;
 /// The longest wait between two attempts of one refund.
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
-/// Refunds one round claims at most.
-const CLAIM_BATCH: u64 = 64;
-/// Calls to the provider in flight at once.
+/// Refunds one lane sends at most in one round (the gauge is refreshed between rounds).
+const LANE_ROUND: usize = 64;
+/// The longest a connection to the provider takes to open (`flashsale_platform::grpc`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Calls to the provider in flight at once: lanes, each with one claimed refund.
 const IN_FLIGHT: usize = 8;
 
 /// The refund worker and listing. Cheap to clone.
@@ -40,7 +43,9 @@ pub struct Refunds {
     max_attempts: u32,
     base: Duration,
     every: Duration,
-    /// How long a claimed refund is left alone by other workers (longer than a call).
+    /// How long a claimed refund is left alone by other workers: the one call made under the
+    /// claim (a connection of at most [`CONNECT_TIMEOUT`], an answer within
+    /// `payment.call_timeout_ms`), its settling, and as much again to spare.
     lease: Duration,
 }
 
@@ -64,32 +69,38 @@ impl Refunds {
             max_attempts: settings.refund_max_attempts,
             base: Duration::from_millis(settings.refund_retry_base_ms),
             every: Duration::from_millis(settings.refund_sweep_interval_ms),
-            lease: Duration::from_millis(settings.call_timeout_ms) * 2 + Duration::from_secs(1),
+            lease: (Duration::from_millis(settings.call_timeout_ms) + CONNECT_TIMEOUT) * 2
+                + Duration::from_secs(1),
         }
     }
 
     /// Calls the provider for every refund that is due; returns how many were attempted.
+    ///
+    /// [`IN_FLIGHT`] lanes each claim one refund right before calling the provider for it and
+    /// settle it right after, so a claim's lease covers one call, never a queue of calls behind
+    /// it: another replica's worker cannot take up a refund this one is still about to send.
     pub async fn attempt_due(&self) -> Result<usize, OrderError> {
-        let mut total = 0;
-        loop {
-            let due = payment_store::claim_due(&self.db, CLAIM_BATCH, self.lease).await?;
-            let n = due.len();
-            total += n;
-            let outcomes: Vec<_> = stream::iter(due)
-                .map(|r| async move {
-                    let outcome = self.attempt(&r).await;
-                    (r, outcome)
-                })
-                .buffer_unordered(IN_FLIGHT)
-                .collect()
-                .await;
-            for (r, outcome) in outcomes {
-                payment_store::settle(&self.db, r.order_id, &outcome).await?;
-            }
-            if (n as u64) < CLAIM_BATCH {
-                return Ok(total);
-            }
+        let lanes = (0..IN_FLIGHT).map(|_| self.lane());
+        let counts = futures_util::future::try_join_all(lanes).await?;
+        Ok(counts.into_iter().sum())
+    }
+
+    /// Claims, sends and settles refunds one at a time until none is due (or
+    /// [`LANE_ROUND`] were sent).
+    async fn lane(&self) -> Result<usize, OrderError> {
+        let mut n = 0;
+        while n < LANE_ROUND {
+            let Some(r) = payment_store::claim_due(&self.db, 1, self.lease)
+                .await?
+                .pop()
+            else {
+                break;
+            };
+            let outcome = self.attempt(&r).await;
+            payment_store::settle(&self.db, r.order_id, &outcome).await?;
+            n += 1;
         }
+        Ok(n)
     }
 
     async fn attempt(&self, r: &DueRefund) -> Attempt {

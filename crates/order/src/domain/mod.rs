@@ -15,8 +15,8 @@ pub use error::OrderError;
 /// a reservation: the contract's own types.
 pub use flashsale_contract::{Policy, Refusal};
 pub use payment::{
-    NewPayment, Notice, PaymentProvider, ProviderError, ProviderPayment, RefundCall, RefundState,
-    StartPayment, refund_backoff,
+    NewPayment, Notice, PaymentAtProvider, PaymentAtProviderState, PaymentProvider, ProviderError,
+    ProviderPayment, RefundCall, RefundState, StartPayment, refund_backoff,
 };
 
 /// Where an order is in the saga (docs/architecture.md#the-order-saga).

@@ -1,5 +1,5 @@
 //! Payments through the provider (docs/architecture.md#payments): the port the use cases call
-//! to create a payment and to refund one, the values that cross it, and the rules of a refund's
+//! to create a payment, to refund one and to ask where one is, the values that cross it, and the rules of a refund's
 //! retries. The adapter is `infra::payment`; nothing here does I/O.
 
 use chrono::{DateTime, Utc};
@@ -59,6 +59,33 @@ pub trait PaymentProvider: Send + Sync + 'static {
 
     /// Pays a payment back in full; a repeat of the same `refund_id` changes nothing.
     async fn refund(&self, refund: &RefundCall) -> Result<(), ProviderError>;
+
+    /// Where the payment `provider_payment_id` is at the provider now (reconciliation).
+    async fn payment(&self, provider_payment_id: &str) -> Result<PaymentAtProvider, ProviderError>;
+}
+
+/// A payment as the provider reports it when asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaymentAtProvider {
+    pub provider_payment_id: String,
+    /// The merchant reference: the order id.
+    pub merchant_reference: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub state: PaymentAtProviderState,
+}
+
+/// Where a payment is at the provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaymentAtProviderState {
+    /// The buyer has not paid (yet).
+    Pending,
+    /// The money is taken.
+    Succeeded,
+    /// Taken and paid back.
+    Refunded,
+    /// A status this service does not know.
+    Other,
 }
 
 /// A validated PayOrder: which order, and the deprecated fields' checks.

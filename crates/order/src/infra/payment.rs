@@ -6,14 +6,17 @@ use std::time::Duration;
 
 use flashsale_contract::to_timestamp;
 use flashsale_proto::payment::v1::{
-    CreatePaymentRequest, RefundPaymentRequest,
+    CreatePaymentRequest, GetPaymentRequest, PaymentStatus, RefundPaymentRequest,
     payment_provider_service_client::PaymentProviderServiceClient,
 };
 use tonic::{Code, metadata::MetadataValue, transport::Channel};
 
 use crate::{
     config::PaymentSettings,
-    domain::{NewPayment, PaymentProvider, ProviderError, ProviderPayment, RefundCall},
+    domain::{
+        NewPayment, PaymentAtProvider, PaymentAtProviderState, PaymentProvider, ProviderError,
+        ProviderPayment, RefundCall,
+    },
 };
 
 /// The provider at `payment.provider_url`.
@@ -116,5 +119,39 @@ impl PaymentProvider for GrpcPaymentProvider {
             .await
             .map(drop)
             .map_err(|s| provider_error(&s))
+    }
+
+    async fn payment(&self, provider_payment_id: &str) -> Result<PaymentAtProvider, ProviderError> {
+        let msg = GetPaymentRequest {
+            payment_id: provider_payment_id.to_owned(),
+        };
+        let payment = self
+            .client
+            .clone()
+            .get_payment(self.request(msg))
+            .await
+            .map_err(|s| provider_error(&s))?
+            .into_inner()
+            .payment
+            .ok_or_else(|| ProviderError::Unavailable("GetPayment answered no payment".into()))?;
+        if payment.payment_id != provider_payment_id {
+            return Err(ProviderError::Refused(format!(
+                "GetPayment for `{provider_payment_id}` answered payment `{}`",
+                payment.payment_id
+            )));
+        }
+        let state = match PaymentStatus::try_from(payment.status) {
+            Ok(PaymentStatus::Pending) => PaymentAtProviderState::Pending,
+            Ok(PaymentStatus::Succeeded) => PaymentAtProviderState::Succeeded,
+            Ok(PaymentStatus::Refunded) => PaymentAtProviderState::Refunded,
+            _ => PaymentAtProviderState::Other,
+        };
+        Ok(PaymentAtProvider {
+            provider_payment_id: payment.payment_id,
+            merchant_reference: payment.merchant_reference,
+            amount_cents: payment.amount_cents,
+            currency: payment.currency,
+            state,
+        })
     }
 }

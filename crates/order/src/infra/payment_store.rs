@@ -136,6 +136,41 @@ pub async fn mark_succeeded<C: ConnectionTrait>(c: &C, id: &str) -> Result<(), O
     Ok(())
 }
 
+/// Claims up to `limit` payments whose success was never applied, started at least `after` and
+/// at most `horizon` ago, that are due a question to the provider: never asked, or asked at
+/// least as long ago as the payment was old then (the gap doubles as the payment ages). Stamps
+/// `checked_at`, so another replica leaves them alone.
+pub async fn claim_unconfirmed<C: ConnectionTrait>(
+    c: &C,
+    limit: u64,
+    after: std::time::Duration,
+    horizon: std::time::Duration,
+) -> Result<Vec<StoredPayment>, OrderError> {
+    let sql = "UPDATE provider_payments p SET checked_at = now() \
+         FROM (SELECT provider_payment_id FROM provider_payments \
+               WHERE status = 'PENDING' AND created_at <= now() - make_interval(secs => $2) \
+                 AND created_at > now() - make_interval(secs => $3) \
+                 AND (checked_at IS NULL OR now() - checked_at >= checked_at - created_at) \
+               ORDER BY checked_at NULLS FIRST, created_at LIMIT $1 \
+               FOR UPDATE SKIP LOCKED) due \
+         WHERE p.provider_payment_id = due.provider_payment_id \
+         RETURNING p.provider_payment_id, p.order_id, p.amount_cents, p.currency, \
+                   p.checkout_url, p.status";
+    Ok(PaymentRow::find_by_statement(stmt(
+        sql,
+        [
+            i64::try_from(limit).unwrap_or(i64::MAX).into(),
+            after.as_secs_f64().into(),
+            horizon.as_secs_f64().into(),
+        ],
+    ))
+    .all(c)
+    .await?
+    .into_iter()
+    .map(StoredPayment::from)
+    .collect())
+}
+
 /// A refund claimed for one call to the provider.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DueRefund {

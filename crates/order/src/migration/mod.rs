@@ -9,6 +9,7 @@ pub mod m0004_payment_id_partial;
 pub mod m0005_orders_unsettled;
 pub mod m0006_pending_by_sku;
 pub mod m0007_provider_payments;
+pub mod m0008_payment_reconcile;
 
 pub struct Migrator;
 
@@ -25,6 +26,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0005_orders_unsettled::Migration),
             Box::new(m0006_pending_by_sku::Migration),
             Box::new(m0007_provider_payments::Migration),
+            Box::new(m0008_payment_reconcile::Migration),
         ]
     }
 }

@@ -19,6 +19,8 @@ mod prop;
 mod prop_page_tokens;
 mod prop_payments;
 mod query;
+mod reconcile;
+mod refund_lease;
 mod saga;
 mod saga_batch;
 mod sold_out;
