@@ -2,7 +2,13 @@
 //! the gate's hold: the caller is told to retry, and the retry with the same request id writes
 //! the order under that very hold. No `order.cancelled` gives the units away under it.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use flashsale_proto::{
     order::v1::{CancelReason, OrderStatus},
@@ -21,24 +27,41 @@ struct Pid {
     pid: i32,
 }
 
-/// The backend of the order service's `INSERT INTO orders` while it waits for a lock.
+const BLOCKED_INSERTS: &str = "SELECT pid FROM pg_stat_activity \
+    WHERE datname = current_database() AND pid <> pg_backend_pid() \
+      AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO orders%'";
+
+/// The backends of the order service's `INSERT INTO orders` waiting for a lock now.
+async fn blocked_inserts(app: &TestApp) -> Vec<i32> {
+    let find = Statement::from_string(sea_orm::DbBackend::Postgres, BLOCKED_INSERTS);
+    Pid::find_by_statement(find)
+        .all(&app.conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// Cancels the statement a backend is running, as an operator's `pg_cancel_backend`.
+async fn cancel(app: &TestApp, pid: i32) {
+    let cancelled = app
+        .conn
+        .execute_raw(Statement::from_sql_and_values(
+            sea_orm::DbBackend::Postgres,
+            "SELECT pg_cancel_backend($1)",
+            [pid.into()],
+        ))
+        .await;
+    assert!(cancelled.is_ok(), "{cancelled:?}");
+}
+
+/// The backend of the order service's `INSERT INTO orders` once it waits for a lock.
 async fn blocked_insert(app: &TestApp) -> i32 {
-    let find = Statement::from_string(
-        sea_orm::DbBackend::Postgres,
-        "SELECT pid FROM pg_stat_activity \
-         WHERE datname = current_database() AND pid <> pg_backend_pid() \
-           AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO orders%'",
-    );
     eventually(
         SETTLE,
         "the order insert waiting for the table lock",
-        || {
-            let find = find.clone();
-            async move {
-                let row = app.conn.query_one_raw(find).await.ok().flatten()?;
-                Pid::from_query_result(&row, "").ok().map(|p| p.pid)
-            }
-        },
+        || async { blocked_inserts(app).await.first().copied() },
     )
     .await
     .unwrap()
@@ -139,16 +162,7 @@ async fn a_cancelled_order_insert_keeps_the_hold_and_the_retry_writes_the_order(
             .create_order(as_user("alice", create_req("r", "HOLD", 2)))
             .await
     });
-    let pid = blocked_insert(&app).await;
-    let cancelled = app
-        .conn
-        .execute_raw(Statement::from_sql_and_values(
-            sea_orm::DbBackend::Postgres,
-            "SELECT pg_cancel_backend($1)",
-            [pid.into()],
-        ))
-        .await;
-    assert!(cancelled.is_ok(), "{cancelled:?}");
+    cancel(&app, blocked_insert(&app).await).await;
     let first = first.await.unwrap();
     lock.rollback().await.unwrap();
     let retry = app.order("alice", "r", "HOLD", 2).await;
@@ -175,4 +189,95 @@ async fn a_cancelled_order_insert_keeps_the_hold_and_the_retry_writes_the_order(
         cancels: 0,
     };
     assert_eq!(outcome, expected);
+}
+
+/// The same with a batch: while the first order's insert waits for the lock, five more buyers'
+/// orders queue up and are written as one batch, which is cancelled too, then each order on its
+/// own, cancelled too. Every hold is kept, and every retry writes its order.
+#[tokio::test]
+async fn a_cancelled_batch_of_orders_keeps_every_hold_and_each_retry_writes_its_order() {
+    const BUYERS: usize = 6;
+    let app = spawn_stack(|_| {}).await;
+    app.product("BATCH", 10, 0).await;
+
+    let locker = app.db.connect().await.unwrap();
+    let lock = locker.begin().await.unwrap();
+    lock.execute_unprepared("LOCK TABLE orders IN SHARE MODE")
+        .await
+        .unwrap();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..BUYERS {
+        let (mut client, answered) = (app.client().await, answered.clone());
+        calls.spawn(async move {
+            let user = format!("u{i}");
+            let answer = client
+                .create_order(as_user(&user, create_req("r", "BATCH", 1)))
+                .await;
+            answered.fetch_add(1, Ordering::SeqCst);
+            (user, answer)
+        });
+    }
+    // Every buyer holds a unit at the gate (the first one's insert waits for the lock, the others
+    // wait behind it for the next batch) before any statement is cancelled.
+    eventually(SETTLE, "every buyer's hold", || async {
+        (app.get_product("BATCH").await.gate_available == 4).then_some(())
+    })
+    .await
+    .unwrap();
+    let first = blocked_insert(&app).await;
+    cancel(&app, first).await;
+    // Then the batch's insert, then each order's own, as they come to wait for the lock.
+    eventually(SETTLE, "every buyer's answer", || async {
+        for pid in blocked_inserts(&app).await {
+            cancel(&app, pid).await;
+        }
+        (answered.load(Ordering::SeqCst) == BUYERS).then_some(())
+    })
+    .await
+    .unwrap();
+    let mut answers = Vec::new();
+    while let Some(joined) = calls.join_next().await {
+        answers.push(joined.unwrap());
+    }
+    lock.rollback().await.unwrap();
+
+    assert_eq!(answers.len(), BUYERS);
+    for (user, answer) in &answers {
+        assert_eq!(
+            answer
+                .as_ref()
+                .map(|_| ())
+                .map_err(|s| (s.code(), reason(s))),
+            Err((Code::Unavailable, "DATABASE_UNAVAILABLE".to_owned())),
+            "{user}"
+        );
+    }
+    let (_, metrics) = flashsale_test_support::grpc::http_get(app.metrics_port, "/metrics")
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with(flashsale_order::app::WRITE_FALLBACKS) && !l.ends_with(" 0")),
+        "no write batch fell back to one order at a time"
+    );
+    assert!(app.outbox_of("order.cancelled").await.is_empty());
+
+    for (user, _) in &answers {
+        let order = app
+            .order(user, "r", "BATCH", 1)
+            .await
+            .unwrap_or_else(|e| panic!("{user}'s retry: {e:?}"));
+        app.wait_status(user, &order.order_id, OrderStatus::AwaitingPayment)
+            .await;
+    }
+    let p = eventually(SETTLE, "the gate to match the database", || async {
+        let p = app.get_product("BATCH").await;
+        (p.reserved == 6).then_some(p)
+    })
+    .await
+    .unwrap();
+    assert_eq!((p.reserved, p.available, p.gate_available), (6, 4, 4));
+    assert!(app.outbox_of("order.cancelled").await.is_empty());
 }
