@@ -221,6 +221,41 @@ fn sqlx_unreachable(e: &sea_orm::sqlx::Error) -> bool {
     }
 }
 
+/// Whether a statement that failed with `e` may well succeed when simply tried again: the
+/// database is out of reach ([`unreachable`]), or it gave the statement up for a passing reason
+/// and rolled it back — cancelled (57014: `pg_cancel_backend`, `statement_timeout`), a lock it
+/// could not take in time (55P03), a deadlock or serialization failure it chose this transaction
+/// to lose (40P01, 40001), a commit whose outcome it cannot tell (40003), or short of a resource
+/// (class 53: disk full, out of memory, too many connections). Nothing of the transaction was
+/// applied; the API answers `UNAVAILABLE`, and the caller tries again later with the same key.
+pub fn transient(e: &sea_orm::DbErr) -> bool {
+    unreachable(e) || sqlstate(e).is_some_and(|c| transient_sqlstate(&c))
+}
+
+/// The SQLSTATE the database answered `e` with, if it answered one.
+pub fn sqlstate(e: &sea_orm::DbErr) -> Option<String> {
+    use sea_orm::{DbErr, RuntimeErr, sqlx::Error};
+    match e {
+        DbErr::Exec(RuntimeErr::SqlxError(s)) | DbErr::Query(RuntimeErr::SqlxError(s)) => {
+            match s.as_ref() {
+                Error::Database(d) => d.code().map(|c| c.into_owned()),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The SQLSTATEs of [`transient`] (connection exceptions and shutdowns come from
+/// [`unreachable`]).
+fn transient_sqlstate(code: &str) -> bool {
+    code.starts_with("53")
+        || matches!(
+            code,
+            "57014" | "55P03" | "40001" | "40P01" | "40003" | "57P05"
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::{MultiRow, with_sslmode};
@@ -281,6 +316,52 @@ mod tests {
             .await
             .expect_err("the session was terminated");
         assert!(super::unreachable(&dropped), "{dropped:?}");
+    }
+
+    #[test]
+    fn passing_failures_are_transient_and_refusals_are_not() {
+        for code in [
+            "57014", "55P03", "40001", "40P01", "40003", "53000", "53100", "53200", "53300",
+            "53400", "57P05",
+        ] {
+            assert!(super::transient_sqlstate(code), "{code} is transient");
+        }
+        // A constraint, a syntax error, a missing table, a read-only transaction, a dropped
+        // database: the same statement fails the same way again.
+        for code in [
+            "23505", "23514", "42601", "42P01", "25006", "57P04", "22003", "XX000",
+        ] {
+            assert!(!super::transient_sqlstate(code), "{code} is not transient");
+        }
+        assert!(!super::transient(&sea_orm::DbErr::Custom("a bug".into())));
+        let pool_timeout =
+            sea_orm::DbErr::ConnectionAcquire(sea_orm::error::ConnAcquireErr::Timeout);
+        assert!(
+            super::transient(&pool_timeout),
+            "unreachable is transient too"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_statement_is_transient_but_a_refused_query_is_not() {
+        use sea_orm::ConnectionTrait as _;
+        let db = one_connection().await;
+        let cancelled = db
+            .execute_unprepared("SET statement_timeout = '10ms'; SELECT pg_sleep(5)")
+            .await
+            .expect_err("the statement times out");
+        assert_eq!(super::sqlstate(&cancelled).as_deref(), Some("57014"));
+        assert!(super::transient(&cancelled), "{cancelled:?}");
+        assert!(!super::unreachable(&cancelled), "{cancelled:?}");
+        db.execute_unprepared("RESET statement_timeout")
+            .await
+            .expect("reset the timeout");
+        let refused = db
+            .execute_unprepared("SELECT * FROM no_such_table_here")
+            .await
+            .expect_err("the query must fail");
+        assert_eq!(super::sqlstate(&refused).as_deref(), Some("42P01"));
+        assert!(!super::transient(&refused), "{refused:?}");
     }
 
     #[tokio::test]

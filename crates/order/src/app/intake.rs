@@ -183,11 +183,14 @@ impl Intake {
             }) => Err(OrderError::Unavailable(
                 "the order could not be confirmed; retry with the same request_id".into(),
             )),
-            // The database dropped the connection or could not be reached: the write may have
-            // committed unseen, and the buyer retries with the same request id, which the gate
-            // answers with this very grant. Releasing the hold now would race that retry (the
-            // retry's order written, then its units released under it), so the hold is kept
-            // for the retry; a hold nobody writes is freed by product-stock's hold sweeper.
+            // The database dropped the connection or could not be reached, or gave the write
+            // up for a passing reason (a cancelled statement, a lock timeout, a deadlock, a
+            // serialization failure, a full disk: see `persist`): the write may have committed
+            // unseen, or will succeed when tried again, and the buyer retries with the same
+            // request id, which the gate answers with this very grant. Releasing the hold now
+            // would race that retry (the retry's order written, then its units released under
+            // it), so the hold is kept for the retry; a hold nobody writes is freed by
+            // product-stock's hold sweeper, which first asks whether the order exists.
             Err(e @ OrderError::DatabaseUnavailable(_)) => Err(e),
             Err(e) => {
                 // Nothing of this batch was written. A replayed grant's units belong to an
@@ -221,6 +224,16 @@ impl Intake {
             .call(write)
             .await
             .map_err(|e| OrderError::Internal(anyhow::Error::new(e)))?
+            .map_err(|e| match db::passing_failure(&e) {
+                Some(sqlstate) => {
+                    tracing::warn!(error = %e, sqlstate, %order_id, "the order write failed for a passing reason; the hold is kept for the retry");
+                    OrderError::DatabaseUnavailable(
+                        "the order could not be written now; retry with the same request_id"
+                            .into(),
+                    )
+                }
+                None => e,
+            })
     }
 
     /// The gate took units for an order that will not be written: give them back now through

@@ -23,6 +23,19 @@ impl From<sea_orm::DbErr> for OrderError {
     }
 }
 
+/// The SQLSTATE of an internal error that is a statement the database gave up for a passing
+/// reason (see [`flashsale_platform::db::transient`]; `"unreachable"` when it was out of reach),
+/// which a plain retry may well get past; `None` for any other error, including a statement the
+/// database refused for what it says.
+pub(crate) fn passing_failure(e: &OrderError) -> Option<String> {
+    let OrderError::Internal(a) = e else {
+        return None;
+    };
+    let db = a.downcast_ref::<sea_orm::DbErr>()?;
+    flashsale_platform::db::transient(db)
+        .then(|| flashsale_platform::db::sqlstate(db).unwrap_or_else(|| "unreachable".to_owned()))
+}
+
 pub(crate) fn corrupt(what: &str, value: &str) -> OrderError {
     OrderError::Internal(anyhow::anyhow!(
         "unexpected {what} in the database: `{value}`"

@@ -28,3 +28,4 @@ mod stock_balance;
 mod stock_fallback;
 mod stock_lookups;
 mod stuck;
+mod transient_write;
