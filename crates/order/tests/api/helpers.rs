@@ -95,6 +95,10 @@ pub fn test_settings(db: &TestDatabase, exchange: &str, stock_port: u16) -> Sett
     s.payment.call_timeout_ms = 2_000;
     s.payment.refund_retry_base_ms = 50;
     s.payment.refund_sweep_interval_ms = 100;
+    // The tests poll GetOrder every 20 ms as the buyer and cancel freely: the read and cancel
+    // limits are off here and have their own tests (limits.rs).
+    s.limits.read_per_sec = 0;
+    s.limits.cancel_order_per_sec = 0;
     s
 }
 
