@@ -201,8 +201,14 @@ async fn spawn_stack_full(
 
 /// The order service alone (its calls to product-stock fail UNAVAILABLE).
 pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// The order service alone, with `tune` applied to its settings.
+pub async fn spawn_app_with(tune: impl FnOnce(&mut Settings)) -> TestApp {
     let db = TestDatabase::create().await.unwrap();
-    let settings = test_settings(&db, &unique_name("fs_test_ex"), 1);
+    let mut settings = test_settings(&db, &unique_name("fs_test_ex"), 1);
+    tune(&mut settings);
     spawn_order(settings, db).await
 }
 
