@@ -60,7 +60,12 @@ impl Validate for ReadLimitSettings {
             0,
             MAX_USER_RATE,
         )?;
-        check_range(&format!("{p}.read_burst"), self.read_burst, 1, MAX_USER_RATE)
+        check_range(
+            &format!("{p}.read_burst"),
+            self.read_burst,
+            1,
+            MAX_USER_RATE,
+        )
     }
 }
 
@@ -280,7 +285,11 @@ mod tests {
         assert!(limiter.check_caller(&caller("alice", Role::User)).is_err());
         for _ in 0..100 {
             assert!(limiter.check_caller(&caller("ops", Role::Admin)).is_ok());
-            assert!(limiter.check_caller(&caller("order", Role::Service)).is_ok());
+            assert!(
+                limiter
+                    .check_caller(&caller("order", Role::Service))
+                    .is_ok()
+            );
         }
         assert_eq!(limiter.users(), 1, "only the buyer has a count");
     }

@@ -239,7 +239,9 @@ mod tests {
             ("product_stock.limits.read_per_sec", |s| {
                 s.limits.read_per_sec = 1_000_001
             }),
-            ("product_stock.limits.read_burst", |s| s.limits.read_burst = 0),
+            ("product_stock.limits.read_burst", |s| {
+                s.limits.read_burst = 0
+            }),
             ("product_stock.stock.rebuild_settle_ms", |s| {
                 s.stock.rebuild_settle_ms = 600_001
             }),

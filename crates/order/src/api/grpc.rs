@@ -90,7 +90,11 @@ impl EdgeLimits {
                 l.create_order_burst,
             ),
             pay_order: UserRateLimiter::new("PayOrder", l.pay_order_per_sec, l.pay_order_burst),
-            read: UserRateLimiter::new("GetOrder/ListOrders/WatchOrder", l.read_per_sec, l.read_burst),
+            read: UserRateLimiter::new(
+                "GetOrder/ListOrders/WatchOrder",
+                l.read_per_sec,
+                l.read_burst,
+            ),
             cancel_order: UserRateLimiter::new(
                 "CancelOrder",
                 l.cancel_order_per_sec,

@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use flashsale_platform::error::reason_of;
 use flashsale_order::config::LimitSettings;
+use flashsale_platform::error::reason_of;
 use flashsale_proto::order::v1::{
     CancelOrderRequest, GetOrderRequest, ListOrdersRequest, OrderStatus, PayOrderRequest,
     WatchOrderRequest,
@@ -16,7 +16,9 @@ use flashsale_test_support::eventually;
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
-use crate::helpers::{TestApp, as_admin, as_user, create_req, reason, spawn_stack, spawn_stack_with};
+use crate::helpers::{
+    TestApp, as_admin, as_user, create_req, reason, spawn_stack, spawn_stack_with,
+};
 
 /// The retry delay a RESOURCE_EXHAUSTED carries.
 fn retry_after(status: &tonic::Status) -> Duration {
@@ -331,7 +333,10 @@ async fn with_the_default_limits_a_buyer_reading_in_a_loop_is_cut_off_while_othe
         };
         c.clone().list_orders(as_admin(req)).await.unwrap();
     }
-    assert!(watches_limited > 0, "no WatchOrder was refused by the read limit");
+    assert!(
+        watches_limited > 0,
+        "no WatchOrder was refused by the read limit"
+    );
 }
 
 #[tokio::test]
@@ -368,7 +373,10 @@ async fn cancel_order_is_rate_limited_per_user() {
             }
         }
     }
-    assert!((3..=5).contains(&served), "{served} served, {limited} refused");
+    assert!(
+        (3..=5).contains(&served),
+        "{served} served, {limited} refused"
+    );
     cancel("calm", &theirs.order_id)
         .await
         .expect("another buyer cancels meanwhile");
@@ -396,7 +404,10 @@ async fn sixty_orders_created_and_cancelled_by_one_buyer_leave_at_most_six_gate_
         let req = CancelOrderRequest {
             order_id: order.order_id.clone(),
         };
-        c.clone().cancel_order(as_user("looper", req)).await.unwrap();
+        c.clone()
+            .cancel_order(as_user("looper", req))
+            .await
+            .unwrap();
         ids.push(order.order_id);
     }
     // Settled: every unit back in the gate and in the database, every record expired.
@@ -430,8 +441,7 @@ async fn sixty_orders_created_and_cancelled_by_one_buyer_leave_at_most_six_gate_
     assert!(replay.replayed);
     assert_eq!(order.order_id, ids[0]);
     assert_eq!(order.status, OrderStatus::Cancelled as i32);
-    let Ok(again) = eventually(Duration::from_secs(30), "the replay settled", settled).await
-    else {
+    let Ok(again) = eventually(Duration::from_secs(30), "the replay settled", settled).await else {
         panic!("the replay never settled: {:?}", all_gate_keys(&app).await);
     };
     assert!(again <= before + 6, "{again}");
