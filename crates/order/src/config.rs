@@ -48,6 +48,21 @@ pub struct LimitSettings {
     pub pay_order_burst: u32,
     /// WatchOrder streams one user may keep open at once (each polls the database).
     pub watch_streams_per_user: u32,
+    /// Reads one user may make per second, on average (0: no limit): GetOrder, ListOrders and
+    /// the opening of a WatchOrder share this count ...
+    pub read_per_sec: u32,
+    /// ... and at once after a pause.
+    pub read_burst: u32,
+    /// CancelOrder calls one user may make per second, on average (0: no limit) ...
+    pub cancel_order_per_sec: u32,
+    /// ... and at once after a pause.
+    pub cancel_order_burst: u32,
+    /// NotifyPayment calls one peer address may have in flight at once (the provider's
+    /// notifications need no token, so anyone reaching the port may send them).
+    pub notify_in_flight_per_peer: u32,
+    /// A NotifyPayment whose request has not fully arrived this long after the call started is
+    /// answered `DEADLINE_EXCEEDED`, freeing its place among `grpc.max_concurrent_requests`.
+    pub notify_body_timeout_ms: u64,
 }
 
 impl Default for LimitSettings {
@@ -58,6 +73,20 @@ impl Default for LimitSettings {
             pay_order_per_sec: 5,
             pay_order_burst: 10,
             watch_streams_per_user: 8,
+            // A buyer's screen polls an order or a page of orders once or twice a second;
+            // twenty a second (forty at once) is ten times that, while a script reading in a
+            // loop (over a thousand a second) is cut off within a fraction of a second.
+            read_per_sec: 20,
+            read_burst: 40,
+            // A buyer cancels an order or two; as PayOrder.
+            cancel_order_per_sec: 5,
+            cancel_order_burst: 10,
+            // Far above what a provider sends at once (each notification is answered in
+            // milliseconds), and a sixteenth of the default `grpc.max_concurrent_requests`.
+            notify_in_flight_per_peer: 256,
+            // A notification is under a kilobyte, sent with its headers: a second allows for a
+            // slow link, and is what one slow sender can hold a place for.
+            notify_body_timeout_ms: 1_000,
         }
     }
 }
@@ -96,6 +125,32 @@ impl Validate for LimitSettings {
             self.watch_streams_per_user,
             1,
             10_000,
+        )?;
+        check_range(&format!("{p}.read_per_sec"), self.read_per_sec, 0, MAX_RATE)?;
+        check_range(&format!("{p}.read_burst"), self.read_burst, 1, MAX_RATE)?;
+        check_range(
+            &format!("{p}.cancel_order_per_sec"),
+            self.cancel_order_per_sec,
+            0,
+            MAX_RATE,
+        )?;
+        check_range(
+            &format!("{p}.cancel_order_burst"),
+            self.cancel_order_burst,
+            1,
+            MAX_RATE,
+        )?;
+        check_range(
+            &format!("{p}.notify_in_flight_per_peer"),
+            self.notify_in_flight_per_peer,
+            1,
+            1_000_000,
+        )?;
+        check_range(
+            &format!("{p}.notify_body_timeout_ms"),
+            self.notify_body_timeout_ms,
+            10,
+            60_000,
         )
     }
 }
@@ -421,7 +476,7 @@ mod tests {
 
     #[test]
     fn bad_saga_values_name_their_key() {
-        let cases: [Case; 23] = [
+        let cases: [Case; 31] = [
             ("order.saga.payment_timeout_ms", |s| {
                 s.saga.payment_timeout_ms = 0
             }),
@@ -483,6 +538,28 @@ mod tests {
             }),
             ("order.limits.watch_streams_per_user", |s| {
                 s.limits.watch_streams_per_user = 10_001
+            }),
+            ("order.limits.read_per_sec", |s| {
+                s.limits.read_per_sec = MAX_RATE + 1
+            }),
+            ("order.limits.read_burst", |s| s.limits.read_burst = 0),
+            ("order.limits.cancel_order_per_sec", |s| {
+                s.limits.cancel_order_per_sec = MAX_RATE + 1
+            }),
+            ("order.limits.cancel_order_burst", |s| {
+                s.limits.cancel_order_burst = 0
+            }),
+            ("order.limits.notify_in_flight_per_peer", |s| {
+                s.limits.notify_in_flight_per_peer = 0
+            }),
+            ("order.limits.notify_in_flight_per_peer", |s| {
+                s.limits.notify_in_flight_per_peer = 1_000_001
+            }),
+            ("order.limits.notify_body_timeout_ms", |s| {
+                s.limits.notify_body_timeout_ms = 9
+            }),
+            ("order.limits.notify_body_timeout_ms", |s| {
+                s.limits.notify_body_timeout_ms = 60_001
             }),
             ("order.grpc.max_concurrent_requests", |s| {
                 s.grpc.max_concurrent_requests = 0

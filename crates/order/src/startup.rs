@@ -9,6 +9,7 @@ use flashsale_platform::{
     auth::{JwtKeys, ServiceToken},
     failpoint::Failpoints,
     grpc::ServerRoutes,
+    peer::PeerLimits,
 };
 use flashsale_proto::{
     admin::v1::dead_letter_service_server::DeadLetterServiceServer,
@@ -168,12 +169,16 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
             f.auth.clone(),
         ))
         // No bearer-token interceptor: the provider's signature authenticates a notification.
+        // Anyone reaching the port may call it, so one peer's calls in flight and the time a
+        // call may take to send its request are bounded.
         .with_service(
-            PaymentNotificationServiceServer::new(PaymentNotifications::new(
-                crate::app::notify_batcher(payments, crate::app::NOTIFY_MAX_BATCH),
-            ))
-            .max_decoding_message_size(max)
-            .max_encoding_message_size(max),
+            notify_limits(&settings).guard(
+                PaymentNotificationServiceServer::new(PaymentNotifications::new(
+                    crate::app::notify_batcher(payments, crate::app::NOTIFY_MAX_BATCH),
+                ))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+            ),
         )
         .with_service(InterceptedService::new(
             DeadLetterServiceServer::new(dead_letters)
@@ -182,6 +187,15 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
             f.auth.clone(),
         ));
     Ok(Application::new(f, routes))
+}
+
+/// The per-peer limits of NotifyPayment (`limits.notify_*`).
+fn notify_limits(settings: &Settings) -> PeerLimits {
+    PeerLimits::new(
+        "NotifyPayment",
+        usize::try_from(settings.limits.notify_in_flight_per_peer).unwrap_or(usize::MAX),
+        Duration::from_millis(settings.limits.notify_body_timeout_ms),
+    )
 }
 
 /// Where the provider sends notifications: `payment.notify_url`, or this server's gRPC address

@@ -4,6 +4,7 @@
 use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
     config::{ConfigError, Validate, check_range},
+    limit::ReadLimitSettings,
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
         TelemetrySettings, UpstreamSettings, validate_common,
@@ -25,6 +26,8 @@ pub struct Settings {
     pub upstream: UpstreamSettings,
     pub shipping: ShippingSettings,
     pub warehouse: WarehouseSettings,
+    /// `limits.*`: GetShipment calls one buyer may make (admin calls are not counted).
+    pub limits: ReadLimitSettings,
 }
 
 /// `shipping.*`: how a shipment is retried. A transient failure (product-stock, the warehouse
@@ -151,6 +154,7 @@ impl Default for Settings {
             upstream: UpstreamSettings::default(),
             shipping: ShippingSettings::default(),
             warehouse: WarehouseSettings::default(),
+            limits: ReadLimitSettings::default(),
         }
     }
 }
@@ -170,7 +174,8 @@ impl Validate for Settings {
             .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;
         self.upstream.validate(&format!("{p}.upstream"))?;
         self.shipping.validate(&format!("{p}.shipping"))?;
-        self.warehouse.validate(&format!("{p}.warehouse"))
+        self.warehouse.validate(&format!("{p}.warehouse"))?;
+        self.limits.validate(&format!("{p}.limits"))
     }
 }
 
@@ -186,7 +191,7 @@ mod tests {
     #[test]
     fn bad_shipping_and_warehouse_values_name_their_key() {
         type Case = (&'static str, fn(&mut Settings));
-        let cases: [Case; 10] = [
+        let cases: [Case; 13] = [
             ("outbound.shipping.retry_base_ms", |s| {
                 s.shipping.retry_base_ms = 0
             }),
@@ -216,6 +221,13 @@ mod tests {
             }),
             ("outbound.upstream.product_stock_refresh_ms", |s| {
                 s.upstream.product_stock_refresh_ms = 0
+            }),
+            ("outbound.limits.read_per_sec", |s| {
+                s.limits.read_per_sec = 1_000_001
+            }),
+            ("outbound.limits.read_burst", |s| s.limits.read_burst = 0),
+            ("outbound.limits.read_burst", |s| {
+                s.limits.read_burst = 1_000_001
             }),
         ];
         assert!(Settings::default().validate(SERVICE_KEY).is_ok());

@@ -27,6 +27,9 @@ use crate::{
     migration::Migrator,
 };
 
+/// How often the rate limiter forgets users whose counts are back to full.
+const FORGET_IDLE_USERS_EVERY: Duration = Duration::from_secs(10);
+
 /// [`build_with`] with failpoints from `FLASHSALE_FAILPOINTS`.
 pub async fn build(settings: Settings) -> anyhow::Result<Application> {
     build_with(settings, flashsale_platform::failpoint::from_env()?).await
@@ -91,10 +94,18 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     f.runner
         .spawn(shipping.clone().run_sweeper(f.runner.shutdown()));
 
+    let reads = settings.limits.limiter("GetShipment");
+    let shutdown = f.runner.shutdown();
+    f.runner.spawn(flashsale_platform::limit::forget_idle_users(
+        vec![reads.clone()],
+        FORGET_IDLE_USERS_EVERY,
+        async move { shutdown.wait().await },
+    ));
+
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
-            OutboundServiceServer::new(OutboundApi::new(shipping))
+            OutboundServiceServer::new(OutboundApi::new(shipping, reads))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             f.auth.clone(),

@@ -17,6 +17,7 @@ pub mod grpc;
 pub mod lease;
 pub mod limit;
 pub mod metrics;
+pub mod peer;
 pub mod pressure;
 pub mod redis;
 pub mod settings;

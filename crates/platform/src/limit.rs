@@ -12,7 +12,62 @@ use std::{
 
 use governor::{Quota, RateLimiter, clock::Clock as _};
 
-use crate::error::ApiError;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    auth::{Caller, Role},
+    config::{ConfigError, Validate, check_range},
+    error::ApiError,
+};
+
+/// The largest per-second rate and burst a per-user limit accepts.
+pub const MAX_USER_RATE: u32 = 1_000_000;
+
+/// `limits.*` of a service whose buyers only read (product-stock's GetProduct and
+/// ListProducts, outbound's GetShipment): one count of reads per user. Admin and service
+/// callers are not counted.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReadLimitSettings {
+    /// Reads one user may make per second, on average (0: no limit) ...
+    pub read_per_sec: u32,
+    /// ... and at once after a pause.
+    pub read_burst: u32,
+}
+
+impl Default for ReadLimitSettings {
+    /// A buyer's screen reads once or twice a second; twenty a second (forty at once) is ten
+    /// times that, while a script reading in a loop is cut off within a fraction of a second.
+    fn default() -> Self {
+        Self {
+            read_per_sec: 20,
+            read_burst: 40,
+        }
+    }
+}
+
+impl ReadLimitSettings {
+    /// The limiter of these reads; `what` names them in refusals (e.g. "GetProduct/ListProducts").
+    pub fn limiter(&self, what: &'static str) -> UserRateLimiter {
+        UserRateLimiter::new(what, self.read_per_sec, self.read_burst)
+    }
+}
+
+impl Validate for ReadLimitSettings {
+    fn validate(&self, p: &str) -> Result<(), ConfigError> {
+        check_range(
+            &format!("{p}.read_per_sec"),
+            self.read_per_sec,
+            0,
+            MAX_USER_RATE,
+        )?;
+        check_range(
+            &format!("{p}.read_burst"),
+            self.read_burst,
+            1,
+            MAX_USER_RATE,
+        )
+    }
+}
 
 type Keyed = governor::DefaultKeyedRateLimiter<String>;
 
@@ -66,6 +121,16 @@ impl UserRateLimiter {
                 retry_after: wait.max(Duration::from_millis(1)),
             }
         })
+    }
+
+    /// [`Self::check`] for a buyer (role `user`); admin and service callers are not counted:
+    /// the per-user limits bound what one buyer may ask, and an operator's or a service's
+    /// calls are bounded by the server's own limits (`grpc.max_concurrent_requests`).
+    pub fn check_caller(&self, caller: &Caller) -> Result<(), ApiError> {
+        match caller.role {
+            Role::User => self.check(&caller.subject),
+            Role::Admin | Role::Service => Ok(()),
+        }
     }
 
     /// Users whose counts are kept now.
@@ -207,6 +272,58 @@ mod tests {
         assert!(retry > Duration::ZERO && retry <= Duration::from_secs(1));
         assert!(limiter.check("bob").is_ok());
         assert_eq!(limiter.users(), 2);
+    }
+
+    #[test]
+    fn only_buyers_are_counted_and_admin_and_service_callers_pass() {
+        let limiter = UserRateLimiter::new("GetOrder", 1, 1);
+        let caller = |subject: &str, role| Caller {
+            subject: subject.to_owned(),
+            role,
+        };
+        assert!(limiter.check_caller(&caller("alice", Role::User)).is_ok());
+        assert!(limiter.check_caller(&caller("alice", Role::User)).is_err());
+        for _ in 0..100 {
+            assert!(limiter.check_caller(&caller("ops", Role::Admin)).is_ok());
+            assert!(
+                limiter
+                    .check_caller(&caller("order", Role::Service))
+                    .is_ok()
+            );
+        }
+        assert_eq!(limiter.users(), 1, "only the buyer has a count");
+    }
+
+    #[test]
+    fn bad_read_limits_name_their_key() {
+        assert!(ReadLimitSettings::default().validate("x.limits").is_ok());
+        let bad = [
+            (
+                ReadLimitSettings {
+                    read_per_sec: MAX_USER_RATE + 1,
+                    ..Default::default()
+                },
+                "x.limits.read_per_sec",
+            ),
+            (
+                ReadLimitSettings {
+                    read_burst: 0,
+                    ..Default::default()
+                },
+                "x.limits.read_burst",
+            ),
+            (
+                ReadLimitSettings {
+                    read_burst: MAX_USER_RATE + 1,
+                    ..Default::default()
+                },
+                "x.limits.read_burst",
+            ),
+        ];
+        for (settings, key) in bad {
+            let e = settings.validate("x.limits").unwrap_err().to_string();
+            assert!(e.contains(key), "`{e}` does not name {key}");
+        }
     }
 
     #[test]

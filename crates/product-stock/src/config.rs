@@ -5,6 +5,7 @@
 use flashsale_messaging::AmqpConfig;
 use flashsale_platform::{
     config::{ConfigError, Validate, check_range},
+    limit::ReadLimitSettings,
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
         RedisSettings, TelemetrySettings, check_refresh_ms, check_url_list, validate_common,
@@ -26,6 +27,9 @@ pub struct Settings {
     pub amqp: AmqpConfig,
     pub stock: StockSettings,
     pub order_service: OrderServiceSettings,
+    /// `limits.*`: GetProduct and ListProducts calls one buyer may make (admin and service
+    /// calls are not counted).
+    pub limits: ReadLimitSettings,
 }
 
 /// `stock.*`: limits and timings of the gate.
@@ -38,6 +42,11 @@ pub struct StockSettings {
     pub hold_ttl_ms: u64,
     /// How long the gate remembers an order's answer (replays within it get the first answer).
     pub order_record_ttl_secs: u64,
+    /// How long the gate keeps an order's record once its units went back (the release is
+    /// settled in the database): a replay within it is answered from the record, a later one
+    /// from the order service's database. Short, so a buyer ordering and cancelling in a loop
+    /// does not grow Redis. Never longer than `order_record_ttl_secs`.
+    pub released_record_ttl_ms: u64,
     /// How often the sweeper looks for expired holds.
     pub sweep_interval_ms: u64,
     /// How long a product's lost gate stays closed before it is rebuilt: longer than the order
@@ -52,6 +61,10 @@ impl Default for StockSettings {
             max_quantity: 100,
             hold_ttl_ms: 300_000,
             order_record_ttl_secs: 7 * 24 * 3600,
+            // A replay is a client's retry of a call it got no answer to: within its deadline
+            // and a backoff, seconds, at most a minute or two. Five minutes covers that, and
+            // keeps a buyer's create-and-cancel loop to that many minutes' records.
+            released_record_ttl_ms: 300_000,
             sweep_interval_ms: 10_000,
             rebuild_settle_ms: 6_000,
         }
@@ -96,7 +109,12 @@ impl Validate for StockSettings {
                 "must be longer than stock.hold_ttl_ms",
             ));
         }
-        Ok(())
+        check_range(
+            &format!("{p}.released_record_ttl_ms"),
+            self.released_record_ttl_ms,
+            1_000,
+            86_400_000,
+        )
     }
 }
 
@@ -145,6 +163,7 @@ impl Default for Settings {
             amqp: AmqpConfig::default(),
             stock: StockSettings::default(),
             order_service: OrderServiceSettings::default(),
+            limits: ReadLimitSettings::default(),
         }
     }
 }
@@ -164,7 +183,8 @@ impl Validate for Settings {
             .validate()
             .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;
         self.stock.validate(&format!("{p}.stock"))?;
-        self.order_service.validate(&format!("{p}.order_service"))
+        self.order_service.validate(&format!("{p}.order_service"))?;
+        self.limits.validate(&format!("{p}.limits"))
     }
 }
 
@@ -193,7 +213,7 @@ mod tests {
     #[test]
     fn bad_stock_and_redis_values_name_their_key() {
         type Case = (&'static str, fn(&mut Settings));
-        let cases: [Case; 16] = [
+        let cases: [Case; 20] = [
             ("product_stock.stock.max_quantity", |s| {
                 s.stock.max_quantity = 0
             }),
@@ -209,6 +229,18 @@ mod tests {
             }),
             ("product_stock.stock.sweep_interval_ms", |s| {
                 s.stock.sweep_interval_ms = 0
+            }),
+            ("product_stock.stock.released_record_ttl_ms", |s| {
+                s.stock.released_record_ttl_ms = 999
+            }),
+            ("product_stock.stock.released_record_ttl_ms", |s| {
+                s.stock.released_record_ttl_ms = 86_400_001
+            }),
+            ("product_stock.limits.read_per_sec", |s| {
+                s.limits.read_per_sec = 1_000_001
+            }),
+            ("product_stock.limits.read_burst", |s| {
+                s.limits.read_burst = 0
             }),
             ("product_stock.stock.rebuild_settle_ms", |s| {
                 s.stock.rebuild_settle_ms = 600_001

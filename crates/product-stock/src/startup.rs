@@ -31,6 +31,9 @@ use crate::{
 /// master's last writes before they are dropped and rebuilt.
 pub const CLUSTER_RUN_CHECK_PERIOD: Duration = Duration::from_secs(1);
 
+/// How often the rate limiter forgets users whose counts are back to full.
+const FORGET_IDLE_USERS_EVERY: Duration = Duration::from_secs(10);
+
 /// [`build_with`] with failpoints from `FLASHSALE_FAILPOINTS`.
 pub async fn build(settings: Settings) -> anyhow::Result<Application> {
     build_with(settings, flashsale_platform::failpoint::from_env()?).await
@@ -65,11 +68,11 @@ pub async fn build_with_orders(
     // Every new connection first checks that Redis did not come back from a stale snapshot
     // (docs/architecture.md#operations).
     let pool = RedisGate::pool(&settings.redis, &settings.redis.key_prefix)?;
-    let redis_gate = RedisGate::new(
-        pool,
-        settings.redis.key_prefix.clone(),
-        Duration::from_secs(settings.stock.order_record_ttl_secs),
-    );
+    let record_ttl = Duration::from_secs(settings.stock.order_record_ttl_secs);
+    let redis_gate = RedisGate::new(pool, settings.redis.key_prefix.clone(), record_ttl)
+        .with_released_record_ttl(
+            Duration::from_millis(settings.stock.released_record_ttl_ms).min(record_ttl),
+        );
     // One terms cache for every handle: a product's terms never change after creation.
     let terms = Terms::new(f.db.clone());
     let gate = Gate::new(
@@ -129,6 +132,14 @@ pub async fn build_with_orders(
     f.runner
         .spawn(reconciler.clone().run_sweeper(f.runner.shutdown()));
 
+    let reads = settings.limits.limiter("GetProduct/ListProducts");
+    let shutdown = f.runner.shutdown();
+    f.runner.spawn(flashsale_platform::limit::forget_idle_users(
+        vec![reads.clone()],
+        FORGET_IDLE_USERS_EVERY,
+        async move { shutdown.wait().await },
+    ));
+
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
@@ -137,6 +148,7 @@ pub async fn build_with_orders(
                 gate,
                 crate::app::commit_batcher(saga),
                 reconciler,
+                reads,
             ))
             .max_decoding_message_size(max)
             .max_encoding_message_size(max),

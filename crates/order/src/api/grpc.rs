@@ -72,6 +72,9 @@ impl OrderApi {
 pub struct EdgeLimits {
     pub create_order: UserRateLimiter,
     pub pay_order: UserRateLimiter,
+    /// GetOrder, ListOrders and the opening of a WatchOrder.
+    pub read: UserRateLimiter,
+    pub cancel_order: UserRateLimiter,
     pub watch_order: StreamCap,
 }
 
@@ -87,6 +90,16 @@ impl EdgeLimits {
                 l.create_order_burst,
             ),
             pay_order: UserRateLimiter::new("PayOrder", l.pay_order_per_sec, l.pay_order_burst),
+            read: UserRateLimiter::new(
+                "GetOrder/ListOrders/WatchOrder",
+                l.read_per_sec,
+                l.read_burst,
+            ),
+            cancel_order: UserRateLimiter::new(
+                "CancelOrder",
+                l.cancel_order_per_sec,
+                l.cancel_order_burst,
+            ),
             watch_order: StreamCap::new(
                 "WatchOrder",
                 usize::try_from(l.watch_streams_per_user).unwrap_or(usize::MAX),
@@ -97,7 +110,12 @@ impl EdgeLimits {
 
     /// The rate limiters, for the task that forgets idle users.
     pub fn rate_limiters(&self) -> Vec<UserRateLimiter> {
-        vec![self.create_order.clone(), self.pay_order.clone()]
+        vec![
+            self.create_order.clone(),
+            self.pay_order.clone(),
+            self.read.clone(),
+            self.cancel_order.clone(),
+        ]
     }
 }
 
@@ -278,6 +296,7 @@ impl OrderService for OrderApi {
         req: Request<GetOrderRequest>,
     ) -> Result<Response<GetOrderResponse>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
+        self.limits.read.check_caller(&caller)?;
         let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
         let order = self.queries.get(&caller, id).await.map_err(status)?;
         Ok(Response::new(GetOrderResponse {
@@ -290,6 +309,7 @@ impl OrderService for OrderApi {
         req: Request<ListOrdersRequest>,
     ) -> Result<Response<ListOrdersResponse>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
+        self.limits.read.check_caller(&caller)?;
         let r = req.into_inner();
         check_fields([
             check_optional_text("user_id", &r.user_id, USER_ID_MAX_LEN),
@@ -314,6 +334,7 @@ impl OrderService for OrderApi {
         req: Request<WatchOrderRequest>,
     ) -> Result<Response<Self::WatchOrderStream>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
+        self.limits.read.check_caller(&caller)?;
         let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
         // Counted until the stream is dropped (the client went away or the order ended).
         let open = self.limits.watch_order.open(&caller.subject)?;
@@ -357,6 +378,7 @@ impl OrderService for OrderApi {
         req: Request<CancelOrderRequest>,
     ) -> Result<Response<CancelOrderResponse>, Status> {
         let caller = authorize(&req, BUYER_OR_ADMIN)?;
+        self.limits.cancel_order.check_caller(&caller)?;
         let id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
         let order = self.checkout.cancel(&caller, id).await.map_err(status)?;
         Ok(Response::new(CancelOrderResponse {

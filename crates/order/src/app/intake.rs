@@ -166,7 +166,16 @@ impl Intake {
             Ok(Written {
                 inserted: Inserted::SameOrder,
                 ..
-            }) => Ok((super::load(&self.db, order_id).await?, true)),
+            }) => {
+                let order = super::load(&self.db, order_id).await?;
+                // A replay of a cancelled order's request after the gate forgot the order
+                // (product-stock's `stock.released_record_ttl_ms`): the gate took units again
+                // for it. The database answers the replay; the units go back now.
+                if !granted.replayed && order.status == Status::Cancelled {
+                    self.release_hold(&p, order_id).await;
+                }
+                Ok((order, true))
+            }
             Ok(Written {
                 inserted: Inserted::KeyTaken,
                 ..

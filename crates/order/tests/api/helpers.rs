@@ -95,6 +95,10 @@ pub fn test_settings(db: &TestDatabase, exchange: &str, stock_port: u16) -> Sett
     s.payment.call_timeout_ms = 2_000;
     s.payment.refund_retry_base_ms = 50;
     s.payment.refund_sweep_interval_ms = 100;
+    // The tests poll GetOrder every 20 ms as the buyer and cancel freely: the read and cancel
+    // limits are off here and have their own tests (limits.rs).
+    s.limits.read_per_sec = 0;
+    s.limits.cancel_order_per_sec = 0;
     s
 }
 
@@ -197,8 +201,14 @@ async fn spawn_stack_full(
 
 /// The order service alone (its calls to product-stock fail UNAVAILABLE).
 pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// The order service alone, with `tune` applied to its settings.
+pub async fn spawn_app_with(tune: impl FnOnce(&mut Settings)) -> TestApp {
     let db = TestDatabase::create().await.unwrap();
-    let settings = test_settings(&db, &unique_name("fs_test_ex"), 1);
+    let mut settings = test_settings(&db, &unique_name("fs_test_ex"), 1);
+    tune(&mut settings);
     spawn_order(settings, db).await
 }
 

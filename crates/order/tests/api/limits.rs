@@ -1,17 +1,24 @@
 //! Per-user limits: a flood from one user is refused RESOURCE_EXHAUSTED with a retry delay while
-//! other users are served, WatchOrder streams are capped per user, and a refusal writes nothing
-//! that outlives it (the gate keeps no key for a buyer refused at their limit).
+//! other users are served (CreateOrder, PayOrder, reads, CancelOrder), WatchOrder streams are
+//! capped per user, and a refusal writes nothing that outlives it (the gate keeps no key for a
+//! buyer refused at their limit, nor for a buyer ordering and cancelling in a loop).
 
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
+use flashsale_order::config::LimitSettings;
 use flashsale_platform::error::reason_of;
-use flashsale_proto::order::v1::{OrderStatus, PayOrderRequest, WatchOrderRequest};
+use flashsale_proto::order::v1::{
+    CancelOrderRequest, GetOrderRequest, ListOrdersRequest, OrderStatus, PayOrderRequest,
+    WatchOrderRequest,
+};
 use flashsale_test_support::eventually;
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
-use crate::helpers::{TestApp, as_user, create_req, reason, spawn_stack};
+use crate::helpers::{
+    TestApp, as_admin, as_user, create_req, reason, spawn_stack, spawn_stack_with,
+};
 
 /// The retry delay a RESOURCE_EXHAUSTED carries.
 fn retry_after(status: &tonic::Status) -> Duration {
@@ -33,6 +40,26 @@ async fn gate_keys(app: &TestApp, sku: &str) -> Vec<String> {
         .unwrap();
     keys.sort();
     keys
+}
+
+/// Every key of product-stock's Redis under the test's prefix.
+async fn all_gate_keys(app: &TestApp) -> Vec<String> {
+    let s = app.stock_settings.as_ref().expect("spawn_stack");
+    let pool = flashsale_platform::redis::pool(&s.redis).unwrap();
+    let mut conn = pool.get().await.unwrap();
+    redis::cmd("KEYS")
+        .arg(format!("{}*", s.redis.key_prefix))
+        .query_async(&mut *conn)
+        .await
+        .unwrap()
+}
+
+/// Asserts `status` is a per-user refusal with a retry delay of at most `max`.
+fn assert_rate_limited(status: &tonic::Status, max: Duration) {
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(reason(status), "RATE_LIMITED");
+    let wait = retry_after(status);
+    assert!(wait > Duration::ZERO && wait <= max, "{wait:?}");
 }
 
 #[tokio::test]
@@ -233,4 +260,189 @@ async fn with_the_default_limits_a_buyer_flooding_at_their_limit_is_cut_off_and_
     assert_eq!(gate_keys(&app, "CUT").await, before);
     // Others buy meanwhile.
     app.order("bob", "k", "CUT", 1).await.unwrap();
+}
+
+#[tokio::test]
+async fn with_the_default_limits_a_buyer_reading_in_a_loop_is_cut_off_while_others_are_served() {
+    let defaults = LimitSettings::default();
+    let app = spawn_stack(|s| {
+        s.limits.read_per_sec = defaults.read_per_sec;
+        s.limits.read_burst = defaults.read_burst;
+    })
+    .await;
+    app.product("READS", 10, 0).await;
+    let mine = app.order("flooder", "k", "READS", 1).await.unwrap();
+    let calm = app.order("calm", "k", "READS", 1).await.unwrap();
+    let c = app.client().await;
+    let started = Instant::now();
+    let mut flood = tokio::task::JoinSet::new();
+    for i in 0..1_200 {
+        let (mut c, order_id) = (c.clone(), mine.order_id.clone());
+        flood.spawn(async move {
+            let answer = match i % 3 {
+                0 => {
+                    let req = GetOrderRequest { order_id };
+                    c.get_order(as_user("flooder", req)).await.map(drop)
+                }
+                1 => {
+                    let req = ListOrdersRequest {
+                        page_size: 500,
+                        ..Default::default()
+                    };
+                    c.list_orders(as_user("flooder", req)).await.map(drop)
+                }
+                // Opening a WatchOrder counts as a read too (the stream is closed at once).
+                _ => {
+                    let req = WatchOrderRequest { order_id };
+                    c.watch_order(as_user("flooder", req)).await.map(drop)
+                }
+            };
+            (i % 3, answer)
+        });
+    }
+    let (mut served, mut limited, mut watches_limited) = (0u32, 0u32, 0u32);
+    while let Some(answer) = flood.join_next().await {
+        match answer.unwrap() {
+            (_, Ok(())) => served += 1,
+            (kind, Err(s)) => {
+                // A WatchOrder may also meet the cap on open streams (retry in 2 s).
+                assert_rate_limited(&s, Duration::from_secs(2));
+                if kind == 2 && s.message().contains("WatchOrder calls") {
+                    watches_limited += 1;
+                }
+                limited += 1;
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!("1200 reads in {elapsed:.2} s: {served} served, {limited} refused");
+    let allowed = defaults.read_burst + (f64::from(defaults.read_per_sec) * elapsed).ceil() as u32;
+    assert!(
+        (defaults.read_burst..=allowed).contains(&served),
+        "{served} of the flood served in {elapsed:.2} s"
+    );
+    // Meanwhile another buyer reads their order, and an admin reads the flooder's.
+    let other = GetOrderRequest {
+        order_id: calm.order_id.clone(),
+    };
+    c.clone().get_order(as_user("calm", other)).await.unwrap();
+    for _ in 0..50 {
+        let req = ListOrdersRequest {
+            user_id: "flooder".into(),
+            ..Default::default()
+        };
+        c.clone().list_orders(as_admin(req)).await.unwrap();
+    }
+    assert!(
+        watches_limited > 0,
+        "no WatchOrder was refused by the read limit"
+    );
+}
+
+#[tokio::test]
+async fn cancel_order_is_rate_limited_per_user() {
+    let app = spawn_stack(|s| {
+        s.limits.cancel_order_per_sec = 1;
+        s.limits.cancel_order_burst = 3;
+    })
+    .await;
+    app.product("CANCELS", 10, 0).await;
+    let mine = app.order("flooder", "k", "CANCELS", 1).await.unwrap();
+    let theirs = app.order("calm", "k", "CANCELS", 1).await.unwrap();
+    let c = app.client().await;
+    let cancel = |user: &'static str, order_id: &str| {
+        let (mut c, order_id) = (c.clone(), order_id.to_owned());
+        async move {
+            c.cancel_order(as_user(user, CancelOrderRequest { order_id }))
+                .await
+                .map(drop)
+        }
+    };
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..30 {
+        flood.spawn(cancel("flooder", &mine.order_id));
+    }
+    let (mut served, mut limited) = (0, 0);
+    while let Some(answer) = flood.join_next().await {
+        match answer.unwrap() {
+            // The first cancels it, the others answer the cancelled order.
+            Ok(()) => served += 1,
+            Err(s) => {
+                assert_rate_limited(&s, Duration::from_secs(1));
+                limited += 1;
+            }
+        }
+    }
+    assert!(
+        (3..=5).contains(&served),
+        "{served} served, {limited} refused"
+    );
+    cancel("calm", &theirs.order_id)
+        .await
+        .expect("another buyer cancels meanwhile");
+    app.wait_status("calm", &theirs.order_id, OrderStatus::Cancelled)
+        .await;
+}
+
+#[tokio::test]
+async fn sixty_orders_created_and_cancelled_by_one_buyer_leave_at_most_six_gate_keys_once_settled()
+{
+    let app = spawn_stack_with(
+        |s| s.limits.create_order_per_sec = 0,
+        |s| s.stock.released_record_ttl_ms = 1_000,
+    )
+    .await;
+    app.product("LOOP", 100, 0).await;
+    let before = all_gate_keys(&app).await.len();
+    let c = app.client().await;
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        let order = app
+            .order("looper", &format!("loop-{i}"), "LOOP", 1)
+            .await
+            .unwrap();
+        let req = CancelOrderRequest {
+            order_id: order.order_id.clone(),
+        };
+        c.clone()
+            .cancel_order(as_user("looper", req))
+            .await
+            .unwrap();
+        ids.push(order.order_id);
+    }
+    // Settled: every unit back in the gate and in the database, every record expired.
+    let settled = || async {
+        let p = app.get_product("LOOP").await;
+        if (p.gate_available, p.available, p.reserved) != (100, 100, 0) {
+            return None;
+        }
+        let keys = all_gate_keys(&app).await.len();
+        (keys <= before + 6).then_some(keys)
+    };
+    let Ok(after) = eventually(Duration::from_secs(60), "the loop settled", settled).await else {
+        panic!("never settled: {:?}", all_gate_keys(&app).await);
+    };
+    println!("gate keys: {before} before, {after} after 60 orders created and cancelled");
+    assert_eq!(
+        app.count("SELECT COUNT(*) AS n FROM orders WHERE status = 'CANCELLED'")
+            .await,
+        60
+    );
+
+    // A replay of a cancelled order's request after its record is gone still answers the
+    // cancelled order, and the units the gate took again for it come back at once.
+    let replay = c
+        .clone()
+        .create_order(as_user("looper", create_req("loop-0", "LOOP", 1)))
+        .await
+        .unwrap()
+        .into_inner();
+    let order = replay.order.unwrap();
+    assert!(replay.replayed);
+    assert_eq!(order.order_id, ids[0]);
+    assert_eq!(order.status, OrderStatus::Cancelled as i32);
+    let Ok(again) = eventually(Duration::from_secs(30), "the replay settled", settled).await else {
+        panic!("the replay never settled: {:?}", all_gate_keys(&app).await);
+    };
+    assert!(again <= before + 6, "{again}");
 }

@@ -13,6 +13,7 @@ mod limits;
 mod load;
 mod notify;
 mod notify_input;
+mod notify_limits;
 mod pay;
 mod pay_batch;
 mod prop;

@@ -4,6 +4,7 @@ use flashsale_contract::{PAGE_TOKEN_MAX_LEN, check_optional_text, to_timestamp};
 use flashsale_platform::{
     ApiError,
     auth::{Caller, Role},
+    limit::UserRateLimiter,
 };
 use flashsale_proto::outbound::v1::{
     self as pb, GetShipmentRequest, GetShipmentResponse, ListShipmentsRequest,
@@ -20,11 +21,13 @@ use crate::{
 #[derive(Clone)]
 pub struct OutboundApi {
     shipping: Shipping,
+    /// GetShipment calls of each buyer (`limits.*`).
+    reads: UserRateLimiter,
 }
 
 impl OutboundApi {
-    pub fn new(shipping: Shipping) -> Self {
-        Self { shipping }
+    pub fn new(shipping: Shipping, reads: UserRateLimiter) -> Self {
+        Self { shipping, reads }
     }
 }
 
@@ -89,6 +92,7 @@ impl OutboundService for OutboundApi {
         req: Request<GetShipmentRequest>,
     ) -> Result<Response<GetShipmentResponse>, Status> {
         let caller = authorize(&req, &[Role::User, Role::Admin])?;
+        self.reads.check_caller(&caller)?;
         let order_id = parse_uuid("order_id", &req.get_ref().order_id).map_err(status)?;
         let s = self.shipping.get(&caller, order_id).await.map_err(status)?;
         Ok(Response::new(GetShipmentResponse {

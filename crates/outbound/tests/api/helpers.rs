@@ -27,12 +27,21 @@ pub fn test_settings(db: &TestDatabase) -> Settings {
     s.amqp.queue_type = flashsale_messaging::QueueType::Classic;
     s.amqp.retry_base_ms = 50;
     s.amqp.max_attempts = 3;
+    // The tests read as one buyer as often as they like: the read limit is off here and has its
+    // own test (limits.rs).
+    s.limits.read_per_sec = 0;
     s
 }
 
 pub async fn spawn_app() -> TestApp {
+    spawn_with(|_| {}).await
+}
+
+/// The service with `tune` applied to the test settings.
+pub async fn spawn_with(tune: impl FnOnce(&mut Settings)) -> TestApp {
     let db = TestDatabase::create().await.expect("create test database");
-    let settings = test_settings(&db);
+    let mut settings = test_settings(&db);
+    tune(&mut settings);
     let app = flashsale_outbound::startup::build(settings.clone())
         .await
         .expect("build app");

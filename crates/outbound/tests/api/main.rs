@@ -7,6 +7,7 @@ mod batch;
 mod delays;
 mod foundation;
 mod helpers;
+mod limits;
 mod prop;
 mod prop_page_tokens;
 mod shipping;

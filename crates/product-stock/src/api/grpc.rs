@@ -6,6 +6,7 @@ use flashsale_contract::{PAGE_TOKEN_MAX_LEN, check_optional_text, to_timestamp};
 use flashsale_platform::{
     ApiError,
     auth::{Caller, Role},
+    limit::UserRateLimiter,
 };
 use flashsale_proto::product::v1::{
     self as pb, AdjustStockRequest, AdjustStockResponse, CommitReservationRequest,
@@ -32,22 +33,26 @@ pub struct ProductStockApi {
     gate: Gate,
     commits: CommitBatcher,
     reconciler: Reconciler,
+    /// GetProduct and ListProducts calls of each buyer (`limits.*`).
+    reads: UserRateLimiter,
 }
 
 impl ProductStockApi {
     /// `commits` is the batching worker `CommitReservation` goes through
-    /// ([`crate::app::commit_batcher`]).
+    /// ([`crate::app::commit_batcher`]); `reads` counts the buyers' reads.
     pub fn new(
         catalog: Catalog,
         gate: Gate,
         commits: CommitBatcher,
         reconciler: Reconciler,
+        reads: UserRateLimiter,
     ) -> Self {
         Self {
             catalog,
             gate,
             commits,
             reconciler,
+            reads,
         }
     }
 }
@@ -166,7 +171,8 @@ impl ProductStockService for ProductStockApi {
         &self,
         req: Request<GetProductRequest>,
     ) -> Result<Response<GetProductResponse>, Status> {
-        authorize(&req, ANYONE)?;
+        let caller = authorize(&req, ANYONE)?;
+        self.reads.check_caller(&caller)?;
         let sku = Sku::parse(&req.get_ref().sku).map_err(status)?;
         let view = self.catalog.get_product(&sku).await.map_err(status)?;
         Ok(Response::new(GetProductResponse {
@@ -178,7 +184,8 @@ impl ProductStockService for ProductStockApi {
         &self,
         req: Request<ListProductsRequest>,
     ) -> Result<Response<ListProductsResponse>, Status> {
-        authorize(&req, ANYONE)?;
+        let caller = authorize(&req, ANYONE)?;
+        self.reads.check_caller(&caller)?;
         let r = req.into_inner();
         check_optional_text("page_token", &r.page_token, PAGE_TOKEN_MAX_LEN)
             .map_err(|v| status(StockError::Invalid(vec![v])))?;

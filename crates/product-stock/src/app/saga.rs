@@ -305,8 +305,13 @@ impl StockSaga {
             ReservationState::Committed => (r.quantity, 0),
             ReservationState::Released => {
                 txn.commit().await?;
+                self.gate_finish_release(&r.sku, &r.user_id, r.order_id)
+                    .await?;
+                // A hold taken again after the gate forgot the released order (a late replay
+                // of its CreateOrder, see `stock.released_record_ttl_ms`): the order service
+                // cancels it at once, and the database released the order, so it goes.
                 return self
-                    .gate_finish_release(&r.sku, &r.user_id, r.order_id)
+                    .gate_release_unpersisted(&r.sku, &r.user_id, r.order_id)
                     .await;
             }
         };

@@ -120,12 +120,19 @@ const GENERATION_MAX_LEN: usize = 32;
 /// Shortest TTL of order records and adjustment markers: below it a replay would find nothing.
 const MIN_RECORD_TTL: Duration = Duration::from_secs(1);
 
+/// How long an order's record lives once its release is settled, unless
+/// [`RedisGate::with_released_record_ttl`] says otherwise (`stock.released_record_ttl_ms`).
+pub const DEFAULT_RELEASED_RECORD_TTL: Duration = Duration::from_secs(300);
+
 /// The stock gate of every product, over a Redis connection pool. Cheap to clone.
 #[derive(Clone)]
 pub struct RedisGate {
     pool: flashsale_platform::redis::Pool,
     prefix: String,
     record_ttl_ms: String,
+    /// The TTL of a record once its release is settled (state X): short, so a buyer ordering
+    /// and cancelling in a loop does not grow Redis.
+    released_ttl_ms: String,
 }
 
 impl std::fmt::Debug for RedisGate {
@@ -150,7 +157,18 @@ impl RedisGate {
             pool,
             prefix: key_prefix.into(),
             record_ttl_ms: ttl_ms.min(MAX_SAFE_INTEGER as u128).to_string(),
+            released_ttl_ms: String::new(),
         }
+        .with_released_record_ttl(DEFAULT_RELEASED_RECORD_TTL.min(order_ttl))
+    }
+
+    /// How long an order's record lives once its release is settled (at least one second):
+    /// within it a replay of the order's CreateOrder is answered from the record
+    /// (`ORDER_CANCELLED`, or the cancelled order); after it, from the order service's database.
+    pub fn with_released_record_ttl(mut self, ttl: Duration) -> Self {
+        let ms = ttl.max(MIN_RECORD_TTL).as_millis();
+        self.released_ttl_ms = ms.min(MAX_SAFE_INTEGER as u128).to_string();
+        self
     }
 
     /// The keys of `sku`, after checking it and the prefix.
@@ -571,6 +589,7 @@ impl RedisGate {
             order_id.hyphenated().to_string(),
             mode.to_owned(),
             chrono::Utc::now().timestamp_millis().to_string(),
+            self.released_ttl_ms.clone(),
         ];
         let r = Reply::new(
             SETTLE_RELEASE
@@ -643,7 +662,7 @@ impl RedisGate {
             order_id.hyphenated().to_string(),
             user_id.to_owned(),
             qty.to_string(),
-            self.record_ttl_ms.clone(),
+            self.released_ttl_ms.clone(),
             mode.to_owned(),
         ];
         let r = Reply::new(RELEASE.run(&mut *self.conn().await?, &keys, &args).await?)?;

@@ -74,6 +74,9 @@ pub fn test_settings(db: &TestDatabase) -> Settings {
     s.amqp.max_attempts = 3;
     // Tests that lose a gate want it rebuilt at once; the wait before a rebuild has its own test.
     s.stock.rebuild_settle_ms = 0;
+    // The tests read as one buyer as often as they like: the read limit is off here and has its
+    // own test (limits.rs).
+    s.limits.read_per_sec = 0;
     s
 }
 

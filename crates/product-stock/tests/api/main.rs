@@ -13,6 +13,7 @@ mod edge;
 mod foundation;
 mod helpers;
 mod holds;
+mod limits;
 mod prop;
 mod prop_dead_letters;
 mod prop_page_tokens;

@@ -1,7 +1,7 @@
 -- Gives an order's units back (or, in mode 'drop', forgets its hold without giving them back),
 -- once: the record moves to X, so a replay changes nothing.
 -- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 the order's record, 6 epoch, 7 refills
--- ARGV: 1 order id, 2 user id, 3 qty, 4 record ttl ms,
+-- ARGV: 1 order id, 2 user id, 3 qty, 4 released record ttl ms,
 --       5 mode: 'any' (H or P or no record), 'hold' (H only), 'drop' (H only, units not returned)
 -- Reply: {'N'} not loaded | {'X'} already released | {'F', state} nothing held
 --      | {from, qty, available} with from H (hold), P (persisted), M (no record), D (dropped)
@@ -49,9 +49,9 @@ else
 end
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[5], 's', 'X', 'q', qty, 'u', user)
-if state == 'M' then
-  redis.call('PEXPIRE', KEYS[5], ARGV[4])
-end
+-- Released: the record only answers replays for a short while more (the database answers
+-- them after), so a buyer ordering and cancelling in a loop leaves no key behind.
+redis.call('PEXPIRE', KEYS[5], ARGV[4])
 if mode == 'drop' then
   state = 'D'
 end

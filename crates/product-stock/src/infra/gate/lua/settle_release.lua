@@ -8,7 +8,10 @@
 -- counted them.
 -- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 the order's record, 6 epoch, 7 refills,
 --       8 releasing, 9 generation
--- ARGV: 1 order id, 2 mode: 'finish' | 'revert', 3 now ms
+-- ARGV: 1 order id, 2 mode: 'finish' | 'revert', 3 now ms, 4 released record ttl ms
+-- A finished release keeps its record (X) for ARGV[4] only: long enough for a replay of the
+-- order's request to be answered from it, short enough that a buyer ordering and cancelling
+-- in a loop leaves no key behind (the order service's database answers later replays).
 -- Reply: {'F'} nothing prepared | {'S', from} stale, finished without moving units
 --      | {'R', from} reverted | {from, qty, available} finished, from H, P or M
 redis.call('ZREM', KEYS[8], ARGV[1])
@@ -33,6 +36,7 @@ if ARGV[2] == 'revert' then
 end
 if not current then
   redis.call('HSET', KEYS[5], 's', 'X')
+  redis.call('PEXPIRE', KEYS[5], ARGV[4])
   return {'S', from}
 end
 local available = redis.call('INCRBY', KEYS[1], qty)
@@ -50,4 +54,5 @@ else
 end
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[5], 's', 'X')
+redis.call('PEXPIRE', KEYS[5], ARGV[4])
 return {from, tonumber(qty), available}
