@@ -244,6 +244,29 @@ async fn a_rebuild_after_a_tombstone_keeps_a_surviving_hold_record_from_giving_u
     assert_gate_matches_db_less_holds(&app, "T2", 1).await;
 }
 
+#[tokio::test]
+async fn a_retried_hold_that_a_rebuild_did_not_count_takes_its_units_again() {
+    let app = spawn_app().await;
+    app.create("T3", 10, 0, RTC).await;
+    let order = Uuid::new_v4();
+    hold(&app, order, "u1", "T3", 2).await;
+    // The counters are lost while the order's hold record survives; its write never happened,
+    // so the order service does not list it as pending and the rebuild does not hold it.
+    drop_counters(&app, "T3").await;
+    hold(&app, Uuid::new_v4(), "u9", "T3", 1).await;
+    assert_eq!(gate(&app, "T3").await, (9, 1));
+
+    // The buyer retries the same request: the order's units are taken again, not replayed
+    // from a record the gate no longer counts.
+    hold(&app, order, "u1", "T3", 2).await;
+    assert_eq!(gate(&app, "T3").await, (7, 3));
+    assert_gate_matches_db_less_holds(&app, "T3", 3).await;
+
+    // A second retry is a plain replay of that hold.
+    hold(&app, order, "u1", "T3", 2).await;
+    assert_eq!(gate(&app, "T3").await, (7, 3));
+}
+
 /// Deletes the product's counters (available, held, pending) but not its order records, as
 /// an eviction or a partial loss would.
 async fn drop_counters(app: &TestApp, sku: &str) {

@@ -8,6 +8,15 @@
 -- on a sold-out product, creates no key. Only a hold is recorded (state H; older versions also
 -- recorded L and I, which a replay still answers while those records live).
 local rec = redis.call('HMGET', KEYS[5], 's', 'q', 'u', 'n')
+if rec[1] == 'H' and rec[2] == ARGV[3] and rec[3] == ARGV[2]
+    and not redis.call('ZSCORE', KEYS[3], ARGV[1]) and redis.call('EXISTS', KEYS[1]) == 1 then
+  -- A hold that survived a rebuild which did not hold it again (the order was never written,
+  -- so the order service did not list it as pending): the gate no longer counts its units.
+  -- Answering it as a replay would let the order be written with no units behind it; its
+  -- retry takes them afresh instead.
+  redis.call('DEL', KEYS[5])
+  rec = {}
+end
 if rec[1] then
   if rec[2] ~= ARGV[3] or rec[3] ~= ARGV[2] then
     return {'C'}
