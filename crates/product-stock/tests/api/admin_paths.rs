@@ -6,7 +6,6 @@
 use flashsale_product_stock::infra::gate::At;
 use flashsale_proto::product::v1::{
     AdjustStockRequest, CreateProductRequest, DeductionPolicy, GetProductRequest,
-    ReconcileStockRequest,
 };
 use tonic::Code;
 use uuid::Uuid;
@@ -22,18 +21,7 @@ const RTC: DeductionPolicy = DeductionPolicy::ReserveThenCommit;
 impl TestApp {
     /// ReconcileStock of one product: (gate_available, unpersisted_holds, drift, repaired).
     async fn reconcile_one(&self, sku: &str, repair: bool) -> (i64, i64, i64, bool) {
-        let r = self
-            .client()
-            .await
-            .reconcile_stock(admin(ReconcileStockRequest {
-                skus: vec![sku.into()],
-                repair,
-            }))
-            .await
-            .unwrap()
-            .into_inner()
-            .reports
-            .remove(0);
+        let r = self.reconcile_report(sku, repair).await;
         (r.gate_available, r.unpersisted_holds, r.drift, r.repaired)
     }
 

@@ -91,18 +91,7 @@ impl TestApp {
     }
 
     async fn reconcile(&self, sku: &str, repair: bool) -> (i64, i64, i64) {
-        let r = self
-            .client()
-            .await
-            .reconcile_stock(admin(ReconcileStockRequest {
-                skus: vec![sku.into()],
-                repair,
-            }))
-            .await
-            .unwrap()
-            .into_inner()
-            .reports
-            .remove(0);
+        let r = self.reconcile_report(sku, repair).await;
         (r.gate_available, r.unpersisted_holds, r.drift)
     }
 }

@@ -23,7 +23,7 @@ use flashsale_product_stock::{
 use flashsale_proto::{
     events::v1::{Envelope, envelope::Payload},
     product::v1::{
-        CreateProductRequest, DeductionPolicy, Product,
+        CreateProductRequest, DeductionPolicy, Product, ReconcileStockRequest, StockDrift,
         product_stock_service_client::ProductStockServiceClient,
     },
 };
@@ -219,6 +219,21 @@ impl Drop for TestApp {
 // === impl TestApp ===
 
 impl TestApp {
+    /// ReconcileStock of one product, as an admin: its report.
+    pub async fn reconcile_report(&self, sku: &str, repair: bool) -> StockDrift {
+        self.client()
+            .await
+            .reconcile_stock(admin(ReconcileStockRequest {
+                skus: vec![sku.into()],
+                repair,
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .reports
+            .remove(0)
+    }
+
     pub async fn client(&self) -> Client {
         ProductStockServiceClient::new(channel(self.grpc_port).await.unwrap())
     }

@@ -5,11 +5,11 @@
 
 use flashsale_messaging::envelope;
 use flashsale_platform::failpoint::Action;
-use flashsale_proto::product::v1::{DeductionPolicy, ReconcileStockRequest};
+use flashsale_proto::product::v1::DeductionPolicy;
 use uuid::Uuid;
 
 use crate::{
-    helpers::{FakeStatus, TestApp, admin, service, spawn_app},
+    helpers::{FakeStatus, TestApp, service, spawn_app},
     reserve::reserve_req,
     saga::{cancelled, created},
     saga_batch::stock_saga,
@@ -52,14 +52,7 @@ async fn hold(app: &TestApp, order: Uuid, user: &str, sku: &str, q: i64) {
 }
 
 async fn reconcile_with_repair(app: &TestApp, sku: &str) {
-    app.client()
-        .await
-        .reconcile_stock(admin(ReconcileStockRequest {
-            skus: vec![sku.to_owned()],
-            repair: true,
-        }))
-        .await
-        .unwrap();
+    app.reconcile_report(sku, true).await;
 }
 
 /// The `order.created` of `order`, as the order service's outbox relay sends it.
