@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 
 use anyhow::Context as _;
-use deadpool_redis::redis::AsyncCommands as _;
+use deadpool_redis::redis;
+use flashsale_platform::settings::RedisSettings;
 use sqlx::{PgPool, Row as _, postgres::PgPoolOptions};
 use uuid::Uuid;
 
@@ -114,7 +115,8 @@ pub struct Stores {
     pub product_db: String,
     pub order_db: String,
     pub outbound_db: String,
-    pub redis_url: String,
+    /// The gate's Redis: one server, or a Redis Cluster.
+    pub redis: RedisSettings,
     pub gate_prefix: String,
     pub amqp_url: String,
     pub queue_prefix: String,
@@ -237,18 +239,32 @@ async fn parked_in_queues(s: &Stores) -> anyhow::Result<u64> {
     Ok(n)
 }
 
-struct GateState {
+pub(crate) struct GateState {
     /// `None` when the gate is not loaded (no avail key).
-    avail: Option<i64>,
-    held: i64,
+    pub avail: Option<i64>,
+    pub held: i64,
 }
 
 async fn gate(s: &Stores) -> anyhow::Result<GateState> {
-    let client = deadpool_redis::redis::Client::open(s.redis_url.as_str())?;
-    let mut c = client.get_multiplexed_async_connection().await?;
+    let pool = flashsale_platform::redis::pool(&s.redis)?;
+    let mut c = pool.get().await.context("connect to the gate's Redis")?;
+    gate_on(&mut c, s).await
+}
+
+/// The sale's product's gate counters, read through `c`.
+pub(crate) async fn gate_on(
+    c: &mut flashsale_platform::redis::Connection,
+    s: &Stores,
+) -> anyhow::Result<GateState> {
     let base = format!("{}stock:{{p:{}}}", s.gate_prefix, s.sku);
-    let avail: Option<i64> = c.get(format!("{base}:avail")).await?;
-    let held: Option<i64> = c.get(format!("{base}:held")).await?;
+    let mut get = async |suffix: &str| -> anyhow::Result<Option<i64>> {
+        Ok(redis::cmd("GET")
+            .arg(format!("{base}:{suffix}"))
+            .query_async(&mut **c)
+            .await?)
+    };
+    let avail = get("avail").await?;
+    let held = get("held").await?;
     Ok(GateState {
         avail,
         held: held.unwrap_or(0),

@@ -4,6 +4,9 @@
 
 use std::{sync::Arc, time::Duration};
 
+use anyhow::Context as _;
+use flashsale_platform::{redis::key_slot, settings::RedisSettings};
+use flashsale_test_support::{rabbit_cluster::RabbitCluster, redis_cluster::RedisCluster};
 use tokio::time::Instant;
 
 use crate::{
@@ -56,6 +59,8 @@ pub const ALL: &[&str] = &[
     "sigstop_outbound",
     "two_replicas",
     "replica_kill",
+    "redis_cluster_failover",
+    "broker_node_kill",
 ];
 
 /// How long a gate hold may wait for its order to be persisted when a scenario wants a broker
@@ -160,6 +165,12 @@ pub struct World {
     pub redis: Redis,
     /// A broker of the scenario's own (when it stops the broker).
     pub own_broker: Option<Rabbit>,
+    /// The gate's Redis Cluster (three masters, three replicas), in a world on clusters; the
+    /// single `redis` then stands unused.
+    pub redis_cluster: Option<RedisCluster>,
+    /// A three-node RabbitMQ cluster with quorum queues, in a world on clusters. The tap and
+    /// the checks use its first node.
+    pub broker_cluster: Option<RabbitCluster>,
     pub amqp_url: String,
     pub exchange: String,
     pub product_stock: Service,
@@ -201,6 +212,10 @@ pub struct Wiring {
     pub links: bool,
     /// Two replicas of every service, each pair started at the same moment on a fresh database.
     pub replicas: bool,
+    /// The gate on a Redis Cluster and the events on a three-node RabbitMQ cluster (quorum
+    /// queues) instead of one server each. Only the links to PostgreSQL get proxies then: a
+    /// cluster client learns its nodes' real addresses from the nodes themselves.
+    pub clusters: bool,
 }
 
 impl World {
@@ -215,9 +230,19 @@ impl World {
         let dir = TempDir::new("fs_faults")?;
         let pg = Postgres::start().await?;
         let redis = Redis::start().await?;
-        let (own_broker, amqp_url) = match broker {
-            Some(b) => (None, b.0.lock().await.url()),
-            None => {
+        let (redis_cluster, broker_cluster) = if wiring.clusters {
+            let (r, b) = tokio::join!(RedisCluster::start(), RabbitCluster::start());
+            (
+                Some(r.context("start the Redis Cluster")?),
+                Some(b.context("start the RabbitMQ cluster")?),
+            )
+        } else {
+            (None, None)
+        };
+        let (own_broker, amqp_url) = match (&broker_cluster, broker) {
+            (Some(c), _) => (None, c.url(0)),
+            (None, Some(b)) => (None, b.0.lock().await.url()),
+            (None, None) => {
                 let r = Rabbit::start().await?;
                 let url = r.url();
                 (Some(r), url)
@@ -234,6 +259,8 @@ impl World {
         // The proxies a scenario cuts: one per (service, server) when asked for.
         let mut links = Vec::new();
         let on = wiring.links;
+        // A cluster client finds the other nodes by their own addresses, past any proxy.
+        let on_servers = on && !wiring.clusters;
         let mut wired = Vec::new();
         for (kind, db) in [
             (Kind::ProductStock, "fs_product"),
@@ -242,12 +269,19 @@ impl World {
         ] {
             wired.push((
                 link(&mut links, on, kind, Server::Postgres, pg.url(db)).await?,
-                link(&mut links, on, kind, Server::Broker, amqp_url.clone()).await?,
+                link(
+                    &mut links,
+                    on_servers,
+                    kind,
+                    Server::Broker,
+                    amqp_url.clone(),
+                )
+                .await?,
             ));
         }
         let ps_redis = link(
             &mut links,
-            on,
+            on_servers,
             Kind::ProductStock,
             Server::Redis,
             redis.url(),
@@ -256,8 +290,9 @@ impl World {
         let [ps_urls, order_urls, outbound_urls]: [(String, String); 3] = wired
             .try_into()
             .map_err(|_| anyhow::anyhow!("three services"))?;
+        let broker_nodes = broker_cluster.as_ref().map(|c| c.urls().join(","));
         let common = |(db_url, amqp): &(String, String)| -> Vec<(String, String)> {
-            vec![
+            let mut vars = vec![
                 ("DATABASE__URL".into(), db_url.clone()),
                 ("DATABASE__MAX_CONNECTIONS".into(), "8".into()),
                 ("AMQP__URL".into(), amqp.clone()),
@@ -271,7 +306,14 @@ impl World {
                 ("AMQP__MAX_ATTEMPTS".into(), check::MAX_ATTEMPTS.to_string()),
                 ("TELEMETRY__LOG_FORMAT".into(), "json".into()),
                 ("AUTH__ALLOW_DEVELOPMENT_SECRET".into(), "true".into()),
-            ]
+            ];
+            if let Some(nodes) = &broker_nodes {
+                vars.extend([
+                    ("AMQP__URLS".into(), nodes.clone()),
+                    ("AMQP__QUEUE_TYPE".into(), "quorum".into()),
+                ]);
+            }
+            vars
         };
         // product-stock asks the order service about orders (its hold sweeper, a gate rebuild)
         // and starts first: the order service's port is chosen now.
@@ -300,6 +342,12 @@ impl World {
             ),
             ("STOCK__SWEEP_INTERVAL_MS".into(), "500".into()),
         ]);
+        if let Some(c) = &redis_cluster {
+            ps.extend([
+                ("REDIS__MODE".into(), "cluster".into()),
+                ("REDIS__CLUSTER_NODES".into(), c.urls().join(",")),
+            ]);
+        }
         let mut replicas = Vec::new();
         let mut product_stock = Service::new(Kind::ProductStock, &dir.0, &ps)?;
         if two {
@@ -377,7 +425,17 @@ impl World {
             product_db: pg.url("fs_product"),
             order_db: pg.url("fs_orders"),
             outbound_db: pg.url("fs_outbound"),
-            redis_url: redis.url(),
+            redis: RedisSettings {
+                key_prefix: String::new(),
+                pool_size: 1,
+                ..match &redis_cluster {
+                    Some(c) => RedisSettings::cluster(c.urls()),
+                    None => RedisSettings {
+                        url: redis.url(),
+                        ..RedisSettings::default()
+                    },
+                }
+            },
             gate_prefix,
             amqp_url: amqp_url.clone(),
             queue_prefix,
@@ -397,6 +455,8 @@ impl World {
             pg,
             redis,
             own_broker,
+            redis_cluster,
+            broker_cluster,
             amqp_url,
             exchange,
             product_stock,
@@ -511,6 +571,8 @@ struct Plan {
     links: bool,
     /// Two replicas of every service.
     replicas: bool,
+    /// A Redis Cluster and a RabbitMQ cluster.
+    clusters: bool,
     /// Delay after the flood starts before the fault.
     at: Duration,
     inject: Inject,
@@ -523,6 +585,7 @@ fn plan(name: &str) -> Option<Plan> {
         failpoints: Failpoints::default(),
         links: false,
         replicas: false,
+        clusters: false,
         at: Duration::from_millis(1500),
         inject,
     };
@@ -707,6 +770,22 @@ fn plan(name: &str) -> Option<Plan> {
             replicas: true,
             ..base(|w| Box::pin(replica_kill(w)))
         },
+        "redis_cluster_failover" => Plan {
+            clusters: true,
+            // The master dies while most of the stock is still on sale, so the promoted
+            // replica must serve (and rebuild) a gate that is still selling.
+            at: Duration::from_millis(500),
+            size: Size {
+                buyers: 500,
+                units: 300,
+                ..Size::default()
+            },
+            ..base(|w| Box::pin(redis_failover(w)))
+        },
+        "broker_node_kill" => Plan {
+            clusters: true,
+            ..base(|w| Box::pin(broker_node_kill(w)))
+        },
         "fp_order_after_batch_write" => Plan {
             failpoints: Failpoints {
                 order: Some("order.create.after_batch_write=1*exit".into()),
@@ -730,6 +809,7 @@ pub async fn run(name: &str, seed: u64, broker: Option<&SharedBroker>) -> anyhow
         failpoints: p.failpoints.clone(),
         links: p.links,
         replicas: p.replicas,
+        clusters: p.clusters,
     };
     let mut w = World::start(name, seed, p.size, broker, wiring).await?;
     let clients = w.clients()?;
@@ -914,6 +994,69 @@ async fn broker_kill(w: &mut World) -> anyhow::Result<u64> {
     b.stop(true);
     tokio::time::sleep(Duration::from_millis(2000)).await;
     b.start_again().await?;
+    Ok(0)
+}
+
+/// How long the master serving the sale's product keeps acknowledging gate writes its replica
+/// never gets, before it dies.
+const REPLICATION_LAG: Duration = Duration::from_millis(1000);
+
+/// A Redis Cluster master failover under load, with the worst replication lag: the master
+/// serving the sale's product stops shipping writes to its replica, goes on acknowledging holds
+/// for [`REPLICATION_LAG`], and is SIGKILLed; the cluster promotes the replica, which never saw
+/// those holds. The dead node is then started again (empty) and rejoins as the new master's
+/// replica.
+pub(crate) async fn redis_failover(w: &mut World) -> anyhow::Result<u64> {
+    let slot = key_slot(gate_base(w).as_bytes());
+    let cluster = w
+        .redis_cluster
+        .as_mut()
+        .context("redis_failover needs a Redis Cluster")?;
+    let victim = cluster.master_of(slot).await?;
+    // Connected before the cut: the cut master then refuses new clients (a password).
+    let pool = flashsale_platform::redis::pool(&w.stores.redis)?;
+    let mut conn = pool.get().await.context("connect to the Redis Cluster")?;
+    cluster.cut_replication(victim).await?;
+    let cut = check::gate_on(&mut conn, &w.stores).await?;
+    tokio::time::sleep(REPLICATION_LAG).await;
+    let acknowledged = check::gate_on(&mut conn, &w.stores).await?;
+    let promoted = cluster.kill_master(victim).await?;
+    // What the promoted replica holds before product-stock notices the new master: the
+    // counters as they were when replication stopped, the holds since then gone.
+    let promoted_state = check::gate_on(&mut conn, &w.stores).await?;
+    cluster.restart(victim).await?;
+    let rebuilds = w
+        .product_stock
+        .counters(&["flashsale_gate_rebuilds_total"])
+        .await;
+    let show = |g: &check::GateState| format!("{}+{}", g.avail.unwrap_or(-1), g.held);
+    w.notes.push(format!(
+        "redis_failover(slot={slot},killed={victim},promoted={promoted},\
+         gate_at_cut={},gate_at_kill={},gate_on_promoted={},rebuilds_so_far={})",
+        show(&cut),
+        show(&acknowledged),
+        show(&promoted_state),
+        rebuilds.map_or("?".to_owned(), |n| format!("{}", n.abs())),
+    ));
+    Ok(0)
+}
+
+/// How long a killed RabbitMQ node stays down.
+const NODE_DOWN_FOR: Duration = Duration::from_millis(2000);
+
+/// A RabbitMQ cluster node SIGKILLed under load (the last node: the tap and the checks use the
+/// first), then started again on its data; it rejoins the cluster by itself. The services
+/// connected to it move to another node, and the quorum queues it led elect new leaders.
+pub(crate) async fn broker_node_kill(w: &mut World) -> anyhow::Result<u64> {
+    let cluster = w
+        .broker_cluster
+        .as_mut()
+        .context("broker_node_kill needs a RabbitMQ cluster")?;
+    let victim = cluster.len() - 1;
+    cluster.kill(victim).await?;
+    tokio::time::sleep(NODE_DOWN_FOR).await;
+    cluster.restart(victim).await?;
+    w.notes.push(format!("broker_node_kill(node={victim})"));
     Ok(0)
 }
 

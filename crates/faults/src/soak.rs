@@ -27,6 +27,11 @@ const QUIET_TAIL: Duration = Duration::from_secs(5);
 /// The hold TTL of the soak: longer than any outage it injects (the broker's included).
 const HOLD_TTL: Duration = Duration::from_secs(30);
 
+/// The faults of a soak on clusters that stand for the single-server ones: a master failover
+/// for Redis's restart, a node kill for the broker's bounce. Every third fault of such a soak
+/// is one of these.
+const CLUSTER_FAULTS: [Fault; 2] = [Fault::RedisFailover, Fault::BrokerNodeKill];
+
 /// A fault the soak may inject; each one is over (the broken part back) when `inject` returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -46,6 +51,8 @@ pub enum Fault {
     NetCutPostgres,
     NetCutRedis,
     NetCutBroker,
+    RedisFailover,
+    BrokerNodeKill,
 }
 
 const FAULTS: [Fault; 16] = [
@@ -86,7 +93,20 @@ impl Fault {
             Fault::NetCutPostgres => "net_cut_to_postgres",
             Fault::NetCutRedis => "net_cut_stock_to_redis",
             Fault::NetCutBroker => "net_cut_to_broker",
+            Fault::RedisFailover => "redis_failover",
+            Fault::BrokerNodeKill => "broker_node_kill",
         }
+    }
+
+    /// Whether the fault acts on the single Redis or RabbitMQ server, or on a link to one.
+    fn needs_one_server(self) -> bool {
+        matches!(
+            self,
+            Fault::RedisRestartEmpty
+                | Fault::BrokerBounce
+                | Fault::NetCutRedis
+                | Fault::NetCutBroker
+        )
     }
 
     /// Roughly how long the fault lasts (the schedule leaves room for it).
@@ -102,6 +122,9 @@ impl Fault {
             Fault::NetCut => 4000,
             Fault::NetDelay => 3000,
             Fault::DuplicatesAndPoison => 1000,
+            // The failover itself (node timeout, election) and the dead node's return.
+            Fault::RedisFailover => 9000,
+            Fault::BrokerNodeKill => 12_000,
         })
     }
 
@@ -189,6 +212,12 @@ impl Fault {
             Fault::DuplicatesAndPoison => {
                 return scenario::duplicates_and_poison(w).await;
             }
+            Fault::RedisFailover => {
+                scenario::redis_failover(w).await?;
+            }
+            Fault::BrokerNodeKill => {
+                scenario::broker_node_kill(w).await?;
+            }
         }
         Ok(0)
     }
@@ -196,13 +225,23 @@ impl Fault {
 
 /// The faults of a soak of `seconds` seconds seeded by `seed`, with their planned start (from
 /// the start of the sale), one after the other with 3–8 s between them, none in the last 5 s.
-pub fn schedule(seed: u64, seconds: u64) -> Vec<(Duration, Fault)> {
+/// On `clusters`, the faults that need one server (its restart, the links to it) give way to
+/// [`CLUSTER_FAULTS`], one of which is every third fault.
+pub fn schedule(seed: u64, seconds: u64, clusters: bool) -> Vec<(Duration, Fault)> {
     let mut rng = StdRng::seed_from_u64(seed);
     let end = Duration::from_secs(seconds).saturating_sub(QUIET_TAIL);
     let mut at = Duration::from_millis(rng.random_range(1500..3500));
     let mut plan = Vec::new();
+    let candidates: Vec<Fault> = FAULTS
+        .into_iter()
+        .filter(|f| !clusters || !f.needs_one_server())
+        .collect();
     loop {
-        let fault = FAULTS[rng.random_range(0..FAULTS.len())];
+        let fault = if clusters && plan.len() % 3 == 2 {
+            CLUSTER_FAULTS[rng.random_range(0..CLUSTER_FAULTS.len())]
+        } else {
+            candidates[rng.random_range(0..candidates.len())]
+        };
         if at + fault.lasts() > end {
             break;
         }
@@ -239,13 +278,14 @@ async fn restocks(c: driver::Clients, sku: String, seconds: u64) -> Vec<Restock>
     done
 }
 
-/// Runs the soak; prints the schedule, the figures line and the detail line.
-pub async fn run(seed: u64, seconds: u64) -> anyhow::Result<Figures> {
+/// Runs the soak (on a Redis Cluster and a RabbitMQ cluster when `clusters`); prints the
+/// schedule, the figures line and the detail line.
+pub async fn run(seed: u64, seconds: u64, clusters: bool) -> anyhow::Result<Figures> {
     anyhow::ensure!(
         (10..=3600).contains(&seconds),
         "--seconds must be between 10 and 3600"
     );
-    let plan = schedule(seed, seconds);
+    let plan = schedule(seed, seconds, clusters);
     let names: Vec<&str> = plan.iter().map(|(_, f)| f.name()).collect();
     eprintln!(
         "  soak seed={seed} seconds={seconds} schedule: {}",
@@ -268,6 +308,7 @@ pub async fn run(seed: u64, seconds: u64) -> anyhow::Result<Figures> {
         None,
         scenario::Wiring {
             links: true,
+            clusters,
             ..scenario::Wiring::default()
         },
     )
@@ -335,7 +376,8 @@ pub async fn run(seed: u64, seconds: u64) -> anyhow::Result<Figures> {
         restocked.iter().filter(|r| !r.acknowledged).count()
     ));
     let label = format!(
-        "soak seed={seed} seconds={seconds} faults={}",
+        "soak seed={seed} seconds={seconds}{} faults={}",
+        if clusters { " clusters" } else { "" },
         if names.is_empty() {
             "none".to_owned()
         } else {
@@ -351,14 +393,40 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_schedule() {
-        assert_eq!(schedule(7, 60), schedule(7, 60));
-        assert_ne!(schedule(7, 60), schedule(8, 60));
+        assert_eq!(schedule(7, 60, false), schedule(7, 60, false));
+        assert_ne!(schedule(7, 60, false), schedule(8, 60, false));
+        assert_eq!(schedule(7, 60, true), schedule(7, 60, true));
+    }
+
+    #[test]
+    fn a_soak_on_clusters_fails_a_cluster_node_every_third_fault_and_nothing_single() {
+        for seed in 0..50 {
+            let plan = schedule(seed, 120, true);
+            assert!(plan.len() >= 6, "seed {seed}: {plan:?}");
+            for (i, (_, f)) in plan.iter().enumerate() {
+                assert!(!f.needs_one_server(), "seed {seed}: {f:?}");
+                assert_eq!(
+                    CLUSTER_FAULTS.contains(f),
+                    i % 3 == 2,
+                    "seed {seed}: fault {i} is {f:?}"
+                );
+            }
+        }
+        // The single-server soak never draws a cluster fault.
+        for seed in 0..50 {
+            assert!(
+                schedule(seed, 120, false)
+                    .iter()
+                    .all(|(_, f)| !CLUSTER_FAULTS.contains(f)),
+                "seed {seed}"
+            );
+        }
     }
 
     #[test]
     fn faults_never_overlap_and_end_before_the_quiet_tail() {
         for seed in 0..50 {
-            let plan = schedule(seed, 60);
+            let plan = schedule(seed, 60, false);
             assert!(!plan.is_empty(), "seed {seed}: no fault in a minute");
             for pair in plan.windows(2) {
                 assert!(

@@ -76,7 +76,52 @@ impl NodeTls {
 
 struct ClusterNode {
     port: u16,
+    /// The cluster bus port.
+    bus: u16,
+    /// Where the node keeps `nodes.conf` (its identity and view of the cluster).
+    dir: std::path::PathBuf,
     child: Option<Child>,
+}
+
+impl ClusterNode {
+    /// Starts `redis-server` on the node's ports and directory; a node started again on its
+    /// `nodes.conf` rejoins the cluster as the node it was.
+    fn spawn(&mut self, tls: Option<&NodeTls>) -> anyhow::Result<()> {
+        let mut server = Command::new("redis-server");
+        match tls {
+            None => server.args(["--port", &self.port.to_string()]),
+            Some(tls) => server
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .args(tls.server_args()),
+        };
+        let child = server
+            .args(["--bind", "127.0.0.1"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                &self.bus.to_string(),
+            ])
+            .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
+            .args(["--cluster-config-file", "nodes.conf"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args([
+                "--repl-diskless-sync",
+                "yes",
+                "--repl-diskless-sync-delay",
+                "0",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // In the test's process group (no group of their own): a test runner that kills
+            // a timed-out test's group takes the nodes with it.
+            .spawn()
+            .context("start redis-server --cluster-enabled yes")?;
+        self.child = Some(child);
+        Ok(())
+    }
 }
 
 impl RedisCluster {
@@ -107,42 +152,14 @@ impl RedisCluster {
             let (port, bus) = (distinct_port(&mut taken)?, distinct_port(&mut taken)?);
             let node_dir = dir.0.join(port.to_string());
             std::fs::create_dir_all(&node_dir).context("create a node's directory")?;
-            let mut server = Command::new("redis-server");
-            match &tls {
-                None => server.args(["--port", &port.to_string()]),
-                Some(tls) => server
-                    .args(["--port", "0", "--tls-port", &port.to_string()])
-                    .args(tls.server_args()),
-            };
-            let child = server
-                .args(["--bind", "127.0.0.1"])
-                .args([
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-port",
-                    &bus.to_string(),
-                ])
-                .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
-                .args(["--cluster-config-file", "nodes.conf"])
-                .args(["--save", "", "--appendonly", "no"])
-                .args([
-                    "--repl-diskless-sync",
-                    "yes",
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ])
-                .arg("--dir")
-                .arg(&node_dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                // In the test's process group (no group of their own): a test runner that kills
-                // a timed-out test's group takes the nodes with it.
-                .spawn()
-                .context("start redis-server --cluster-enabled yes")?;
-            nodes.push(ClusterNode {
+            let mut node = ClusterNode {
                 port,
-                child: Some(child),
-            });
+                bus,
+                dir: node_dir,
+                child: None,
+            };
+            node.spawn(tls.as_ref())?;
+            nodes.push(node);
         }
         let cluster = Self {
             nodes,
@@ -277,6 +294,22 @@ impl RedisCluster {
         child.kill().context("SIGKILL a Redis node")?;
         child.wait().context("reap a Redis node")?;
         Ok(())
+    }
+
+    /// Starts the killed node on `port` again on its `nodes.conf`, empty (the nodes keep no
+    /// data on disk), and waits until the cluster has settled with all six nodes: a master
+    /// that was failed over comes back as the replica of the node that replaced it.
+    pub async fn restart(&mut self, port: u16) -> anyhow::Result<()> {
+        let tls = self.tls.as_ref();
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .with_context(|| format!("no node of this cluster on port {port}"))?;
+        anyhow::ensure!(node.child.is_none(), "the node on port {port} is running");
+        node.spawn(tls)?;
+        wait_port(port, Duration::from_secs(15), "a Redis Cluster node").await?;
+        self.wait_settled(None).await
     }
 
     fn live(&self) -> impl Iterator<Item = &ClusterNode> {

@@ -1,6 +1,7 @@
 //! `flashsale-faults --scenario NAME|all [--seed N]`: runs fault scenarios and prints one line of
 //! figures each; `flashsale-faults soak --seed N --seconds S`: one S-second sale through a
-//! seeded mix of faults, one line of figures. The exit code is non-zero when anything fails or
+//! seeded mix of faults, one line of figures (`--clusters`: on a Redis Cluster and a RabbitMQ
+//! cluster, with master failovers and node kills in the mix). The exit code is non-zero when anything fails or
 //! cannot run.
 
 use std::process::ExitCode;
@@ -33,14 +34,23 @@ enum Command {
         seed: u64,
         #[arg(long, default_value_t = 60)]
         seconds: u64,
+        /// Run on a Redis Cluster (three masters, three replicas) and a three-node RabbitMQ
+        /// cluster; master failovers and node kills replace the single servers' restarts.
+        #[arg(long)]
+        clusters: bool,
     },
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(Command::Soak { seed, seconds }) = args.command {
-        return soak(seed, seconds).await;
+    if let Some(Command::Soak {
+        seed,
+        seconds,
+        clusters,
+    }) = args.command
+    {
+        return soak(seed, seconds, clusters).await;
     }
     let names: Vec<&str> = if args.scenario.iter().any(|s| s == "all") {
         ALL.to_vec()
@@ -89,10 +99,10 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn soak(seed: u64, seconds: u64) -> ExitCode {
+async fn soak(seed: u64, seconds: u64, clusters: bool) -> ExitCode {
     // Dropping the soak's future (Ctrl-C, SIGTERM) stops every server and service it started.
     tokio::select! {
-        r = flashsale_faults::soak::run(seed, seconds) => match r {
+        r = flashsale_faults::soak::run(seed, seconds, clusters) => match r {
             Ok(f) if f.pass() => ExitCode::SUCCESS,
             Ok(_) => ExitCode::FAILURE,
             Err(e) => {

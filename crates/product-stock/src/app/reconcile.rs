@@ -209,6 +209,10 @@ impl Reconciler {
         }
     }
 
+    fn hold_ttl_ms_i64(&self) -> i64 {
+        i64::try_from(self.hold_ttl_ms).unwrap_or(i64::MAX)
+    }
+
     /// Compares (and with `repair`, corrects) the gate of each sku (every product when empty).
     pub async fn reconcile(
         &self,
@@ -429,11 +433,30 @@ impl Reconciler {
             let txn = self.db.begin().await?;
             match db::reservation(&txn, hold.order_id, true).await? {
                 Some(r) if r.state != ReservationState::Released => {
+                    // A hold taken for an order the database had reserved long before: a
+                    // replay of its CreateOrder after the gate's record of it expired
+                    // (`stock.order_record_ttl_secs`), judged afresh. Its units were already
+                    // counted by the reservation: they go back on sale.
+                    let retaken = sweeping
+                        && db::reservation_written_ms(&txn, hold.order_id)
+                            .await?
+                            .is_some_and(|written| {
+                                written.saturating_add(self.hold_ttl_ms_i64()) < hold.reserved_at_ms
+                            });
                     txn.commit().await?;
-                    self.gate
-                        .mark_persisted(at, hold.order_id)
-                        .await
-                        .map_err(gate_err)?;
+                    if retaken {
+                        self.gate
+                            .release_unpersisted(at, hold.order_id)
+                            .await
+                            .map_err(gate_err)?;
+                        metrics::counter!("flashsale_holds_retaken_released_total").increment(1);
+                        tracing::info!(%sku, order_id = %hold.order_id, "gave back a hold retaken by a late replay of an order reserved long before");
+                    } else {
+                        self.gate
+                            .mark_persisted(at, hold.order_id)
+                            .await
+                            .map_err(gate_err)?;
+                    }
                 }
                 Some(_) => {
                     txn.commit().await?;

@@ -268,6 +268,25 @@ pub async fn reservation<C: ConnectionTrait>(
         .transpose()
 }
 
+/// When `order_id`'s reservation row was first written (ms since the epoch), if it exists.
+pub async fn reservation_written_ms<C: ConnectionTrait>(
+    c: &C,
+    order_id: Uuid,
+) -> Result<Option<i64>, StockError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        ms: i64,
+    }
+    Ok(Row::find_by_statement(stmt(
+        "SELECT (extract(epoch FROM created_at) * 1000)::bigint AS ms FROM reservations \
+         WHERE order_id = $1",
+        [order_id.into()],
+    ))
+    .one(c)
+    .await?
+    .map(|r| r.ms))
+}
+
 /// The reservations of `ids` that exist, each row locked, taken in order id order so that
 /// concurrent callers lock them in the same order.
 pub async fn reservations_locked<C: ConnectionTrait>(

@@ -51,6 +51,58 @@ async fn let_sweeps_run() {
     tokio::time::sleep(Duration::from_millis(1_200)).await;
 }
 
+/// A replay of an order's CreateOrder after the gate's record of it expired
+/// (`stock.order_record_ttl_secs`, a week by default) is judged afresh and takes the order's
+/// units a second time; the order service answers the existing order. The sweeper finds the
+/// database reserved that order long before the hold, and puts the units back on sale.
+#[tokio::test]
+async fn a_hold_retaken_by_a_replay_long_after_its_order_was_reserved_goes_back_on_sale() {
+    let db = TestDatabase::create().await.unwrap();
+    let app = spawn_with(quick_sweep(&db), db).await;
+    app.create("HR", 10, 0, RTC).await;
+    let order = Uuid::new_v4();
+    app.orders.put("HR", order, "u1", 2, FakeStatus::Pending);
+    reserve(&app, order, "u1", "HR", 2).await.unwrap();
+    app.publish(created(order, "u1", "HR", 2), &order.to_string())
+        .await;
+    app.wait_count("SELECT reserved AS n FROM stock", 2).await;
+    app.wait_gate("HR", (8, 0)).await;
+
+    // A week on: the gate's record of the order is gone, the reservation is that old.
+    let record = app.gate.keys("HR").unwrap().order(order);
+    let mut conn = deadpool_redis::redis::Client::open(flashsale_test_support::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let deleted: i64 = deadpool_redis::redis::cmd("DEL")
+        .arg(&record)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the order's record {record}");
+    app.exec("UPDATE reservations SET created_at = now() - interval '8 days'")
+        .await;
+
+    // The replay takes the units again.
+    assert_eq!(reserve(&app, order, "u1", "HR", 2).await.unwrap(), 6);
+    // Once the hold is older than the TTL, the sweeper gives it back: the order's units are
+    // counted once, by its reservation.
+    app.wait_gate("HR", (8, 0)).await;
+    assert_eq!(
+        app.count("SELECT (on_hand - reserved)::bigint AS n FROM stock")
+            .await,
+        8
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) AS n FROM reservations WHERE state = 'RESERVED'")
+            .await,
+        1,
+        "the order's reservation is untouched"
+    );
+    assert!(app.outbox_of("stock.reservation_failed").await.is_empty());
+}
+
 #[tokio::test]
 async fn the_sweeper_keeps_an_expired_hold_whose_order_exists() {
     let db = TestDatabase::create().await.unwrap();
