@@ -4,6 +4,7 @@
 # same --seed replays the same schedule, which is printed first), on private servers like every
 # scenario. Prints one line of figures; the exit code is non-zero when a promise is broken.
 #   scripts/soak.sh --seed 3 --seconds 60
+#   scripts/soak.sh --seed 3 --seconds 120 --clusters   # on a Redis Cluster and a RabbitMQ cluster
 # Needs what scripts/faults.sh needs (PostgreSQL 15's server programs, redis-server,
 # rabbitmq-server).
 set -euo pipefail

@@ -76,13 +76,14 @@ main() {
     cargo build --workspace --bins --tests "${features[@]}"
     if cargo nextest --version >/dev/null 2>&1; then
         log "cargo nextest run --workspace ${features[*]} $*"
-        cargo nextest run --workspace "${features[@]}" "$@" || status=$?
+        # .config/nextest.toml: no fail-fast, the failed tests' names printed last.
+        cargo nextest run --workspace --no-fail-fast "${features[@]}" "$@" || status=$?
         log "cargo nextest run -p flashsale-platform --lib failpoint (built without failpoints)"
         cargo nextest run -p flashsale-platform --lib failpoint || status=$?
     else
         warn "cargo-nextest is not installed; falling back to cargo test"
         log "cargo test --workspace ${features[*]} $*"
-        cargo test --workspace "${features[@]}" "$@" || status=$?
+        cargo test --workspace --no-fail-fast "${features[@]}" "$@" || status=$?
         log "cargo test -p flashsale-platform --lib failpoint (built without failpoints)"
         cargo test -p flashsale-platform --lib failpoint || status=$?
     fi
