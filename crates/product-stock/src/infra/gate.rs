@@ -353,6 +353,7 @@ impl RedisGate {
             k.pending(),
             k.users(),
             k.order(order_id),
+            k.node(),
         ];
         let args = vec![
             order_id.hyphenated().to_string(),
@@ -752,6 +753,7 @@ impl RedisGate {
             k.generation(),
             k.moving(),
             k.transfers(),
+            k.node(),
         ];
         for h in holds {
             validate_user(&h.user_id)?;

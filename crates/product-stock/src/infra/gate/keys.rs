@@ -215,6 +215,14 @@ impl ProductKeys {
         self.part("generation")
     }
 
+    /// String, on a Redis Cluster only: the id of the node that loaded this gate
+    /// (`CLUSTER MYID`). A replica promoted after its master died has another id, and may
+    /// lack the master's last writes: `reserve.lua` then drops the gate so it is rebuilt
+    /// before it sells again.
+    pub fn node(&self) -> String {
+        self.part("node")
+    }
+
     /// String with a TTL: while the product's gate is missing, the time (ms) before which it may
     /// not be rebuilt (see [`RedisGate::rebuild_not_before`](super::RedisGate::rebuild_not_before)).
     pub fn rebuild_after(&self) -> String {

@@ -6,10 +6,10 @@
 -- Of a product split into stock buckets, each bucket is loaded on its own, with its share of the
 -- figure and the same generation for all (transfers between buckets check it, see land.lua).
 -- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 epoch, 6 refills, 7 releasing, 8 generation,
---       9 moving, 10 transfers, 11.. the held orders' records
+--       9 moving, 10 transfers, 11 node, 12.. the held orders' records
 -- ARGV: 1 the database's figure (on_hand - reserved, or on_hand), 2 now ms, 3 record ttl ms,
 --       4 generation ('' = fresh from the clock), 5 n, then n pairs of user id and units
---       persisted, then per held order (record KEYS[10 + j]) its order id, user id and qty
+--       persisted, then per held order (record KEYS[11 + j]) its order id, user id and qty
 -- Reply: {1, avail, held, clamped} loaded | {0} already loaded.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0}
@@ -26,8 +26,8 @@ end
 -- has no reservation for these orders) is (re)written.
 local first = 6 + 2 * n
 local holds, held = {}, 0
-for j = 11, #KEYS do
-  local a = first + 3 * (j - 11)
+for j = 12, #KEYS do
+  local a = first + 3 * (j - 12)
   local s = redis.call('HGET', KEYS[j], 's')
   if not s or s == 'H' or s == 'B' or s == 'P' then
     holds[#holds + 1] = {KEYS[j], ARGV[a], ARGV[a + 1], ARGV[a + 2]}
@@ -59,6 +59,13 @@ if ARGV[4] ~= '' then
   redis.call('SET', KEYS[8], ARGV[4])
 else
   redis.call('SET', KEYS[8], fresh)
+end
+-- On a Redis Cluster, the node this gate now lives on (see reserve.lua); elsewhere nothing.
+local node = redis.pcall('CLUSTER', 'MYID')
+if type(node) == 'string' then
+  redis.call('SET', KEYS[11], node)
+else
+  redis.call('DEL', KEYS[11])
 end
 redis.call('SET', KEYS[2], held)
 redis.call('SET', KEYS[1], avail)

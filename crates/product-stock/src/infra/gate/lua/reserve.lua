@@ -1,5 +1,5 @@
 -- Takes qty units of one product for one order, once (docs/architecture.md#the-stock-model).
--- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 the order's record
+-- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 the order's record, 6 node (cluster only)
 -- ARGV: 1 order id, 2 user id, 3 qty, 4 per-user limit (0 = none), 5 now ms, 6 record ttl ms
 -- Reply: {'H', remaining} reserved | {'S'} sold out | {'L', bought} user limit
 --      | {'I', available} insufficient | {'N'} not loaded | {'C'} order id reused
@@ -7,6 +7,15 @@
 -- A refusal (S, L, I) writes nothing: a buyer retrying at their limit with fresh ids, or a flood
 -- on a sold-out product, creates no key. Only a hold is recorded (state H; older versions also
 -- recorded L and I, which a replay still answers while those records live).
+local node = redis.call('GET', KEYS[6])
+if node and node ~= redis.call('CLUSTER', 'MYID') then
+  -- A Redis Cluster replica promoted after the node that loaded this gate failed: replication
+  -- is asynchronous, so the counters may lack holds already acknowledged to buyers. Sell
+  -- nothing from them: the counters go (the order records stay, as after any partial loss)
+  -- and the gate is rebuilt from the database and the acknowledged orders.
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[6])
+  return {'N'}
+end
 local rec = redis.call('HMGET', KEYS[5], 's', 'q', 'u', 'n')
 if rec[1] == 'H' and rec[2] == ARGV[3] and rec[3] == ARGV[2]
     and not redis.call('ZSCORE', KEYS[3], ARGV[1]) and redis.call('EXISTS', KEYS[1]) == 1 then
