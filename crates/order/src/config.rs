@@ -184,7 +184,17 @@ pub struct SagaSettings {
     pub stuck_after_ms: u64,
     /// How often the stuck orders are counted (one indexed query each time).
     pub stuck_check_interval_ms: u64,
+    /// Longest a CreateOrder's order write may take, from the call's arrival (shortened to the
+    /// call's own deadline and `grpc.request_timeout_ms`): a write not begun by then is dropped
+    /// and one under way is cancelled by the database, so no order is written once its caller
+    /// may have given up. product-stock's hold sweeper trusts a "missing" answer only because
+    /// of it: `stock.hold_ttl_ms` must exceed it, with room to spare.
+    pub intake_write_deadline_ms: u64,
 }
+
+/// The largest `saga.intake_write_deadline_ms`: a fifth of product-stock's default
+/// `stock.hold_ttl_ms` (5 minutes).
+pub const MAX_INTAKE_WRITE_DEADLINE_MS: u64 = 60_000;
 
 impl Default for SagaSettings {
     fn default() -> Self {
@@ -198,6 +208,9 @@ impl Default for SagaSettings {
             intake_max_lag_ms: 15_000,
             stuck_after_ms: 10 * 60 * 1000,
             stuck_check_interval_ms: 30_000,
+            // The default request deadline: a write takes milliseconds, and a caller that gave
+            // up was told nothing.
+            intake_write_deadline_ms: 5_000,
         }
     }
 }
@@ -257,6 +270,12 @@ impl Validate for SagaSettings {
             self.stuck_check_interval_ms,
             1_000,
             3_600_000,
+        )?;
+        check_range(
+            &format!("{p}.intake_write_deadline_ms"),
+            self.intake_write_deadline_ms,
+            10,
+            MAX_INTAKE_WRITE_DEADLINE_MS,
         )
     }
 }
@@ -476,7 +495,7 @@ mod tests {
 
     #[test]
     fn bad_saga_values_name_their_key() {
-        let cases: [Case; 31] = [
+        let cases: [Case; 33] = [
             ("order.saga.payment_timeout_ms", |s| {
                 s.saga.payment_timeout_ms = 0
             }),
@@ -505,6 +524,12 @@ mod tests {
             }),
             ("order.saga.stuck_check_interval_ms", |s| {
                 s.saga.stuck_check_interval_ms = 3_600_001
+            }),
+            ("order.saga.intake_write_deadline_ms", |s| {
+                s.saga.intake_write_deadline_ms = 9
+            }),
+            ("order.saga.intake_write_deadline_ms", |s| {
+                s.saga.intake_write_deadline_ms = MAX_INTAKE_WRITE_DEADLINE_MS + 1
             }),
             ("order.upstream.product_stock_url", |s| {
                 s.upstream.product_stock_url = "ftp://x".into()
@@ -735,6 +760,52 @@ mod tests {
             assert!(e.contains(key), "{var}={value}: `{e}` does not name {key}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_intake_write_deadline_loads_from_the_environment_and_a_bad_one_names_its_key() {
+        let dir = std::env::temp_dir().join(format!("fs-order-deadline-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("default.toml"),
+            "[order.payment]\napi_key = \"kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk\"\n\
+             webhook_secret = \"wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww\"\n",
+        )
+        .unwrap();
+        let load = |value: &str| {
+            let env = config::Environment::with_prefix("FLASHSALE")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(std::collections::HashMap::from([(
+                    "FLASHSALE_ORDER__SAGA__INTAKE_WRITE_DEADLINE_MS".to_owned(),
+                    value.to_owned(),
+                )])));
+            flashsale_platform::config::load_from(
+                SERVICE_KEY,
+                &Settings::default(),
+                &dir,
+                None,
+                env,
+            )
+        };
+        let loaded = load("2500").map(|s| s.saga.intake_write_deadline_ms);
+        let refused: Vec<String> = ["soon", "-1", "0", "60001"]
+            .iter()
+            .map(|v| {
+                load(v)
+                    .map(|_| String::new())
+                    .unwrap_or_else(|e| e.to_string())
+            })
+            .collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(loaded.unwrap(), 2_500);
+        for e in refused {
+            assert!(
+                e.contains("order.saga.intake_write_deadline_ms"),
+                "`{e}` does not name the key"
+            );
+        }
     }
 
     #[test]

@@ -71,7 +71,8 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         Arc::new(stock),
         &settings.saga,
         failpoints.clone(),
-    );
+    )
+    .with_request_timeout(Duration::from_millis(settings.grpc.request_timeout_ms));
     if settings.payment.uses_development_secrets() {
         tracing::warn!(
             "!!! payment.webhook_secret or payment.api_key is the PUBLIC development value: \

@@ -58,7 +58,9 @@ pub fn sku_with_units_back(env: &flashsale_proto::events::v1::Envelope) -> Optio
 fn classify(e: OrderError) -> HandlerError {
     match e {
         OrderError::Invalid(v) => HandlerError::permanent(anyhow::anyhow!("invalid event: {v:?}")),
-        e @ OrderError::DatabaseUnavailable(_) => HandlerError::unavailable(anyhow::Error::new(e)),
+        e @ (OrderError::DatabaseUnavailable(_) | OrderError::WriteExpired) => {
+            HandlerError::unavailable(anyhow::Error::new(e))
+        }
         other => HandlerError::transient(anyhow::Error::new(other)),
     }
 }

@@ -22,6 +22,7 @@ use flashsale_proto::order::v1::{
     PayOrderRequest, PayOrderResponse, RetryRefundRequest, RetryRefundResponse, WatchOrderRequest,
     WatchOrderResponse, order_service_server::OrderService,
 };
+use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::payment::{checkout_to_proto, list_refunds, refund_status, retry_refund};
@@ -244,13 +245,36 @@ impl From<OrderError> for ApiError {
             OrderError::RefundCompleted(_) => {
                 ApiError::failed_precondition("REFUND_COMPLETED", message)
             }
-            OrderError::DatabaseUnavailable(_) => ApiError::Unavailable {
-                reason: "DATABASE_UNAVAILABLE",
-                message,
-            },
+            OrderError::DatabaseUnavailable(_) | OrderError::WriteExpired => {
+                ApiError::Unavailable {
+                    reason: "DATABASE_UNAVAILABLE",
+                    message,
+                }
+            }
             OrderError::Internal(e) => ApiError::Internal(e),
         }
     }
+}
+
+/// The call's own deadline, from its `grpc-timeout` header (`None`: none, or unreadable; the
+/// server's `grpc.request_timeout_ms` bounds it anyway). The header is 1 to 8 digits and a
+/// unit: `H`ours, `M`inutes, `S`econds, `m`illi-, `u` micro-, `n`anoseconds.
+fn call_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let digits = value.get(..value.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match value.as_bytes().last()? {
+        b'H' => Duration::from_secs(n.checked_mul(3600)?),
+        b'M' => Duration::from_secs(n.checked_mul(60)?),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 pub(super) fn status(e: OrderError) -> Status {
@@ -278,13 +302,19 @@ impl OrderService for OrderApi {
         &self,
         req: Request<CreateOrderRequest>,
     ) -> Result<Response<CreateOrderResponse>, Status> {
+        // Taken first: the server's timer for the call's deadline started before this.
+        let deadline = call_timeout(req.metadata()).and_then(|t| Instant::now().checked_add(t));
         let caller = authorize(&req, BUYER)?;
         self.limits.create_order.check(&caller.subject)?;
         let r = req.into_inner();
         let max = self.intake.max_quantity();
         let place = PlaceOrder::new(&caller.subject, &r.request_id, &r.sku, r.quantity, max)
             .map_err(status)?;
-        let (order, replayed) = self.intake.place(place).await.map_err(status)?;
+        let (order, replayed) = self
+            .intake
+            .place_by(place, deadline)
+            .await
+            .map_err(status)?;
         Ok(Response::new(CreateOrderResponse {
             order: Some(order_to_proto(order)),
             replayed,
@@ -460,5 +490,42 @@ impl OrderService for OrderApi {
         req: Request<RetryRefundRequest>,
     ) -> Result<Response<RetryRefundResponse>, Status> {
         retry_refund(&self.refunds, req).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_calls_deadline_is_read_from_its_grpc_timeout_header_and_a_bad_one_is_none() {
+        let timeout = |v: &str| {
+            let mut m = tonic::metadata::MetadataMap::new();
+            m.insert("grpc-timeout", v.parse().unwrap());
+            call_timeout(&m)
+        };
+        assert_eq!(timeout("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(
+            timeout("99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
+        assert_eq!(timeout("5n"), Some(Duration::from_nanos(5)));
+        for bad in [
+            "",
+            "S",
+            "1",
+            "1s",
+            "123456789m",
+            "-1S",
+            "1.5S",
+            "+1S",
+            "1 S",
+        ] {
+            assert_eq!(timeout(bad), None, "{bad:?}");
+        }
+        assert_eq!(call_timeout(&tonic::metadata::MetadataMap::new()), None);
     }
 }

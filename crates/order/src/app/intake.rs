@@ -11,7 +11,8 @@ use flashsale_platform::{
 };
 use flashsale_proto::events::v1::{OrderCreated, envelope::Payload};
 use futures_util::StreamExt as _;
-use sea_orm::{DatabaseConnection, TransactionTrait as _};
+use sea_orm::{ConnectionTrait as _, DatabaseConnection, TransactionTrait as _};
+use tokio::time::Instant;
 
 use super::{PRODUCER, SoldOutCache, Verdict};
 use crate::{
@@ -45,8 +46,11 @@ pub struct Intake {
     max_quantity: i64,
     sold_out: SoldOutCache,
     /// Writes accepted orders, many per transaction (one commit for a batch), each on its own
-    /// when the batch fails.
-    writes: Batcher<PendingWrite, Result<Written, OrderError>>,
+    /// when the batch fails; none past its deadline.
+    writes: Batcher<QueuedWrite, Result<Written, OrderError>>,
+    /// Longest an order's write may take from the call's arrival (`saga.intake_write_deadline_ms`,
+    /// no longer than the server's request deadline).
+    write_deadline: Duration,
     failpoints: Failpoints,
     /// Marked whenever the gate grants units: the outbox relay waits while orders pour in
     /// (docs/adr/0004-intake-first-relay.md).
@@ -72,9 +76,7 @@ impl Intake {
                 move |w| {
                     let (db, failpoints) = (db.clone(), failpoints.clone());
                     async move {
-                        Ok::<_, std::convert::Infallible>(
-                            write_pending_batch_or_each(&db, w, &failpoints).await,
-                        )
+                        Ok::<_, std::convert::Infallible>(write_queued(&db, w, &failpoints).await)
                     }
                 },
             )
@@ -85,11 +87,21 @@ impl Intake {
             max_quantity: settings.max_quantity,
             sold_out: SoldOutCache::new(Duration::from_millis(settings.sold_out_cache_ms)),
             writes,
+            write_deadline: Duration::from_millis(settings.intake_write_deadline_ms),
             failpoints,
             intake: Foreground::new(),
             quiet: Duration::from_millis(settings.intake_quiet_ms),
             max_lag: Duration::from_millis(settings.intake_max_lag_ms),
         }
+    }
+
+    /// Bounds every order write by the server's deadline of a request (`grpc.request_timeout_ms`)
+    /// too: past it the server has dropped the call unanswered, so its order must not be
+    /// written any more.
+    #[must_use]
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.write_deadline = self.write_deadline.min(timeout);
+        self
     }
 
     /// Most units one CreateOrder may ask for.
@@ -112,9 +124,26 @@ impl Intake {
         &self.sold_out
     }
 
-    /// Places an order; `(order, replayed)`. Refusals write nothing.
-    #[tracing::instrument(skip_all, fields(user = %p.user_id, sku = %p.sku))]
+    /// Places an order; `(order, replayed)`. Refusals write nothing. The order's write is
+    /// bounded by `saga.intake_write_deadline_ms` from now ([`Self::place_by`]).
     pub async fn place(&self, p: PlaceOrder) -> Result<(Order, bool), OrderError> {
+        self.place_by(p, None).await
+    }
+
+    /// [`Self::place`] for a call whose caller gives up at `deadline`: its order is written by
+    /// then (and by `saga.intake_write_deadline_ms` from now) or never. A write that missed its
+    /// deadline keeps the gate's hold and answers `DatabaseUnavailable`, as a write the
+    /// database gave up for a passing reason: the buyer's retry writes it under that hold, and
+    /// product-stock's hold sweeper, asking only after `stock.hold_ttl_ms` (longer than any
+    /// write deadline), finds it written or never to be written.
+    #[tracing::instrument(skip_all, fields(user = %p.user_id, sku = %p.sku))]
+    pub async fn place_by(
+        &self,
+        p: PlaceOrder,
+        deadline: Option<Instant>,
+    ) -> Result<(Order, bool), OrderError> {
+        let latest = Instant::now() + self.write_deadline;
+        let deadline = deadline.map_or(latest, |d| d.min(latest));
         if self.sold_out.verdict(&p.sku, &p.user_id) == Verdict::Refuse {
             // Sold out, and this user has no order that this could be a replay of.
             metrics::counter!("flashsale_orders_refused_total", "reason" => "SOLD_OUT_CACHED")
@@ -151,7 +180,7 @@ impl Intake {
             Err(e) => return Err(e),
         };
         self.intake.mark();
-        match self.persist(&p, order_id, &granted).await {
+        match self.persist(&p, order_id, &granted, deadline).await {
             Ok(Written {
                 inserted: Inserted::New,
                 order,
@@ -200,7 +229,8 @@ impl Intake {
             // would race that retry (the retry's order written, then its units released under
             // it), so the hold is kept for the retry; a hold nobody writes is freed by
             // product-stock's hold sweeper, which first asks whether the order exists.
-            Err(e @ OrderError::DatabaseUnavailable(_)) => Err(e),
+            // So is a write dropped at its deadline (nothing of it was written, nor ever will be).
+            Err(e @ (OrderError::DatabaseUnavailable(_) | OrderError::WriteExpired)) => Err(e),
             Err(e) => {
                 // Nothing of this batch was written. A replayed grant's units belong to an
                 // order that may exist from the first request: never release those.
@@ -217,6 +247,7 @@ impl Intake {
         p: &PlaceOrder,
         order_id: uuid::Uuid,
         g: &Granted,
+        deadline: Instant,
     ) -> Result<Written, OrderError> {
         self.failpoints
             .hit("order.create.before_write")
@@ -224,10 +255,13 @@ impl Intake {
             .map_err(|e| OrderError::Internal(anyhow::Error::new(e)))?;
         debug_assert_eq!(order_id, p.order_id());
         order_total(g.unit_price_cents, p.quantity)?;
-        let write = PendingWrite {
-            place: p.clone(),
-            unit_price_cents: g.unit_price_cents,
-            policy: g.policy,
+        let write = QueuedWrite {
+            write: PendingWrite {
+                place: p.clone(),
+                unit_price_cents: g.unit_price_cents,
+                policy: g.policy,
+            },
+            deadline,
         };
         self.writes
             .call(write)
@@ -397,7 +431,7 @@ pub async fn write_pending_batch_with(
     writes: Vec<PendingWrite>,
     failpoints: &Failpoints,
 ) -> Result<Vec<Written>, OrderError> {
-    write_batch(db, &writes, failpoints).await
+    write_batch(db, &writes, None, failpoints).await
 }
 
 /// Counter: write batches the database refused as a whole, written again one order at a time.
@@ -413,8 +447,102 @@ pub async fn write_pending_batch_or_each(
     writes: Vec<PendingWrite>,
     failpoints: &Failpoints,
 ) -> Vec<Result<Written, OrderError>> {
+    let deadlines = vec![None; writes.len()];
+    write_batch_or_each(db, writes, deadlines, failpoints).await
+}
+
+/// One CreateOrder in the intake's write queue: its write and the instant past which it must
+/// not be written (its caller may have given up by then).
+#[derive(Clone, Debug)]
+struct QueuedWrite {
+    write: PendingWrite,
+    deadline: Instant,
+}
+
+/// Counter: order writes dropped at their deadline, their holds kept for the buyers' retries;
+/// label `stage`: `queued` (its batch began past the deadline, or within [`WRITE_MIN_LEFT`] of
+/// it: no statement was sent for it) or `running` (the database cancelled it, or it was rolled
+/// back, at the deadline).
+pub const WRITES_EXPIRED: &str = "flashsale_order_writes_expired_total";
+
+/// Least time a write must have left when its batch begins to be begun at all. One with less
+/// would most likely reach its deadline under way, and since a batch is cut at its earliest
+/// write's deadline, fail the writes beside it into one-by-one writes; it is dropped instead.
+const WRITE_MIN_LEFT: Duration = Duration::from_millis(20);
+
+/// The intake's batch: writes whose deadline has passed (or nearly, [`WRITE_MIN_LEFT`]) are
+/// answered [`OrderError::WriteExpired`] at once and never begun; the others go to
+/// [`write_batch_or_each`] under their deadlines.
+async fn write_queued(
+    db: &sea_orm::DatabaseConnection,
+    queued: Vec<QueuedWrite>,
+    failpoints: &Failpoints,
+) -> Vec<Result<Written, OrderError>> {
+    let cutoff = Instant::now() + WRITE_MIN_LEFT;
+    let mut answers: Vec<Option<Result<Written, OrderError>>> = Vec::with_capacity(queued.len());
+    let (mut writes, mut deadlines, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    let mut dropped = Vec::new();
+    for (i, q) in queued.into_iter().enumerate() {
+        if q.deadline <= cutoff {
+            dropped.push(q.write.place.order_id());
+            answers.push(Some(Err(OrderError::WriteExpired)));
+        } else {
+            answers.push(None);
+            slots.push(i);
+            deadlines.push(Some(q.deadline));
+            writes.push(q.write);
+        }
+    }
+    expired("queued", &dropped);
+    if !writes.is_empty() {
+        let ids: Vec<uuid::Uuid> = writes.iter().map(|w| w.place.order_id()).collect();
+        let written = write_batch_or_each(db, writes, deadlines, failpoints).await;
+        let mut cut = Vec::new();
+        for ((i, id), w) in slots.into_iter().zip(ids).zip(written) {
+            if matches!(w, Err(OrderError::WriteExpired)) {
+                cut.push(id);
+            }
+            answers[i] = Some(w);
+        }
+        expired("running", &cut);
+    }
+    answers
+        .into_iter()
+        .map(|a| {
+            a.unwrap_or_else(|| {
+                Err(OrderError::Internal(anyhow::anyhow!(
+                    "a write got no answer"
+                )))
+            })
+        })
+        .collect()
+}
+
+/// Counts and logs the writes of one batch dropped at their deadline at `stage`.
+fn expired(stage: &'static str, orders: &[uuid::Uuid]) {
+    let Some(first) = orders.first() else {
+        return;
+    };
+    metrics::counter!(WRITES_EXPIRED, "stage" => stage).increment(orders.len() as u64);
+    tracing::warn!(
+        stage,
+        count = orders.len(),
+        %first,
+        "order writes dropped at their deadline, nothing of them written; their holds are kept for the retries"
+    );
+}
+
+/// [`write_pending_batch_or_each`] with a deadline per write (`None`: none): the batch is
+/// written by the earliest of them, each write on its own by its own.
+async fn write_batch_or_each(
+    db: &sea_orm::DatabaseConnection,
+    writes: Vec<PendingWrite>,
+    deadlines: Vec<Option<Instant>>,
+    failpoints: &Failpoints,
+) -> Vec<Result<Written, OrderError>> {
     if writes.len() > 1 {
-        match write_batch(db, &writes, failpoints).await {
+        let earliest = deadlines.iter().flatten().min().copied();
+        match write_batch(db, &writes, earliest, failpoints).await {
             Ok(answers) => return answers.into_iter().map(Ok).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, size = writes.len(), "write batch failed; writing its orders one by one");
@@ -422,9 +550,10 @@ pub async fn write_pending_batch_or_each(
             }
         }
     }
-    futures_util::stream::iter(writes)
-        .map(|w| async move {
-            let mut answer = write_batch(db, std::slice::from_ref(&w), failpoints).await?;
+    futures_util::stream::iter(writes.into_iter().zip(deadlines))
+        .map(|(w, deadline)| async move {
+            let mut answer =
+                write_batch(db, std::slice::from_ref(&w), deadline, failpoints).await?;
             answer
                 .pop()
                 .ok_or_else(|| OrderError::Internal(anyhow::anyhow!("a write got no answer")))
@@ -434,9 +563,61 @@ pub async fn write_pending_batch_or_each(
         .await
 }
 
+/// [`db::insert_orders_with_events`] committed before `deadline` or not at all
+/// ([`OrderError::WriteExpired`]): in a transaction whose statements the database cancels at
+/// the deadline (`statement_timeout` covers the wait for a lock or for a conflicting insert),
+/// committed only if the deadline has not passed once the insert is done. Only the `COMMIT`'s
+/// own flight and flush can land past the deadline: milliseconds.
+async fn insert_before(
+    db: &sea_orm::DatabaseConnection,
+    deadline: Instant,
+    rows: &[(uuid::Uuid, &PlaceOrder, i64, Policy)],
+    event_orders: &[uuid::Uuid],
+    columns: outbox::EventColumns,
+) -> Result<Vec<(uuid::Uuid, chrono::DateTime<chrono::Utc>)>, OrderError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(OrderError::WriteExpired);
+    }
+    // Rounded up: the database's timer starts once the statement arrives, so it never fires
+    // before the deadline, and a statement cancelled past the deadline was cancelled by it.
+    let ms = left.as_micros().div_ceil(1000);
+    let txn = db.begin().await?;
+    let inserted = async {
+        txn.execute_unprepared(&format!("SET LOCAL statement_timeout = {ms}"))
+            .await?;
+        db::insert_orders_with_events(&txn, rows, event_orders, columns).await
+    }
+    .await;
+    let late = Instant::now() >= deadline;
+    match inserted {
+        Ok(inserted) if !late => {
+            txn.commit().await?;
+            Ok(inserted)
+        }
+        Ok(_) => {
+            roll_back(txn).await;
+            Err(OrderError::WriteExpired)
+        }
+        Err(e) => {
+            roll_back(txn).await;
+            Err(if late { OrderError::WriteExpired } else { e })
+        }
+    }
+}
+
+/// Rolls a failed write's transaction back now, rather than when its pooled connection is next
+/// used (a connection that cannot roll back is closed, which rolls it back as well).
+async fn roll_back(txn: sea_orm::DatabaseTransaction) {
+    if let Err(e) = txn.rollback().await {
+        tracing::debug!(error = %e, "could not roll back an order write that failed");
+    }
+}
+
 async fn write_batch(
     db: &sea_orm::DatabaseConnection,
     writes: &[PendingWrite],
+    deadline: Option<Instant>,
     failpoints: &Failpoints,
 ) -> Result<Vec<Written>, OrderError> {
     let ids: Vec<uuid::Uuid> = writes.iter().map(|w| w.place.order_id()).collect();
@@ -471,11 +652,12 @@ async fn write_batch(
         ));
     }
     let columns = outbox::EventColumns::of(&events)?;
+    let inserted = match deadline {
+        Some(deadline) => insert_before(db, deadline, &rows, &event_orders, columns).await?,
+        None => db::insert_orders_with_events(db, &rows, &event_orders, columns).await?,
+    };
     let mut inserted: std::collections::HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>> =
-        db::insert_orders_with_events(db, &rows, &event_orders, columns)
-            .await?
-            .into_iter()
-            .collect();
+        inserted.into_iter().collect();
     let mut answers = Vec::with_capacity(writes.len());
     let mut missing = Vec::new();
     for (i, (w, id)) in writes.iter().zip(&ids).enumerate() {

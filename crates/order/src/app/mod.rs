@@ -34,8 +34,9 @@ mod stuck;
 
 pub use checkout::{Checkout, Started};
 pub use intake::{
-    FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, WRITE_FALLBACKS, Written,
-    write_pending, write_pending_batch, write_pending_batch_or_each, write_pending_batch_with,
+    FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, WRITE_FALLBACKS,
+    WRITES_EXPIRED, Written, write_pending, write_pending_batch, write_pending_batch_or_each,
+    write_pending_batch_with,
 };
 pub use notify_batch::{MAX_BATCH as NOTIFY_MAX_BATCH, NotifyBatcher, notify_batcher};
 pub use payments::{Applied, Payments, SignedNotice};

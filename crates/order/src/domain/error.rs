@@ -48,6 +48,11 @@ pub enum OrderError {
     /// The order database could not be reached (worth retrying later).
     #[error("the order database is unavailable: {0}")]
     DatabaseUnavailable(String),
+    /// An order write dropped at its deadline (the caller's, or
+    /// `saga.intake_write_deadline_ms`): nothing of it was written and nothing of it ever will
+    /// be. Answered as the database being unavailable: the buyer retries.
+    #[error("the order could not be written before its deadline; retry with the same request_id")]
+    WriteExpired,
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
