@@ -54,6 +54,13 @@ impl Node {
             .and_then(|p| p.trim().parse().ok())
     }
 
+    /// Whether the node's start script has ended (the node is not running).
+    fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| c.try_wait().ok().flatten().is_some())
+    }
+
     /// SIGKILL to the Erlang VM, then to the rest of the node's process group (the start
     /// script and its helpers).
     fn kill(&mut self) {
@@ -132,6 +139,14 @@ impl RabbitCluster {
                     return Err(e);
                 }
                 attempt += 1;
+                // The node to join may be the one that died: it starts again on its data.
+                if cluster.nodes[0].exited() {
+                    eprintln!("rabbit cluster: the seed node died; starting it again");
+                    cluster.nodes[0].kill();
+                    cluster.spawn_node(0)?;
+                    wait_port(cluster.nodes[0].port, NODE_START, &seed).await?;
+                    cluster.ctl(&seed, &["await_startup"]).await?;
+                }
                 // On a busy machine a node has been seen to die between its start and its join:
                 // start it again from an empty data directory and join once more.
                 eprintln!("rabbit cluster: node {i} did not join ({e:#}); starting it afresh");
