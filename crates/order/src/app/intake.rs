@@ -165,6 +165,15 @@ impl Intake {
                 if refusal == Refusal::SoldOut {
                     self.remember_sold_out(&p.sku);
                 }
+                // A replay of a request whose order the gate has forgotten (its record
+                // expired: a week after a live order, minutes after a cancelled one) is judged
+                // afresh and may be refused; the database still answers it. Asked only for a
+                // buyer the sold-out memory does not already know to have no order here.
+                if self.sold_out.verdict(&p.sku, &p.user_id) != Verdict::Refuse
+                    && let Some(existing) = db::order(&self.db, order_id, false).await?
+                {
+                    return Ok((existing, true));
+                }
                 metrics::counter!("flashsale_orders_refused_total", "reason" => refusal.reason())
                     .increment(1);
                 return Err(OrderError::Refused(refusal, message));

@@ -446,3 +446,59 @@ async fn sixty_orders_created_and_cancelled_by_one_buyer_leave_at_most_six_gate_
     };
     assert!(again <= before + 6, "{again}");
 }
+
+#[tokio::test]
+async fn a_replay_after_the_gate_forgot_a_cancelled_order_on_a_sold_out_product_answers_the_order()
+{
+    let app = spawn_stack_with(
+        |s| s.limits.create_order_per_sec = 0,
+        |s| s.stock.released_record_ttl_ms = 1_000,
+    )
+    .await;
+    app.product("LAST", 1, 0).await;
+    let c = app.client().await;
+    let first = app.order("early", "early-1", "LAST", 1).await.unwrap();
+    c.clone()
+        .cancel_order(as_user(
+            "early",
+            CancelOrderRequest {
+                order_id: first.order_id.clone(),
+            },
+        ))
+        .await
+        .unwrap();
+    app.wait_status("early", &first.order_id, OrderStatus::Cancelled)
+        .await;
+    // The unit goes back on sale and another buyer takes it: sold out again.
+    let gate_back = || async { (app.get_product("LAST").await.gate_available == 1).then_some(()) };
+    eventually(Duration::from_secs(30), "the unit back", gate_back)
+        .await
+        .unwrap();
+    app.order("late", "late-1", "LAST", 1).await.unwrap();
+    // The gate forgets the cancelled order (`stock.released_record_ttl_ms`).
+    let forgotten = || async {
+        let keys = all_gate_keys(&app).await;
+        (!keys.iter().any(|k| k.ends_with(&first.order_id))).then_some(())
+    };
+    eventually(Duration::from_secs(30), "the record expired", forgotten)
+        .await
+        .unwrap();
+
+    let replay = c
+        .clone()
+        .create_order(as_user("early", create_req("early-1", "LAST", 1)))
+        .await
+        .expect("the replay is answered with the order, not SOLD_OUT")
+        .into_inner();
+    assert!(replay.replayed);
+    let order = replay.order.unwrap();
+    assert_eq!(order.order_id, first.order_id);
+    assert_eq!(order.status, OrderStatus::Cancelled as i32);
+    // A buyer with no order there is still refused.
+    let refused = c
+        .clone()
+        .create_order(as_user("nobody", create_req("n-1", "LAST", 1)))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&refused), "SOLD_OUT", "{refused:?}");
+}
