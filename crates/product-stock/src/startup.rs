@@ -17,7 +17,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::{
     api::{amqp, grpc::ProductStockApi},
-    app::{Catalog, Gate, Reconciler, StockSaga, Terms},
+    app::{Catalog, Reconciler, Reservations, StockSaga, Terms},
     config::Settings,
     infra::{
         gate::RedisGate,
@@ -75,7 +75,7 @@ pub async fn build_with_orders(
         );
     // One terms cache for every handle: a product's terms never change after creation.
     let terms = Terms::new(f.db.clone());
-    let gate = Gate::new(
+    let gate = Reservations::new(
         f.db.clone(),
         redis_gate.clone(),
         orders.clone(),

@@ -118,23 +118,31 @@ impl GrpcStock {
             timeout,
             tls,
         )?);
-        let (c, t) = (client.clone(), token.clone());
-        let batch = Batcher::spawn(
-            "order_gate",
-            MAX_BATCH,
-            Duration::ZERO,
-            PARALLEL_BATCHES,
-            move |items| {
-                let (c, t) = (c.clone(), t.clone());
-                async move { Ok::<_, std::convert::Infallible>(reserve_batch(c, &t, items).await) }
-            },
-        );
+        let batch = reserve_batcher(client.clone(), token.clone());
         Ok(Self {
             client,
             token,
             batch,
         })
     }
+}
+
+/// The gate's batcher: concurrent CreateOrders' reservations gathered into one
+/// `ReserveStockBatch` ([`reserve_batch`]), [`PARALLEL_BATCHES`] in flight.
+fn reserve_batcher(
+    client: ProductStockServiceClient<Channel>,
+    token: Arc<ServiceToken>,
+) -> Batcher<ReserveItem, Result<Granted, OrderError>> {
+    Batcher::spawn(
+        "order_gate",
+        MAX_BATCH,
+        Duration::ZERO,
+        PARALLEL_BATCHES,
+        move |items| {
+            let (client, token) = (client.clone(), token.clone());
+            async move { Ok::<_, std::convert::Infallible>(reserve_batch(client, &token, items).await) }
+        },
+    )
 }
 
 /// One `ReserveStockBatch` for `items`; one answer each. A product-stock that does not know

@@ -19,7 +19,7 @@ use flashsale_proto::product::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
-    app::{Catalog, CommitBatcher, DriftReport, Gate, Reconciler},
+    app::{Catalog, CommitBatcher, DriftReport, Reconciler, Reservations},
     domain::{
         Adjustment, DeductionPolicy, GateBuyers, Product, ProductDraft, Refusal, ReservationState,
         ReserveRequest, Sku, StockError, parse_order_id,
@@ -30,7 +30,7 @@ use crate::{
 #[derive(Clone)]
 pub struct ProductStockApi {
     catalog: Catalog,
-    gate: Gate,
+    gate: Reservations,
     commits: CommitBatcher,
     reconciler: Reconciler,
     /// GetProduct and ListProducts calls of each buyer (`limits.*`).
@@ -42,7 +42,7 @@ impl ProductStockApi {
     /// ([`crate::app::commit_batcher`]); `reads` counts the buyers' reads.
     pub fn new(
         catalog: Catalog,
-        gate: Gate,
+        gate: Reservations,
         commits: CommitBatcher,
         reconciler: Reconciler,
         reads: UserRateLimiter,

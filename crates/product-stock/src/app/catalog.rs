@@ -6,7 +6,7 @@ use flashsale_platform::failpoint::Failpoints;
 use flashsale_proto::events::v1::{StockAdjusted, envelope::Payload};
 use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
-use super::{Gate, PRODUCER, failpoint, gate_err};
+use super::{PRODUCER, Reservations, failpoint, gate_err};
 use crate::{
     domain::{Adjustment, Product, ProductDraft, Sku, StockError},
     infra::{
@@ -29,7 +29,7 @@ pub struct Catalog {
     db: DatabaseConnection,
     gate: RedisGate,
     /// Rebuilds a lost gate before a write-off is checked against it.
-    reservations: Gate,
+    reservations: Reservations,
     failpoints: Failpoints,
 }
 
@@ -37,7 +37,7 @@ impl Catalog {
     pub fn new(
         db: DatabaseConnection,
         gate: RedisGate,
-        reservations: Gate,
+        reservations: Reservations,
         failpoints: Failpoints,
     ) -> Self {
         Self {

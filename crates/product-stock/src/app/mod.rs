@@ -2,7 +2,7 @@
 //! and the event consumers call these; nothing here knows about tonic or lapin.
 //!
 //! One small handle per group of use cases, each holding only what it needs and cheap to
-//! clone: [`Catalog`] (products and their adjustments), [`Gate`] (reservations through the
+//! clone: [`Catalog`] (products and their adjustments), [`Reservations`] (reservations through the
 //! Redis gate and the gate's buyers), [`StockSaga`] (product-stock's steps of the order saga,
 //! `CommitReservation` included) and [`Reconciler`] (the gate against the database, and the
 //! sweeper of expired holds). [`Terms`] is the cache of product terms they share.
@@ -13,16 +13,16 @@ use crate::{domain::StockError, infra::gate::GateError};
 
 mod catalog;
 mod commit_batch;
-mod gate;
 mod reconcile;
+mod reservations;
 mod saga;
 mod saga_batch;
 mod terms;
 
 pub use catalog::Catalog;
 pub use commit_batch::{CommitBatcher, Committed, commit_batcher};
-pub use gate::{Gate, Reserved};
 pub use reconcile::{DriftReport, HOLD_SWEEP, Reconciler, Settled};
+pub use reservations::{Reservations, Reserved};
 pub use saga::StockSaga;
 pub use saga_batch::{Created, CreatedBatcher, created_batcher};
 pub use terms::Terms;

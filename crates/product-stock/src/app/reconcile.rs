@@ -15,9 +15,8 @@ use flashsale_proto::events::v1::{
 use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
 use super::{
-    Terms,
-    gate::rebuild,
-    gate_err,
+    Terms, gate_err,
+    reservations::rebuild,
     saga::{CANCELLED_BEFORE_CREATED, HOLD_EXPIRED},
 };
 use crate::{

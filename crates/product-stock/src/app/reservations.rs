@@ -31,7 +31,7 @@ pub struct Reserved {
 
 /// The gate's use cases: reservations and the gate's buyers. Cheap to clone.
 #[derive(Clone)]
-pub struct Gate {
+pub struct Reservations {
     db: DatabaseConnection,
     gate: RedisGate,
     orders: Arc<dyn OrderPort>,
@@ -40,7 +40,7 @@ pub struct Gate {
     rebuild_settle_ms: u64,
 }
 
-impl Gate {
+impl Reservations {
     pub fn new(
         db: DatabaseConnection,
         gate: RedisGate,
@@ -214,7 +214,7 @@ impl Gate {
     }
 }
 
-/// [`Gate::rebuild_gate`], for the reconciler too.
+/// [`Reservations::rebuild_gate`], for the reconciler too.
 ///
 /// The gate's rule is `available = on_hand − reserved − Σ acknowledged-but-unpersisted`
 /// (docs/architecture.md#the-stock-model): the database knows the first two; the orders

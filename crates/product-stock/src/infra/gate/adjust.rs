@@ -1,4 +1,5 @@
-//! An admin's write-off against the gate: it may take only the units that are free, never the
+//! Restocks and write-offs against the gate ([`RedisGate::adjust`], `adjust.lua`), once per
+//! request id. An admin's write-off may take only the units that are free, never the
 //! units held for orders acknowledged to their buyers whose `order.created` the database does
 //! not have yet (taking them would cancel those orders once it arrives).
 //!
@@ -13,9 +14,11 @@
 //!   order the `stock.adjusted` event's replay visits them, so the replay finds every part
 //!   recorded and changes nothing.
 
-use super::keys::validate_buckets;
+use super::keys::{REQUEST_ID_MAX_LEN, validate_amount, validate_buckets};
 use super::script::Reply;
-use super::{AdjustOutcome, At, GateError, RedisGate, UNDO_ADJUST, unknown_code};
+use super::{
+    ADJUST, AdjustOutcome, At, GENERATION_MAX_LEN, GateError, RedisGate, UNDO_ADJUST, unknown_code,
+};
 
 /// The answer to [`RedisGate::write_off_product`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,5 +181,87 @@ pub(super) fn adjust_outcome(r: &Reply) -> Result<(AdjustOutcome, Option<i64>), 
         }
         "N" => Ok((AdjustOutcome::NotLoaded, None)),
         other => Err(unknown_code("adjust", other)),
+    }
+}
+
+impl RedisGate {
+    /// Applies a restock (+) or write-off (−) once per `request_id`. A write-off never drives
+    /// the counter below zero: it is clamped and reported.
+    pub async fn adjust<'a>(
+        &self,
+        at: impl Into<At<'a>>,
+        request_id: &str,
+        delta: i64,
+    ) -> Result<AdjustOutcome, GateError> {
+        self.adjust_in_generation(at, request_id, delta, "").await
+    }
+
+    /// [`adjust`](Self::adjust), only while the product's gate is in `generation` (as read by
+    /// [`generation`](Self::generation) under the stock row lock of the transaction that
+    /// adjusted the database; `""`: any): a gate rebuilt since then read the database after
+    /// that commit and counted the adjustment, so it answers `Rebuilt` and changes nothing.
+    pub async fn adjust_in_generation<'a>(
+        &self,
+        at: impl Into<At<'a>>,
+        request_id: &str,
+        delta: i64,
+        generation: &str,
+    ) -> Result<AdjustOutcome, GateError> {
+        Ok(self
+            .run_adjust(at.into(), request_id, delta, generation)
+            .await?
+            .0)
+    }
+
+    /// [`adjust_in_generation`](Self::adjust_in_generation) of one bucket; with a duplicate,
+    /// what the first application changed (`None`: not recorded, or not applied then).
+    pub(super) async fn run_adjust(
+        &self,
+        at: At<'_>,
+        request_id: &str,
+        delta: i64,
+        generation: &str,
+    ) -> Result<(AdjustOutcome, Option<i64>), GateError> {
+        let r = self
+            .adjust_script(at, request_id, delta, generation, "")
+            .await?;
+        adjust_outcome(&r)
+    }
+
+    /// Runs `adjust.lua` on one bucket; `db_free` is its ARGV 4 (`""`: apply, clamping a
+    /// write-off at zero; a figure: an admin's write-off, refused unless it fits).
+    async fn adjust_script(
+        &self,
+        at: At<'_>,
+        request_id: &str,
+        delta: i64,
+        generation: &str,
+        db_free: &str,
+    ) -> Result<Reply, GateError> {
+        let k = self.keys_at(at)?;
+        if request_id.is_empty() || request_id.len() > REQUEST_ID_MAX_LEN {
+            return Err(GateError::InvalidInput("request_id must be 1..=128 bytes"));
+        }
+        validate_amount(delta.saturating_abs(), "delta must be within ±(2^53-1)")?;
+        if generation.len() > GENERATION_MAX_LEN {
+            return Err(GateError::InvalidInput(
+                "generation must be at most 32 bytes",
+            ));
+        }
+        let keys = [
+            k.avail(),
+            k.adjustment(request_id),
+            k.epoch(),
+            k.refills(),
+            k.generation(),
+            k.held(),
+        ];
+        let args = [
+            delta.to_string(),
+            self.record_ttl_ms.clone(),
+            generation.to_owned(),
+            db_free.to_owned(),
+        ];
+        Reply::new(ADJUST.run(&mut *self.conn().await?, &keys, &args).await?)
     }
 }
