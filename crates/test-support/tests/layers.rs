@@ -54,6 +54,8 @@ impl Layer {
             ["config.rs"] => Some(Self::Config),
             ["startup.rs"] => Some(Self::Startup),
             ["migration.rs"] => Some(Self::Migration),
+            // `config.rs`'s own submodules (its tests in `config/tests.rs`).
+            ["config", _] => Some(Self::Config),
             [dir, _, ..] => Self::of_module(dir).filter(|l| {
                 matches!(
                     l,
@@ -284,7 +286,7 @@ impl<'ast> Visit<'ast> for Collector {
 fn check_source(shown: &str, rel: &Path, source: &str) -> Vec<String> {
     let Some(layer) = Layer::of_file(rel) else {
         return vec![format!(
-            "{shown}: unknown layer (not in api/, app/, domain/, infra/, migration/, config.rs, \
+            "{shown}: unknown layer (not in api/, app/, domain/, infra/, migration/, config.rs (or config/), \
              startup.rs, main.rs or lib.rs)"
         )];
     };
