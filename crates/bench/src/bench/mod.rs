@@ -6,11 +6,14 @@
 //! Opt-in beside them: the naive design tuned for the machine (`naive-sweep`, see sweep.rs),
 //! its one-round-trip variant (`naive-fn`), the order service's batched write as the intake's
 //! write ceiling (`insert-batch`), and open-loop latency curves at fixed arrival rates for the
-//! platform and the naive design (`open-loop-platform`, `open-loop-naive`, see openloop.rs).
+//! platform and the naive design (`open-loop-platform`, `open-loop-naive`, see openloop.rs),
+//! and what `WAIT` after every gate batch would cost on a Redis Cluster (`cluster-wait`, see
+//! cluster_wait.rs).
 
 mod amqp_version;
 mod baselines;
 mod batches;
+mod cluster_wait;
 mod counters;
 mod invariants;
 mod measure;
@@ -75,6 +78,9 @@ pub enum Mode {
     /// The naive design under a fixed arrival rate (open loop): the best of a naive-sweep run
     /// before it in the same run, else --open-loop-naive-pool/--open-loop-naive-variant.
     OpenLoopNaive,
+    /// The gate's reservation batches on a private Redis Cluster, plain and each followed by
+    /// `WAIT 1 <ms>` (a replica has the holds), alternated: what waiting for a replica costs.
+    ClusterWait,
 }
 
 #[derive(clap::Args)]
@@ -129,6 +135,8 @@ pub struct Args {
     open_loop: openloop::OpenLoopArgs,
     #[command(flatten)]
     insert_batch: baselines::InsertBatchArgs,
+    #[command(flatten)]
+    cluster_wait: cluster_wait::ClusterWaitArgs,
     #[command(flatten)]
     pids: PidArgs,
     #[arg(
@@ -258,6 +266,7 @@ impl Args {
         self.sweep.validate()?;
         self.open_loop.validate()?;
         self.insert_batch.validate()?;
+        self.cluster_wait.validate()?;
         let named = [
             ("--naive-db", &self.naive_db),
             ("--insert-db", &self.insert_db),
@@ -309,6 +318,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut results: Vec<ModeReport> = Vec::new();
     let mut sweeps: Vec<sweep::Sweep> = Vec::new();
     let mut curves: Vec<openloop::Curve> = Vec::new();
+    let mut waits: Vec<cluster_wait::Report> = Vec::new();
     for (round, mode) in (1..=args.rounds).flat_map(|r| args.modes.iter().map(move |m| (r, m))) {
         // A product (and gate keys) of its own per mode and round: a sale sells out once.
         let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_uppercase();
@@ -334,6 +344,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             let best = sweeps.last().and_then(sweep::Sweep::best_point);
             let platform = *mode == Mode::OpenLoopPlatform;
             curves.push(openloop::run_mode(&args, platform, &services, limit, round, best).await?);
+            continue;
+        }
+        if *mode == Mode::ClusterWait {
+            waits.push(cluster_wait::run(&args.cluster_wait, round, load.deadline).await?);
             continue;
         }
         let batches_before = batches::scrape(&metrics_urls).await;
@@ -434,8 +448,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 ];
                 (m, None, checks)
             }
-            Mode::OpenLoopPlatform | Mode::OpenLoopNaive => {
-                unreachable!("the open-loop modes run above")
+            Mode::OpenLoopPlatform | Mode::OpenLoopNaive | Mode::ClusterWait => {
+                unreachable!("the open-loop and cluster-wait modes run above")
             }
             Mode::Platform => {
                 let (m, saga) = platform::flood(
@@ -536,17 +550,20 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         meta,
         options: std::env::args().skip(1).collect(),
     };
-    let passed = invariants::all_pass(results.iter().flat_map(|r| r.checks.iter()));
+    let passed = invariants::all_pass(results.iter().flat_map(|r| r.checks.iter()))
+        && waits.iter().all(cluster_wait::Report::all_reserved);
     if args.json {
         let mut v = report::json(&figures, &results);
         v["naive_sweep"] = sweeps.iter().map(sweep::Sweep::to_json).collect();
         v["open_loop"] = curves.iter().map(openloop::Curve::to_json).collect();
+        v["cluster_wait"] = waits.iter().map(cluster_wait::Report::to_json).collect();
         let rendered = serde_json::to_string_pretty(&v).context("render report")?;
         println!("{rendered}");
     } else {
         report::print_text(&figures, &results);
         sweeps.iter().for_each(sweep::Sweep::print_text);
         curves.iter().for_each(openloop::Curve::print_text);
+        waits.iter().for_each(cluster_wait::Report::print_text);
     }
     if passed {
         Ok(ExitCode::SUCCESS)
