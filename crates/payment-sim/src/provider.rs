@@ -142,7 +142,7 @@ impl PaymentProviderService for Simulator {
             let p = state.payments.get(&id).cloned().unwrap_or_default();
             if p.amount_cents != r.amount_cents || p.currency != r.currency {
                 return Err(ApiError::failed_precondition(
-                    "IDEMPOTENCY_KEY_REUSED",
+                    flashsale_contract::reason::IDEMPOTENCY_KEY_REUSED,
                     "merchant_reference was used before with another amount or currency",
                 )
                 .into());
@@ -204,7 +204,7 @@ impl PaymentProviderService for Simulator {
             .or_insert_with(|| (r.payment_id.clone(), 0, false));
         if *of != r.payment_id {
             return Err(ApiError::failed_precondition(
-                "IDEMPOTENCY_KEY_REUSED",
+                flashsale_contract::reason::IDEMPOTENCY_KEY_REUSED,
                 "refund_id was used before for another payment",
             )
             .into());

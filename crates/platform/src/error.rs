@@ -111,7 +111,7 @@ impl From<ApiError> for Status {
             ApiError::ResourceExhausted { retry_after, .. } => {
                 let mut details = ErrorDetails::with_retry_info(Some(retry_after));
                 details.set_error_info(
-                    "RATE_LIMITED",
+                    flashsale_contract::reason::RATE_LIMITED,
                     ERROR_DOMAIN,
                     HashMap::<String, String>::new(),
                 );

@@ -91,7 +91,7 @@ where
                 Err(e) if e.is::<Overloaded>() => {
                     metrics::counter!(SHED_TOTAL).increment(1);
                     let status: tonic::Status = ApiError::Unavailable {
-                        reason: "OVERLOADED",
+                        reason: flashsale_contract::reason::OVERLOADED,
                         message:
                             "the server is at its limit of calls in flight; retry with backoff"
                                 .into(),

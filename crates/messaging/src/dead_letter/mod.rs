@@ -89,7 +89,7 @@ impl From<DeadLetterError> for ApiError {
             DeadLetterError::Invalid(v) => ApiError::InvalidArgument(v),
             DeadLetterError::UnknownQueue(_) => ApiError::NotFound(message),
             DeadLetterError::Database(ref db) if store::unreachable(db) => ApiError::Unavailable {
-                reason: "DATABASE_UNAVAILABLE",
+                reason: flashsale_contract::reason::DATABASE_UNAVAILABLE,
                 message: "the dead letter store is unreachable".to_owned(),
             },
             DeadLetterError::Database(db) => ApiError::internal(db),
@@ -101,7 +101,7 @@ impl From<DeadLetterError> for ApiError {
                 format!("{message}; declare the consumer queue, then retry"),
             ),
             DeadLetterError::Publish { .. } => ApiError::Unavailable {
-                reason: "BROKER_UNAVAILABLE",
+                reason: flashsale_contract::reason::BROKER_UNAVAILABLE,
                 message: format!("{message}; retrying the call is safe"),
             },
         }

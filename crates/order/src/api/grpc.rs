@@ -214,40 +214,44 @@ impl From<OrderError> for ApiError {
                 ApiError::failed_precondition(refusal.reason(), message)
             }
             OrderError::ReservationReleased(_) => {
-                ApiError::failed_precondition("ORDER_CANCELLED", message)
+                ApiError::failed_precondition(flashsale_contract::reason::ORDER_CANCELLED, message)
             }
-            OrderError::IdempotencyKeyReused(_) => {
-                ApiError::failed_precondition("IDEMPOTENCY_KEY_REUSED", message)
-            }
-            OrderError::NotPayable(_) => {
-                ApiError::failed_precondition("ORDER_NOT_PAYABLE", message)
-            }
-            OrderError::NotCancellable(_) => {
-                ApiError::failed_precondition("ORDER_NOT_CANCELLABLE", message)
-            }
+            OrderError::IdempotencyKeyReused(_) => ApiError::failed_precondition(
+                flashsale_contract::reason::IDEMPOTENCY_KEY_REUSED,
+                message,
+            ),
+            OrderError::NotPayable(_) => ApiError::failed_precondition(
+                flashsale_contract::reason::ORDER_NOT_PAYABLE,
+                message,
+            ),
+            OrderError::NotCancellable(_) => ApiError::failed_precondition(
+                flashsale_contract::reason::ORDER_NOT_CANCELLABLE,
+                message,
+            ),
             OrderError::PermissionDenied(m) => ApiError::PermissionDenied(m),
             OrderError::Unavailable(_) => ApiError::Unavailable {
-                reason: "STOCK_GATE_UNAVAILABLE",
+                reason: flashsale_contract::reason::STOCK_GATE_UNAVAILABLE,
                 message,
             },
             OrderError::Unauthenticated(m) => ApiError::Unauthenticated(m),
             OrderError::UnknownPayment(_) => ApiError::NotFound(message),
             OrderError::PaymentMismatch(_) => {
-                ApiError::failed_precondition("PAYMENT_MISMATCH", message)
+                ApiError::failed_precondition(flashsale_contract::reason::PAYMENT_MISMATCH, message)
             }
             OrderError::Provider(ProviderError::Unavailable(_)) => ApiError::Unavailable {
-                reason: "PAYMENT_PROVIDER_UNAVAILABLE",
+                reason: flashsale_contract::reason::PAYMENT_PROVIDER_UNAVAILABLE,
                 message,
             },
-            OrderError::Provider(ProviderError::Refused(_)) => {
-                ApiError::failed_precondition("PAYMENT_PROVIDER_REFUSED", message)
-            }
+            OrderError::Provider(ProviderError::Refused(_)) => ApiError::failed_precondition(
+                flashsale_contract::reason::PAYMENT_PROVIDER_REFUSED,
+                message,
+            ),
             OrderError::RefundCompleted(_) => {
-                ApiError::failed_precondition("REFUND_COMPLETED", message)
+                ApiError::failed_precondition(flashsale_contract::reason::REFUND_COMPLETED, message)
             }
             OrderError::DatabaseUnavailable(_) | OrderError::WriteExpired => {
                 ApiError::Unavailable {
-                    reason: "DATABASE_UNAVAILABLE",
+                    reason: flashsale_contract::reason::DATABASE_UNAVAILABLE,
                     message,
                 }
             }

@@ -16,7 +16,7 @@ use crate::domain::{OrderError, Policy, Refusal};
 
 /// The `ErrorInfo` reason product-stock refuses a reservation with when it released that
 /// order's hold already.
-pub const RESERVATION_RELEASED: &str = "RESERVATION_RELEASED";
+pub use flashsale_contract::reason::RESERVATION_RELEASED;
 
 /// What the gate granted.
 #[derive(Clone, Debug, PartialEq, Eq)]

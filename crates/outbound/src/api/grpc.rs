@@ -69,11 +69,11 @@ impl From<OutboundError> for ApiError {
             OutboundError::Invalid(v) => ApiError::InvalidArgument(v),
             OutboundError::NotFound(_) => ApiError::NotFound(message),
             OutboundError::Transient(_) => ApiError::Unavailable {
-                reason: "DEPENDENCY_UNAVAILABLE",
+                reason: flashsale_contract::reason::DEPENDENCY_UNAVAILABLE,
                 message,
             },
             OutboundError::DatabaseUnavailable(_) => ApiError::Unavailable {
-                reason: "DATABASE_UNAVAILABLE",
+                reason: flashsale_contract::reason::DATABASE_UNAVAILABLE,
                 message,
             },
             OutboundError::Internal(e) => ApiError::Internal(e),

@@ -68,18 +68,13 @@ impl StockCommitter for GrpcCommitter {
             Err(s) => {
                 let reason = flashsale_platform::error::reason_of(&s).unwrap_or_default();
                 let text = format!("CommitReservation: {:?} {reason} {}", s.code(), s.message());
-                match (s.code(), reason.as_str()) {
-                    // Still HELD in the gate: order.created has not been persisted yet.
-                    (Code::FailedPrecondition, "RESERVATION_NOT_RESERVED") => {
-                        Err(CommitError::Transient(text))
-                    }
-                    (
-                        Code::FailedPrecondition
-                        | Code::NotFound
-                        | Code::InvalidArgument
-                        | Code::PermissionDenied,
-                        _,
-                    ) => Err(CommitError::Permanent(text)),
+                // An order is paid only once product-stock persisted its reservation, so a
+                // reservation that is missing, released or refused stays so: permanent.
+                match s.code() {
+                    Code::FailedPrecondition
+                    | Code::NotFound
+                    | Code::InvalidArgument
+                    | Code::PermissionDenied => Err(CommitError::Permanent(text)),
                     _ => Err(CommitError::Transient(text)),
                 }
             }

@@ -117,25 +117,27 @@ impl From<StockError> for ApiError {
                 ApiError::NotFound(message)
             }
             StockError::DuplicateSku(_) => ApiError::AlreadyExists {
-                reason: "SKU_EXISTS",
+                reason: flashsale_contract::reason::SKU_EXISTS,
                 message,
             },
             StockError::Refused(r, _) => ApiError::failed_precondition(r.reason(), message),
             StockError::WriteOffAboveFree(_) => {
                 ApiError::failed_precondition(Refusal::InsufficientStock.reason(), message)
             }
-            StockError::IdempotencyKeyReused(_) => {
-                ApiError::failed_precondition("IDEMPOTENCY_KEY_REUSED", message)
-            }
-            StockError::ReservationReleased(_) => {
-                ApiError::failed_precondition("RESERVATION_RELEASED", message)
-            }
+            StockError::IdempotencyKeyReused(_) => ApiError::failed_precondition(
+                flashsale_contract::reason::IDEMPOTENCY_KEY_REUSED,
+                message,
+            ),
+            StockError::ReservationReleased(_) => ApiError::failed_precondition(
+                flashsale_contract::reason::RESERVATION_RELEASED,
+                message,
+            ),
             StockError::GateUnavailable(_) => ApiError::Unavailable {
-                reason: "STOCK_GATE_UNAVAILABLE",
+                reason: flashsale_contract::reason::STOCK_GATE_UNAVAILABLE,
                 message,
             },
             StockError::DatabaseUnavailable(_) => ApiError::Unavailable {
-                reason: "DATABASE_UNAVAILABLE",
+                reason: flashsale_contract::reason::DATABASE_UNAVAILABLE,
                 message,
             },
             StockError::Internal(e) => ApiError::Internal(e),

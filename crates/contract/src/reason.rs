@@ -1,0 +1,76 @@
+//! The reasons (AIP-193 `ErrorInfo.reason`) a service puts on a failure or refusal that is not a
+//! refusal of stock ([`crate::Refusal`] has those), each named once for the service that sends
+//! it and the client that reads it. README.md ("Errors") lists what each means and whether to retry.
+
+/// A database the service needs is out of reach or gave a write up for a passing reason:
+/// retry (with the same request id).
+pub const DATABASE_UNAVAILABLE: &str = "DATABASE_UNAVAILABLE";
+/// The message broker is out of reach: retry.
+pub const BROKER_UNAVAILABLE: &str = "BROKER_UNAVAILABLE";
+/// product-stock's Redis gate is out of reach (or being rebuilt): retry.
+pub const STOCK_GATE_UNAVAILABLE: &str = "STOCK_GATE_UNAVAILABLE";
+/// Another flashsale service the call needs did not answer: retry.
+pub const DEPENDENCY_UNAVAILABLE: &str = "DEPENDENCY_UNAVAILABLE";
+/// The payment provider did not answer: retry.
+pub const PAYMENT_PROVIDER_UNAVAILABLE: &str = "PAYMENT_PROVIDER_UNAVAILABLE";
+/// The service sheds load: retry after the delay it gives.
+pub const OVERLOADED: &str = "OVERLOADED";
+/// This caller's rate limit: retry after the delay it gives.
+pub const RATE_LIMITED: &str = "RATE_LIMITED";
+/// A product with this sku exists already.
+pub const SKU_EXISTS: &str = "SKU_EXISTS";
+/// The request id was used before with another request.
+pub const IDEMPOTENCY_KEY_REUSED: &str = "IDEMPOTENCY_KEY_REUSED";
+/// The order's reservation was released (cancelled or expired) before this call.
+pub const RESERVATION_RELEASED: &str = "RESERVATION_RELEASED";
+/// The order was cancelled.
+pub const ORDER_CANCELLED: &str = "ORDER_CANCELLED";
+/// The order is not awaiting payment.
+pub const ORDER_NOT_PAYABLE: &str = "ORDER_NOT_PAYABLE";
+/// The order can no longer be cancelled.
+pub const ORDER_NOT_CANCELLABLE: &str = "ORDER_NOT_CANCELLABLE";
+/// The payment does not match the order.
+pub const PAYMENT_MISMATCH: &str = "PAYMENT_MISMATCH";
+/// The payment provider refused.
+pub const PAYMENT_PROVIDER_REFUSED: &str = "PAYMENT_PROVIDER_REFUSED";
+/// The refund is completed already.
+pub const REFUND_COMPLETED: &str = "REFUND_COMPLETED";
+
+/// Every reason above.
+pub const ALL: [&str; 16] = [
+    DATABASE_UNAVAILABLE,
+    BROKER_UNAVAILABLE,
+    STOCK_GATE_UNAVAILABLE,
+    DEPENDENCY_UNAVAILABLE,
+    PAYMENT_PROVIDER_UNAVAILABLE,
+    OVERLOADED,
+    RATE_LIMITED,
+    SKU_EXISTS,
+    IDEMPOTENCY_KEY_REUSED,
+    RESERVATION_RELEASED,
+    ORDER_CANCELLED,
+    ORDER_NOT_PAYABLE,
+    ORDER_NOT_CANCELLABLE,
+    PAYMENT_MISMATCH,
+    PAYMENT_PROVIDER_REFUSED,
+    REFUND_COMPLETED,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Refusal;
+
+    #[test]
+    fn every_reason_is_upper_snake_case_and_no_two_are_alike() {
+        let refusals = Refusal::ALL.map(Refusal::reason);
+        let mut seen = std::collections::HashSet::new();
+        for r in ALL.iter().chain(refusals.iter()) {
+            assert!(
+                !r.is_empty() && r.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'),
+                "{r}"
+            );
+            assert!(seen.insert(*r), "{r} twice");
+        }
+    }
+}
