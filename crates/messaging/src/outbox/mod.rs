@@ -99,10 +99,9 @@ pub async fn enqueue_to<C: ConnectionTrait>(
 }
 
 /// The outbox columns of events bound for the event exchange, as arrays, for a caller that
-/// writes them inside its own statement (`INSERT INTO outbox (message_id, exchange,
-/// routing_key, message_type, payload, headers) SELECT m, NULL, t, t, p, h::jsonb FROM
-/// unnest($m::uuid[], $t::text[], $p::bytea[], $h::text[])`), e.g. together with the rows they
-/// report in one round trip. Each carries the current span's trace context, as [`enqueue_many`].
+/// writes them inside its own statement, together with the rows they report in one round trip
+/// ([`insert_keyed_sql`] is the insert; [`EventColumns::bind`] its parameters). Each carries the
+/// current span's trace context, as [`enqueue_many`].
 #[derive(Clone, Debug, Default)]
 pub struct EventColumns {
     pub message_ids: Vec<uuid::Uuid>,
@@ -113,7 +112,39 @@ pub struct EventColumns {
     pub headers: Vec<String>,
 }
 
+/// The `INSERT INTO outbox` of events keyed by the rows of another part of the caller's
+/// statement: a data-modifying CTE `cte` returning a uuid column `key_column`. Only the events
+/// whose key is among those rows are inserted (a row the statement skipped drops its event).
+/// Its five parameters, from `$first` on, are [`EventColumns::bind`]'s. Build it once and keep
+/// the text constant, so the statement is prepared once per connection.
+pub fn insert_keyed_sql(first: usize, cte: &str, key_column: &str) -> String {
+    let p = |i: usize| format!("${}", first + i);
+    format!(
+        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, payload, headers) \
+         SELECT e.message_id, NULL, e.message_type, e.message_type, e.payload, e.headers::jsonb \
+         FROM unnest({}::uuid[], {}::uuid[], {}::text[], {}::bytea[], {}::text[]) \
+             AS e(key, message_id, message_type, payload, headers) \
+         JOIN {cte} ON {cte}.{key_column} = e.key",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+    )
+}
+
 impl EventColumns {
+    /// The five parameters of [`insert_keyed_sql`]: `keys[i]` is the key of event `i`.
+    pub fn bind(self, keys: Vec<uuid::Uuid>) -> [sea_orm::Value; 5] {
+        [
+            keys.into(),
+            self.message_ids.into(),
+            self.message_types.into(),
+            self.payloads.into(),
+            self.headers.into(),
+        ]
+    }
+
     /// The columns of `envs` (each checked as [`enqueue`] would).
     pub fn of(envs: &[Envelope]) -> Result<Self, DbErr> {
         let current = serde_json::Value::Object(

@@ -270,27 +270,28 @@ pub async fn insert_orders_with_events<C: ConnectionTrait>(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    const SQL: &str = "WITH ins AS ( \
-        INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, total_cents, \
-            deduction_policy, status) \
-        SELECT i.order_id, i.user_id, i.request_id, i.sku, i.quantity, i.unit_price_cents, \
-            i.quantity * i.unit_price_cents, i.deduction_policy, 'PENDING' \
-        FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::text[]) \
-            WITH ORDINALITY AS i(order_id, user_id, request_id, sku, quantity, unit_price_cents, deduction_policy, n) \
-        ORDER BY i.user_id, i.request_id, i.n \
-        ON CONFLICT DO NOTHING \
-        RETURNING order_id, created_at \
-    ), hist AS ( \
-        INSERT INTO order_status_history (order_id, from_status, to_status, reason) \
-        SELECT order_id, NULL, 'PENDING', 'CreateOrder' FROM ins \
-    ), events AS ( \
-        INSERT INTO outbox (message_id, exchange, routing_key, message_type, payload, headers) \
-        SELECT e.message_id, NULL, e.message_type, e.message_type, e.payload, e.headers::jsonb \
-        FROM unnest($8::uuid[], $9::uuid[], $10::text[], $11::bytea[], $12::text[]) \
-            AS e(order_id, message_id, message_type, payload, headers) \
-        JOIN ins ON ins.order_id = e.order_id \
-    ) \
-    SELECT order_id, created_at FROM ins";
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "WITH ins AS ( \
+                INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, \
+                    total_cents, deduction_policy, status) \
+                SELECT i.order_id, i.user_id, i.request_id, i.sku, i.quantity, i.unit_price_cents, \
+                    i.quantity * i.unit_price_cents, i.deduction_policy, 'PENDING' \
+                FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], \
+                    $7::text[]) \
+                    WITH ORDINALITY AS i(order_id, user_id, request_id, sku, quantity, \
+                        unit_price_cents, deduction_policy, n) \
+                ORDER BY i.user_id, i.request_id, i.n \
+                ON CONFLICT DO NOTHING \
+                RETURNING order_id, created_at \
+            ), hist AS ( \
+                INSERT INTO order_status_history (order_id, from_status, to_status, reason) \
+                SELECT order_id, NULL, 'PENDING', 'CreateOrder' FROM ins \
+            ), events AS ({}) \
+            SELECT order_id, created_at FROM ins",
+            flashsale_messaging::outbox::insert_keyed_sql(8, "ins", "order_id")
+        )
+    });
     let mut ids = Vec::with_capacity(rows.len());
     let (mut users, mut requests, mut skus) = (Vec::new(), Vec::new(), Vec::new());
     let (mut quantities, mut prices, mut policies) = (Vec::new(), Vec::new(), Vec::new());
@@ -303,7 +304,7 @@ pub async fn insert_orders_with_events<C: ConnectionTrait>(
         prices.push(*price);
         policies.push(policy.as_db().to_owned());
     }
-    let values: Vec<Value> = vec![
+    let mut values: Vec<Value> = vec![
         ids.into(),
         users.into(),
         requests.into(),
@@ -311,13 +312,9 @@ pub async fn insert_orders_with_events<C: ConnectionTrait>(
         quantities.into(),
         prices.into(),
         policies.into(),
-        event_orders.to_vec().into(),
-        events.message_ids.into(),
-        events.message_types.into(),
-        events.payloads.into(),
-        events.headers.into(),
     ];
-    Ok(Id::find_by_statement(stmt(SQL, values))
+    values.extend(events.bind(event_orders.to_vec()));
+    Ok(Id::find_by_statement(stmt(&SQL, values))
         .all(c)
         .await?
         .into_iter()
