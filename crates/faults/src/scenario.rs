@@ -843,6 +843,17 @@ pub(crate) async fn conclude(
         let undisturbed = w.services().all(|s| s.restarts == 0);
         crate::replicas::shares(w, undisturbed).await;
     }
+    if w.redis_cluster.is_some() {
+        // Gates product-stock rebuilt: after a failover, the promoted master's.
+        let rebuilds = w
+            .product_stock
+            .counters(&["flashsale_gate_rebuilds_total"])
+            .await;
+        w.notes.push(format!(
+            "gate_rebuilds={}",
+            rebuilds.map_or("?".to_owned(), |n| format!("{}", n.abs()))
+        ));
+    }
     let mut f = check::figures(&w.stores, seen, w.sale.units, w.adjusted).await?;
     f.dup_delivered = w.tap.duplicates();
     f.poison = poison;
@@ -1025,18 +1036,13 @@ pub(crate) async fn redis_failover(w: &mut World) -> anyhow::Result<u64> {
     // counters as they were when replication stopped, the holds since then gone.
     let promoted_state = check::gate_on(&mut conn, &w.stores).await?;
     cluster.restart(victim).await?;
-    let rebuilds = w
-        .product_stock
-        .counters(&["flashsale_gate_rebuilds_total"])
-        .await;
     let show = |g: &check::GateState| format!("{}+{}", g.avail.unwrap_or(-1), g.held);
     w.notes.push(format!(
         "redis_failover(slot={slot},killed={victim},promoted={promoted},\
-         gate_at_cut={},gate_at_kill={},gate_on_promoted={},rebuilds_so_far={})",
+         gate_at_cut={},gate_at_kill={},gate_on_promoted={})",
         show(&cut),
         show(&acknowledged),
         show(&promoted_state),
-        rebuilds.map_or("?".to_owned(), |n| format!("{}", n.abs())),
     ));
     Ok(0)
 }
