@@ -161,11 +161,8 @@ impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
                     // Callers woken by one event (the answers of the batch before, say) queue
                     // one task after another, on the runtime's worker threads: one turn of the
                     // scheduler lets the rest of them join this batch rather than start a
-                    // small one of their own. Measured on the big sale (six alternating runs
-                    // with and without the turn), the order service's write batches grew from
-                    // ~17 orders to ~24 and its gate batches from ~9 to ~11; PostgreSQL spent
-                    // ~15% less per accepted order and the platform accepted ~12% more orders
-                    // per second (docs/architecture.md#batchers).
+                    // small one of their own: larger batches, less database work per order
+                    // (docs/architecture.md#batchers).
                     if jobs.len() < max_batch {
                         tokio::task::yield_now().await;
                         drain(&mut rx, &mut jobs, max_batch);

@@ -45,10 +45,9 @@ pub struct RelayOptions {
     /// relays on several replicas do). A batch spends most of its time waiting for the broker's
     /// confirms; while it waits, the next ones publish. Events of different batches may reach
     /// the broker in any order, as they may from several replicas: consumers do not rely on it
-    /// (docs/architecture.md#messaging). Two by default: in measured runs of the big sale (five
-    /// with two, eight with four) two left fewer of the relay's transactions competing with the
-    /// buyers refused after the sell-out (their p99 15–32 ms against 25–45 ms) and confirmed the
-    /// saga no slower (1,958–2,497 orders/s against 1,644–2,103).
+    /// (docs/architecture.md#messaging). Two by default: more leave more of the relay's
+    /// transactions competing with the buyers for the cores, and confirm the saga no faster
+    /// (docs/benchmarks.md).
     pub batches_in_flight: u32,
     /// Poll interval when no `NOTIFY` arrives (a lost notification, a dead listener).
     pub poll_interval: Duration,

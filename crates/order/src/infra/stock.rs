@@ -95,10 +95,8 @@ impl ReserveItem {
 /// Most reservations in one `ReserveStockBatch`.
 const MAX_BATCH: usize = 128;
 /// Batches in flight at once (calls arriving meanwhile form the next). Two, not more: larger
-/// batches cost product-stock and Redis less per reservation. Measured on a big sale (six
-/// alternating pairs of runs), two gave ~7% more accepted orders per second than four (more in
-/// five of the six pairs) and 0.018–0.022 ms of product-stock CPU per accepted order against
-/// 0.021–0.028; one was no better than two.
+/// batches cost product-stock and Redis less per reservation, and one alone leaves the link
+/// idle while its answer travels (docs/benchmarks.md).
 const PARALLEL_BATCHES: usize = 2;
 
 impl GrpcStock {

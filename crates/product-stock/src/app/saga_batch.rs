@@ -47,12 +47,10 @@ pub const MAX_BATCH: usize = 128;
 pub type CreatedBatcher = Batcher<Created, Result<(), StockError>>;
 
 /// Batches applied at once by one replica. One: the next batch forms while it commits, and
-/// as large batches as the consumer's prefetch allows cost PostgreSQL the least per event.
-/// Measured on a big sale on two cores, alternating runs of the same build, one instead of two
-/// left the saga's pace against the raw insert where it was (1.14–1.45 × against
-/// 1.10–1.32 ×) but, with fewer of the saga's transactions competing for the two cores, cut
-/// the p99 of the buyers refused after the sell-out from 46–62 ms to 28–40 ms. Several
-/// replicas each apply their own (docs/architecture.md#batchers).
+/// as large batches as the consumer's prefetch allows cost PostgreSQL the least per event. A
+/// second batch in flight does not speed the saga up; it only adds transactions competing
+/// with the buyers for the cores (docs/benchmarks.md). Several replicas each apply their own
+/// (docs/architecture.md#batchers).
 const SAGA_BATCHES_IN_FLIGHT: usize = 1;
 
 /// Starts the worker: one batch at a time (`SAGA_BATCHES_IN_FLIGHT`), each of at most

@@ -36,9 +36,9 @@
 //! `g` the generation it was prepared in), `X` released, `L` / `I` refused (user limit /
 //! insufficient stock). One key per order rather than one hash of all
 //! orders keeps every hash small: up to `hash-max-listpack-entries` (512 on Debian's build) a
-//! hash is a flat list scanned on every access, and a reserve script was measured ~35% slower
-//! with 1,000 ids in one hash. Sold-out refusals are not recorded: a flood on a sold-out product
-//! costs no writes.
+//! hash is a flat list scanned on every access, so one hash of every order would slow each
+//! reservation as the sale grows. Sold-out refusals are not recorded: a flood on a sold-out
+//! product costs no writes.
 //!
 //! # Invariant
 //!

@@ -23,10 +23,7 @@ use crate::{
 /// Transactions of accepted orders this replica writes at once. One: the CreateOrders that
 /// arrive while it commits form the next, larger batch, and larger batches cost PostgreSQL
 /// less per order (fewer commits, and no two transactions contending for the same index
-/// pages). Measured on a big sale (six alternating pairs of runs), one batch in flight took
-/// 0.050–0.068 ms of PostgreSQL CPU per accepted order against 0.062–0.092 ms for two and
-/// accepted ~12% more orders per second; four and eight were worse still. Several replicas
-/// each write their own.
+/// pages; docs/benchmarks.md). Several replicas each write their own.
 const WRITE_BATCHES_IN_FLIGHT: usize = 1;
 
 /// Writes a PENDING order and its `order.created` in one transaction (what CreateOrder does once
