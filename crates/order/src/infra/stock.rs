@@ -95,8 +95,8 @@ impl ReserveItem {
 /// Most reservations in one `ReserveStockBatch`.
 const MAX_BATCH: usize = 128;
 /// Batches in flight at once (calls arriving meanwhile form the next). Two, not more: larger
-/// batches cost product-stock and Redis less per reservation, and one alone leaves the link
-/// idle while its answer travels (docs/benchmarks.md).
+/// batches cost product-stock and Redis less per reservation; one is no faster
+/// (docs/benchmarks.md).
 const PARALLEL_BATCHES: usize = 2;
 
 impl GrpcStock {
