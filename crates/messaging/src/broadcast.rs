@@ -6,7 +6,7 @@
 //! own short lifetime); after a lost channel the subscriber says so (`on_subscribed` runs again,
 //! so the caller can drop what it may have missed) and resubscribes with backoff.
 
-use std::{future::Future, time::Duration};
+use std::future::Future;
 
 use anyhow::Context as _;
 use futures_util::{FutureExt as _, StreamExt as _};
@@ -17,10 +17,8 @@ use lapin::{
 use tracing::{debug, info, warn};
 
 use crate::{Broker, broker::short, envelope, topology::declare_exchange};
+use flashsale_platform::backoff::Backoff;
 use flashsale_proto::events::v1::Envelope;
-
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Subscribes to `routing_keys` on the broker's exchange until `shutdown` resolves, calling
 /// `on_event` for every decodable event and `on_subscribed` each time a (re)subscription is in
@@ -39,25 +37,27 @@ where
 {
     let shutdown = shutdown.fuse();
     futures_util::pin_mut!(shutdown);
-    let mut backoff = BACKOFF_MIN;
+    let mut backoff = Backoff::reconnect();
     loop {
         let started = tokio::time::Instant::now();
         let session = session(&broker, &routing_keys, &on_event, &on_subscribed);
-        tokio::select! {
+        let wait = tokio::select! {
             _ = &mut shutdown => return Ok(()),
             res = session => {
-                if started.elapsed() > BACKOFF_MAX {
-                    backoff = BACKOFF_MIN;
+                // A subscription that lasted is a fresh failure, not the next of a series.
+                if started.elapsed() > backoff.max() {
+                    backoff.reset();
                 }
+                let wait = backoff.next_wait();
                 warn!(keys = ?routing_keys, error = format!("{:#}", res.err().unwrap_or_else(|| anyhow::anyhow!("ended"))),
-                    retry_in_ms = backoff.as_millis() as u64, "broadcast subscription lost, resubscribing");
+                    retry_in_ms = wait.as_millis() as u64, "broadcast subscription lost, resubscribing");
+                wait
             }
-        }
+        };
         tokio::select! {
             _ = &mut shutdown => return Ok(()),
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
 

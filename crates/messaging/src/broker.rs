@@ -3,6 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use flashsale_platform::backoff::Backoff;
 use futures_util::StreamExt as _;
 use lapin::{Channel, Connection, ConnectionProperties, Event};
 use tokio::sync::watch;
@@ -14,8 +15,6 @@ use crate::config::{AmqpConfig, redact_url};
 const CHANNEL_WAIT: Duration = Duration::from_secs(10);
 /// How long one connection attempt may take (TCP + AMQP handshake).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// What went wrong talking to the broker.
 #[derive(Debug, thiserror::Error)]
@@ -107,15 +106,17 @@ impl Broker {
         patience: Duration,
     ) -> Result<Self, BrokerError> {
         let deadline = tokio::time::Instant::now() + patience;
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::reconnect();
         loop {
             match Self::connect(config.clone()).await {
                 Ok(b) => return Ok(b),
-                Err(e) if tokio::time::Instant::now() + backoff >= deadline => return Err(e),
                 Err(e) => {
-                    warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "broker not reachable yet");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    let wait = backoff.next_wait();
+                    if tokio::time::Instant::now() + wait >= deadline {
+                        return Err(e);
+                    }
+                    warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker not reachable yet");
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
@@ -269,9 +270,9 @@ async fn supervise(
             }
         }
         tx.send_replace(None);
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::reconnect();
         loop {
-            tokio::select! {
+            let wait = tokio::select! {
                 _ = stopped(&mut stop) => return,
                 res = open_any(&config, &nodes, next % nodes.len().max(1)) => match res {
                     Ok((conn, node)) => {
@@ -280,15 +281,16 @@ async fn supervise(
                         break;
                     }
                     Err(e) => {
-                        warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "broker reconnect failed");
+                        let wait = backoff.next_wait();
+                        warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker reconnect failed");
+                        wait
                     }
                 },
-            }
+            };
             tokio::select! {
                 _ = stopped(&mut stop) => return,
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
-            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod backoff;
 pub mod balance;
 pub mod batch;
 pub mod cli;

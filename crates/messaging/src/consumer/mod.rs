@@ -8,7 +8,7 @@ mod handler;
 use std::{future::Future, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use flashsale_platform::failpoint::Failpoints;
+use flashsale_platform::{backoff::Backoff, failpoint::Failpoints};
 use futures_util::{FutureExt as _, StreamExt as _};
 use lapin::{
     Channel,
@@ -32,8 +32,6 @@ use crate::{
 /// delivery of that routing key.
 pub const FP_AFTER_HANDLE_BEFORE_ACK: &str = "consumer.after_handle_before_ack";
 
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How long shutdown waits for handlers in flight.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -98,28 +96,30 @@ impl<H: Handler> Consumer<H> {
     {
         let shutdown = shutdown.fuse();
         futures_util::pin_mut!(shutdown);
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::reconnect();
         loop {
             let started = tokio::time::Instant::now();
-            match self.session(&mut shutdown).await {
+            let wait = match self.session(&mut shutdown).await {
                 Ok(()) => return Ok(()),
                 Err(e) => {
-                    if started.elapsed() > BACKOFF_MAX {
-                        backoff = BACKOFF_MIN;
+                    // A session that lasted is a fresh failure, not the next of a series.
+                    if started.elapsed() > backoff.max() {
+                        backoff.reset();
                     }
+                    let wait = backoff.next_wait();
                     error!(
                         queue = self.ctx.topology.queue(),
                         error = format!("{e:#}"),
-                        retry_in_ms = backoff.as_millis() as u64,
+                        retry_in_ms = wait.as_millis() as u64,
                         "consumer lost its channel, resuming"
                     );
+                    wait
                 }
-            }
+            };
             tokio::select! {
                 _ = &mut shutdown => return Ok(()),
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
-            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
 

@@ -8,6 +8,7 @@
 use std::{future::Future, time::Duration};
 
 use anyhow::Context as _;
+use flashsale_platform::backoff::Backoff;
 use futures_util::{FutureExt as _, StreamExt as _, stream::select_all};
 use lapin::{
     message::Delivery,
@@ -24,8 +25,8 @@ use crate::{
     topology::QueueTopology,
 };
 
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Shortest interval between two reads of the parking lots' depths.
+const MIN_STATS_INTERVAL: Duration = Duration::from_millis(100);
 const PURGE_EVERY: Duration = Duration::from_secs(600);
 
 /// Tuning of a [`DeadLetterDrainer`].
@@ -106,29 +107,31 @@ impl DeadLetterDrainer {
     {
         let shutdown = shutdown.fuse();
         futures_util::pin_mut!(shutdown);
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::reconnect();
         let mut last_purge = tokio::time::Instant::now();
         loop {
             let started = tokio::time::Instant::now();
-            match self.session(&mut shutdown, &mut last_purge).await {
+            let wait = match self.session(&mut shutdown, &mut last_purge).await {
                 Ok(()) => return Ok(()),
                 Err(e) => {
-                    if started.elapsed() > BACKOFF_MAX {
-                        backoff = BACKOFF_MIN;
+                    // A session that lasted is a fresh failure, not the next of a series.
+                    if started.elapsed() > backoff.max() {
+                        backoff.reset();
                     }
+                    let wait = backoff.next_wait();
                     error!(
                         queues = ?self.queues,
                         error = format!("{e:#}"),
-                        retry_in_ms = backoff.as_millis() as u64,
+                        retry_in_ms = wait.as_millis() as u64,
                         "dead-letter drainer failed, resuming"
                     );
+                    wait
                 }
-            }
+            };
             tokio::select! {
                 _ = &mut shutdown => return Ok(()),
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
-            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
 
@@ -179,7 +182,7 @@ impl DeadLetterDrainer {
             res = setup => res?,
         };
         info!(queues = ?self.queues, "draining parking lots");
-        let mut tick = tokio::time::interval(self.options.stats_interval.max(BACKOFF_MIN));
+        let mut tick = tokio::time::interval(self.options.stats_interval.max(MIN_STATS_INTERVAL));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let result = loop {
             tokio::select! {

@@ -10,7 +10,7 @@
 use std::{collections::BTreeMap, future::Future, time::Duration};
 
 use anyhow::Context as _;
-use flashsale_platform::failpoint::Failpoints;
+use flashsale_platform::{backoff::Backoff, failpoint::Failpoints};
 use futures_util::FutureExt as _;
 use lapin::types::FieldTable;
 use sea_orm::{DatabaseConnection, DbBackend, DbErr};
@@ -30,8 +30,6 @@ pub const FP_AFTER_PUBLISH: &str = "outbox.relay.after_publish";
 /// Failpoint reached right before the `UPDATE` that marks rows published.
 pub const FP_BEFORE_MARK: &str = "outbox.relay.before_mark";
 
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const PURGE_EVERY: Duration = Duration::from_secs(600);
 /// How long shutdown lets the batch in flight finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -140,7 +138,8 @@ impl OutboxRelay {
         let shutdown = shutdown.fuse();
         futures_util::pin_mut!(shutdown);
         let mut listener: Option<PgListener> = None;
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::reconnect();
+        let mut failed_wait = backoff.step();
         let mut last_purge = tokio::time::Instant::now();
         let mut yielder = self
             .options
@@ -206,16 +205,17 @@ impl OutboxRelay {
                 match res {
                     // Every batch came back full: there may be more.
                     Ok(full) if full => {
-                        backoff = BACKOFF_MIN;
+                        backoff.reset();
                     }
                     Ok(_) => {
-                        backoff = BACKOFF_MIN;
+                        backoff.reset();
                         break;
                     }
                     Err(e) => {
+                        failed_wait = backoff.next_wait();
                         error!(
                             error = format!("{e:#}"),
-                            retry_in_ms = backoff.as_millis() as u64,
+                            retry_in_ms = failed_wait.as_millis() as u64,
                             "failed to publish outbox batch"
                         );
                         failed = true;
@@ -228,13 +228,10 @@ impl OutboxRelay {
                 self.purge().await;
             }
             let wait = if failed {
-                backoff
+                failed_wait
             } else {
                 self.options.poll_interval
             };
-            if failed {
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
             tokio::select! {
                 _ = &mut shutdown => return Ok(()),
                 _ = tokio::time::sleep(wait) => {}

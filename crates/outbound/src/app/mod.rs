@@ -186,7 +186,7 @@ impl Shipping {
                     attempt,
                     Duration::from_millis(self.settings.retry_base_ms),
                     Duration::from_millis(self.settings.retry_max_ms),
-                    random_unit(),
+                    flashsale_platform::backoff::random_unit(),
                 );
                 let retry_at = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
                 db::delay(&txn, s.shipment_id, &reason, retry_at).await?;
@@ -341,14 +341,6 @@ impl From<WarehouseError> for StepError {
 
 fn millis(ms: u64) -> chrono::Duration {
     chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX))
-}
-
-/// A number in `0.0..1.0` from a random UUID's low 53 bits, which are all random (the jitter
-/// of a backoff).
-fn random_unit() -> f64 {
-    const BITS: u32 = 53;
-    let low = Uuid::new_v4().as_u128() & ((1u128 << BITS) - 1);
-    low as f64 / (1u64 << BITS) as f64
 }
 
 fn count(status: ShipmentStatus, n: u64) {
