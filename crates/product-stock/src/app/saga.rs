@@ -120,14 +120,14 @@ impl StockSaga {
                     ),
                 )
                 .await?;
-                self.gate_release_unpersisted(&sku, &ev.user_id, order_id)
+                self.gate_step(OrderStep::ReleaseUnpersisted, &sku, &ev.user_id, order_id)
                     .await?;
                 txn.commit().await?;
                 return Ok(());
             }
             Some(_) => {
                 // Persisted before under another message id: nothing more to do.
-                self.gate_mark_persisted(&sku, &ev.user_id, order_id)
+                self.gate_step(OrderStep::MarkPersisted, &sku, &ev.user_id, order_id)
                     .await?;
                 txn.commit().await?;
                 return Ok(());
@@ -192,7 +192,7 @@ impl StockSaga {
             // row lock (see `release_persisted`). A commit that fails takes the mark back, so
             // until the retry the gate holds the units again, as the database does not count
             // them: a repair or a cancel meanwhile then sees the hold the retry will persist.
-            self.gate_mark_persisted(&sku, &ev.user_id, order_id)
+            self.gate_step(OrderStep::MarkPersisted, &sku, &ev.user_id, order_id)
                 .await?;
             let committed = async {
                 failpoint(&self.failpoints, "stock.order_created.before_commit").await?;
@@ -221,7 +221,8 @@ impl StockSaga {
             .await?;
             // The gate admitted what the database does not have: drop the hold without giving
             // the units back, which moves the gate towards the database.
-            self.gate_drop_hold(&sku, &ev.user_id, order_id).await?;
+            self.gate_step(OrderStep::DropHold, &sku, &ev.user_id, order_id)
+                .await?;
             txn.commit().await?;
             metrics::counter!("flashsale_reservation_failed_in_db_total").increment(1);
         }
@@ -241,7 +242,9 @@ impl StockSaga {
         let Some(txn) = self.claim(consumer, env).await? else {
             // Handled before: if that attempt committed and died before giving the units back
             // (or Redis refused it then), this delivery finishes it; otherwise nothing happens.
-            return self.gate_finish_release(&sku, &ev.user_id, order_id).await;
+            return self
+                .gate_step(OrderStep::FinishRelease, &sku, &ev.user_id, order_id)
+                .await;
         };
         let Some(r) = db::reservation(&txn, order_id, true).await? else {
             let policy = self
@@ -283,7 +286,9 @@ impl StockSaga {
                 .map_err(gate_err)?;
             txn.commit().await?;
             failpoint(&self.failpoints, "stock.order_cancelled.after_commit").await?;
-            return self.gate_finish_release(&sku, &ev.user_id, order_id).await;
+            return self
+                .gate_step(OrderStep::FinishRelease, &sku, &ev.user_id, order_id)
+                .await;
         };
         self.release_persisted(txn, env, &r, "order.cancelled")
             .await
@@ -305,13 +310,18 @@ impl StockSaga {
             ReservationState::Committed => (r.quantity, 0),
             ReservationState::Released => {
                 txn.commit().await?;
-                self.gate_finish_release(&r.sku, &r.user_id, r.order_id)
+                self.gate_step(OrderStep::FinishRelease, &r.sku, &r.user_id, r.order_id)
                     .await?;
                 // A hold taken again after the gate forgot the released order (a late replay
                 // of its CreateOrder, see `stock.released_record_ttl_ms`): the order service
                 // cancels it at once, and the database released the order, so it goes.
                 return self
-                    .gate_release_unpersisted(&r.sku, &r.user_id, r.order_id)
+                    .gate_step(
+                        OrderStep::ReleaseUnpersisted,
+                        &r.sku,
+                        &r.user_id,
+                        r.order_id,
+                    )
                     .await;
             }
         };
@@ -364,7 +374,7 @@ impl StockSaga {
         failpoint(&self.failpoints, "stock.order_cancelled.before_commit").await?;
         txn.commit().await?;
         failpoint(&self.failpoints, "stock.order_cancelled.after_commit").await?;
-        self.gate_finish_release(&r.sku, &r.user_id, r.order_id)
+        self.gate_step(OrderStep::FinishRelease, &r.sku, &r.user_id, r.order_id)
             .await
     }
 
@@ -473,18 +483,24 @@ impl StockSaga {
         }
     }
 
-    async fn gate_mark_persisted(
+    /// One gate step on an order's record, in the bucket its user's orders live in.
+    async fn gate_step(
         &self,
+        step: OrderStep,
         sku: &Sku,
         user_id: &str,
         order_id: Uuid,
     ) -> Result<(), StockError> {
-        let bucket = self.bucket(sku, user_id).await?;
-        self.gate
-            .mark_persisted(At::new(sku.as_str(), bucket), order_id)
-            .await
-            .map(drop)
-            .map_err(gate_err)
+        let at = At::new(sku.as_str(), self.bucket(sku, user_id).await?);
+        match step {
+            OrderStep::MarkPersisted => self.gate.mark_persisted(at, order_id).await.map(drop),
+            OrderStep::DropHold => self.gate.drop_hold(at, order_id).await.map(drop),
+            OrderStep::FinishRelease => self.gate.finish_release(at, order_id).await.map(drop),
+            OrderStep::ReleaseUnpersisted => {
+                self.gate.release_unpersisted(at, order_id).await.map(drop)
+            }
+        }
+        .map_err(gate_err)
     }
 
     /// Takes back the gate's mark of an order whose `order.created` transaction failed, if the
@@ -513,46 +529,18 @@ impl StockSaga {
             tracing::warn!(%sku, %order_id, error = %e, "the gate's mark of an uncommitted reservation was not taken back");
         }
     }
+}
 
-    async fn gate_drop_hold(
-        &self,
-        sku: &Sku,
-        user_id: &str,
-        order_id: Uuid,
-    ) -> Result<(), StockError> {
-        let bucket = self.bucket(sku, user_id).await?;
-        self.gate
-            .drop_hold(At::new(sku.as_str(), bucket), order_id)
-            .await
-            .map(drop)
-            .map_err(gate_err)
-    }
-
-    async fn gate_finish_release(
-        &self,
-        sku: &Sku,
-        user_id: &str,
-        order_id: Uuid,
-    ) -> Result<(), StockError> {
-        let bucket = self.bucket(sku, user_id).await?;
-        self.gate
-            .finish_release(At::new(sku.as_str(), bucket), order_id)
-            .await
-            .map(drop)
-            .map_err(gate_err)
-    }
-
-    async fn gate_release_unpersisted(
-        &self,
-        sku: &Sku,
-        user_id: &str,
-        order_id: Uuid,
-    ) -> Result<(), StockError> {
-        let bucket = self.bucket(sku, user_id).await?;
-        self.gate
-            .release_unpersisted(At::new(sku.as_str(), bucket), order_id)
-            .await
-            .map(drop)
-            .map_err(gate_err)
-    }
+/// The gate's steps on one order's record that follow a database change ([`StockSaga::gate_step`]).
+#[derive(Clone, Copy, Debug)]
+enum OrderStep {
+    /// The database has the reservation: the hold is persisted.
+    MarkPersisted,
+    /// The database refused the reservation for lack of stock: the hold is forgotten and its
+    /// units do not come back (the gate had admitted units that do not exist).
+    DropHold,
+    /// The database released the reservation: its units go back.
+    FinishRelease,
+    /// The database never had the order: the hold's units go back.
+    ReleaseUnpersisted,
 }
