@@ -72,18 +72,24 @@ main() {
     # binaries as separate processes. Building them with the tests, with the same features,
     # makes one build serve both: the test run below compiles nothing more.
     local features=(--features flashsale-platform/failpoints) status=0
+    # One failing test never stops the run (.config/nextest.toml says so too); the flag is
+    # added unless the caller passed it already (the runners refuse it twice).
+    local args=("$@")
+    if [[ " $* " != *" --no-fail-fast "* ]]; then
+        args=(--no-fail-fast "${args[@]}")
+    fi
     log "cargo build --workspace --bins --tests ${features[*]}"
     cargo build --workspace --bins --tests "${features[@]}"
     if cargo nextest --version >/dev/null 2>&1; then
-        log "cargo nextest run --workspace ${features[*]} $*"
-        # .config/nextest.toml: no fail-fast, the failed tests' names printed last.
-        cargo nextest run --workspace --no-fail-fast "${features[@]}" "$@" || status=$?
+        log "cargo nextest run --workspace ${features[*]} ${args[*]}"
+        # .config/nextest.toml prints the failed tests' names again last.
+        cargo nextest run --workspace "${features[@]}" "${args[@]}" || status=$?
         log "cargo nextest run -p flashsale-platform --lib failpoint (built without failpoints)"
         cargo nextest run -p flashsale-platform --lib failpoint || status=$?
     else
         warn "cargo-nextest is not installed; falling back to cargo test"
-        log "cargo test --workspace ${features[*]} $*"
-        cargo test --workspace --no-fail-fast "${features[@]}" "$@" || status=$?
+        log "cargo test --workspace ${features[*]} ${args[*]}"
+        cargo test --workspace "${features[@]}" "${args[@]}" || status=$?
         log "cargo test -p flashsale-platform --lib failpoint (built without failpoints)"
         cargo test -p flashsale-platform --lib failpoint || status=$?
     fi
