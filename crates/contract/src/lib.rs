@@ -1,13 +1,15 @@
 //! The rules every flashsale service and client shares, each with one home: the sku format,
 //! the limits on ids, keys and quantities, the conversion between timestamps and
 //! `google.protobuf.Timestamp`, the deduction policy's names, the reasons a reservation is
-//! refused and every other reason a service gives ([`reason`]), how the payment provider's notifications are signed, and the check every string from
-//! a client passes (no control characters, a length limit). Pure values and checks: no I/O, no
+//! refused and every other reason a service gives ([`reason`]), each service's work queue
+//! ([`queues`]), how the payment provider's notifications are signed, and the check every string
+//! from a client passes (no control characters, a length limit). Pure values and checks: no I/O, no
 //! tonic, no database.
 
 mod limits;
 pub mod payment;
 mod policy;
+pub mod queues;
 pub mod reason;
 mod refusal;
 mod sku;

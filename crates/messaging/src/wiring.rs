@@ -1,7 +1,7 @@
 //! The messaging side of a service, wired in one call: the broker connection, its queues
 //! (declared before the service reports SERVING, so nothing published to it after start-up is
-//! unroutable), the outbox relay, one consumer per queue, the dead-letter drainer, and a clean
-//! close on shutdown. Every task runs on the service's [`Runner`], so a task that fails stops
+//! unroutable), the outbox relay, one consumer per queue, the dead-letter drainer, the inbox
+//! purger, and a clean close on shutdown. Every task runs on the service's [`Runner`], so a task that fails stops
 //! the service.
 
 use anyhow::Context as _;
@@ -92,6 +92,11 @@ pub async fn start_with<H: Handler + Clone>(
     let s = stop.clone();
     runner.spawn(async move { drainer.run(s()).await });
     let dead_letters = DeadLetterAdmin::new(db, Publisher::new(&broker), topologies)?;
+    runner.spawn(crate::inbox::run_purger(
+        db.clone(),
+        config.inbox_purge(),
+        runner.shutdown(),
+    ));
     let closing = broker.clone();
     runner.spawn(async move {
         stop().await;

@@ -5,8 +5,8 @@
 use std::{sync::Arc, time::Duration};
 
 use flashsale_platform::{
-    app::{Application, Foundation},
-    auth::{JwtKeys, ServiceToken},
+    app::{Application, Common, Foundation, Service},
+    auth::ServiceToken,
     failpoint::Failpoints,
     grpc::ServerRoutes,
     peer::PeerLimits,
@@ -33,8 +33,26 @@ use crate::{
     migration::Migrator,
 };
 
-/// How often the rate limiters forget users whose counts are back to full.
-const FORGET_IDLE_USERS_EVERY: Duration = Duration::from_secs(10);
+/// The order service as its binary runs it (`flashsale_platform::app::main`).
+pub struct Order;
+
+impl Service for Order {
+    const NAME: &'static str = "order";
+    type Settings = Settings;
+    type Migrator = Migrator;
+
+    fn load() -> anyhow::Result<Settings> {
+        Ok(crate::config::load()?)
+    }
+
+    fn common(settings: &Settings) -> Common<'_> {
+        settings.common()
+    }
+
+    async fn build(settings: Settings) -> anyhow::Result<Application> {
+        build(settings).await
+    }
+}
 
 /// [`build_with`] with failpoints from `FLASHSALE_FAILPOINTS`.
 pub async fn build(settings: Settings) -> anyhow::Result<Application> {
@@ -42,18 +60,8 @@ pub async fn build(settings: Settings) -> anyhow::Result<Application> {
 }
 
 pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::Result<Application> {
-    let mut f = Foundation::build::<Migrator>(
-        "order",
-        &settings.grpc,
-        &settings.metrics,
-        &settings.database,
-        &settings.auth,
-    )
-    .await?;
-    let keys = JwtKeys::from_settings(&settings.auth, "order")?;
-    let token = Arc::new(
-        ServiceToken::new(keys, "order").map_err(|e| anyhow::anyhow!("mint service token: {e}"))?,
-    );
+    let mut f = Foundation::of::<Order>(&settings).await?;
+    let token = ServiceToken::for_service(&settings.auth, Order::NAME)?;
     let stock = GrpcStock::new(
         &settings.upstream,
         &settings.grpc.tls,
@@ -128,11 +136,6 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     f.runner.spawn(stuck.clone().run_gauge(shutdown.clone()));
     f.runner.spawn(refunds.clone().run(shutdown.clone()));
     f.runner.spawn(reconciler.run(shutdown.clone()));
-    f.runner.spawn(flashsale_messaging::inbox::run_purger(
-        f.db.clone(),
-        settings.amqp.inbox_purge(),
-        shutdown.clone(),
-    ));
     // Every replica hears when units of a product come back, and stops refusing it from memory.
     let (forget, reset) = (intake.sold_out().clone(), intake.sold_out().clone());
     let s = shutdown.clone();
@@ -151,12 +154,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         async move { s.wait().await },
     ));
     let limits = EdgeLimits::new(&settings.limits);
-    let s = shutdown.clone();
-    f.runner.spawn(flashsale_platform::limit::forget_idle_users(
-        limits.rate_limiters(),
-        FORGET_IDLE_USERS_EVERY,
-        async move { s.wait().await },
-    ));
+    f.forget_idle_users(limits.rate_limiters());
     f.runner.spawn(changes.run(f.db.clone(), shutdown));
 
     let max = settings.grpc.max_message_bytes;

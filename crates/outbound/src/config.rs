@@ -7,7 +7,7 @@ use flashsale_platform::{
     limit::ReadLimitSettings,
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
-        TelemetrySettings, UpstreamSettings, validate_common,
+        TelemetrySettings, UpstreamSettings,
     },
 };
 use serde::{Deserialize, Serialize};
@@ -159,16 +159,22 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    /// The settings every service has.
+    pub fn common(&self) -> flashsale_platform::app::Common<'_> {
+        flashsale_platform::app::Common {
+            grpc: &self.grpc,
+            metrics: &self.metrics,
+            database: &self.database,
+            auth: &self.auth,
+            telemetry: &self.telemetry,
+        }
+    }
+}
+
 impl Validate for Settings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        validate_common(
-            p,
-            &self.grpc,
-            &self.metrics,
-            &self.database,
-            &self.auth,
-            &self.telemetry,
-        )?;
+        self.common().validate(p)?;
         self.amqp
             .validate()
             .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;

@@ -1,19 +1,11 @@
 //! `flashsale-outbound`: `serve` (the default) until SIGTERM/SIGINT, or `migrate` and exit.
 
-use flashsale_outbound::{config, migration::Migrator, startup};
-use flashsale_platform::cli::{ServiceArgs, ServiceCommand, migrate};
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = ServiceArgs::parse_for(
+    flashsale_platform::app::main::<flashsale_outbound::startup::Outbound>(
         env!("CARGO_BIN_NAME"),
         env!("CARGO_PKG_DESCRIPTION"),
         env!("CARGO_PKG_VERSION"),
-    );
-    let settings = config::load()?;
-    let _telemetry = flashsale_platform::telemetry::init(&settings.telemetry, "outbound")?;
-    match args.command() {
-        ServiceCommand::Serve => startup::build(settings).await?.run_until_signalled().await,
-        ServiceCommand::Migrate => migrate::<Migrator>("outbound", &settings.database).await,
-    }
+    )
+    .await
 }

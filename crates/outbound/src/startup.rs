@@ -5,8 +5,8 @@
 use std::{sync::Arc, time::Duration};
 
 use flashsale_platform::{
-    app::{Application, Foundation},
-    auth::{JwtKeys, ServiceToken},
+    app::{Application, Common, Foundation, Service},
+    auth::ServiceToken,
     failpoint::Failpoints,
     grpc::ServerRoutes,
 };
@@ -27,8 +27,26 @@ use crate::{
     migration::Migrator,
 };
 
-/// How often the rate limiter forgets users whose counts are back to full.
-const FORGET_IDLE_USERS_EVERY: Duration = Duration::from_secs(10);
+/// The outbound service as its binary runs it (`flashsale_platform::app::main`).
+pub struct Outbound;
+
+impl Service for Outbound {
+    const NAME: &'static str = "outbound";
+    type Settings = Settings;
+    type Migrator = Migrator;
+
+    fn load() -> anyhow::Result<Settings> {
+        Ok(crate::config::load()?)
+    }
+
+    fn common(settings: &Settings) -> Common<'_> {
+        settings.common()
+    }
+
+    async fn build(settings: Settings) -> anyhow::Result<Application> {
+        build(settings).await
+    }
+}
 
 /// [`build_with`] with failpoints from `FLASHSALE_FAILPOINTS`.
 pub async fn build(settings: Settings) -> anyhow::Result<Application> {
@@ -36,19 +54,8 @@ pub async fn build(settings: Settings) -> anyhow::Result<Application> {
 }
 
 pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::Result<Application> {
-    let mut f = Foundation::build::<Migrator>(
-        "outbound",
-        &settings.grpc,
-        &settings.metrics,
-        &settings.database,
-        &settings.auth,
-    )
-    .await?;
-    let keys = JwtKeys::from_settings(&settings.auth, "outbound")?;
-    let token = Arc::new(
-        ServiceToken::new(keys, "outbound")
-            .map_err(|e| anyhow::anyhow!("mint service token: {e}"))?,
-    );
+    let mut f = Foundation::of::<Outbound>(&settings).await?;
+    let token = ServiceToken::for_service(&settings.auth, Outbound::NAME)?;
     let stock = GrpcCommitter::new(
         &settings.upstream,
         &settings.grpc.tls,
@@ -86,21 +93,11 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     )
     .await?
     .dead_letters;
-    f.runner.spawn(flashsale_messaging::inbox::run_purger(
-        f.db.clone(),
-        settings.amqp.inbox_purge(),
-        f.runner.shutdown(),
-    ));
     f.runner
         .spawn(shipping.clone().run_sweeper(f.runner.shutdown()));
 
     let reads = settings.limits.limiter("GetShipment");
-    let shutdown = f.runner.shutdown();
-    f.runner.spawn(flashsale_platform::limit::forget_idle_users(
-        vec![reads.clone()],
-        FORGET_IDLE_USERS_EVERY,
-        async move { shutdown.wait().await },
-    ));
+    f.forget_idle_users(vec![reads.clone()]);
 
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()

@@ -1,16 +1,85 @@
 //! The life of one service process: bind the gRPC and metrics listeners, serve until shutdown,
 //! then stop background tasks. Services build their [`ServerRoutes`] and background tasks and
-//! hand them to [`Runner`]; tests read the bound ports before running it.
+//! hand them to [`Runner`]; tests read the bound ports before running it. A service describes
+//! itself as a [`Service`], and its binary's `main` is one call to [`main`].
 
 use anyhow::Context as _;
 use tokio::{net::TcpListener, task::JoinSet};
 
 use crate::{
+    cli::{ServiceArgs, ServiceCommand},
     grpc::{self, ServerRoutes},
+    limit::UserRateLimiter,
     metrics,
-    settings::{GrpcSettings, MetricsSettings},
+    settings::{AuthSettings, DatabaseSettings, GrpcSettings, MetricsSettings, TelemetrySettings},
     shutdown::Shutdown,
 };
+
+/// How often a service's rate limiters forget the users whose counts are back to full.
+pub const FORGET_IDLE_USERS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A service as its binary runs it: its name, settings and migrations, and how it is built.
+pub trait Service {
+    /// The service's name: its tracing name, its migration lock and the subject of its tokens.
+    const NAME: &'static str;
+    type Settings: Send + 'static;
+    type Migrator: sea_orm_migration::MigratorTrait;
+
+    /// Loads the settings from defaults, files and the environment, and validates them.
+    fn load() -> anyhow::Result<Self::Settings>;
+
+    /// The settings every service has.
+    fn common(settings: &Self::Settings) -> Common<'_>;
+
+    /// Connects and wires everything, ready to serve.
+    fn build(
+        settings: Self::Settings,
+    ) -> impl std::future::Future<Output = anyhow::Result<Application>>;
+}
+
+/// The settings every service has, borrowed from its own.
+#[derive(Clone, Copy)]
+pub struct Common<'a> {
+    pub grpc: &'a GrpcSettings,
+    pub metrics: &'a MetricsSettings,
+    pub database: &'a DatabaseSettings,
+    pub auth: &'a AuthSettings,
+    pub telemetry: &'a TelemetrySettings,
+}
+
+impl Common<'_> {
+    /// Validates each, naming a bad key under `prefix` (`order.grpc.addr`, say).
+    pub fn validate(&self, prefix: &str) -> Result<(), crate::config::ConfigError> {
+        crate::settings::validate_common(
+            prefix,
+            self.grpc,
+            self.metrics,
+            self.database,
+            self.auth,
+            self.telemetry,
+        )
+    }
+}
+
+/// A service binary's whole `main`: parses the command line (`serve`, the default, or
+/// `migrate`), loads the settings, starts telemetry, then serves until SIGTERM/SIGINT or applies
+/// the migrations and exits. `name`, `about` and `version` are the binary's own
+/// (`env!("CARGO_BIN_NAME")`, `env!("CARGO_PKG_DESCRIPTION")`, `env!("CARGO_PKG_VERSION")`).
+pub async fn main<S: Service>(
+    name: &'static str,
+    about: &'static str,
+    version: &'static str,
+) -> anyhow::Result<()> {
+    let args = ServiceArgs::parse_for(name, about, version);
+    let settings = S::load()?;
+    let _telemetry = crate::telemetry::init(S::common(&settings).telemetry, S::NAME)?;
+    match args.command() {
+        ServiceCommand::Serve => S::build(settings).await?.run_until_signalled().await,
+        ServiceCommand::Migrate => {
+            crate::cli::migrate::<S::Migrator>(S::NAME, S::common(&settings).database).await
+        }
+    }
+}
 
 /// Bound listeners and the tasks that run beside the gRPC server.
 pub struct Runner {
@@ -118,6 +187,23 @@ pub struct Foundation {
 }
 
 impl Foundation {
+    /// [`Foundation::build`] from the settings of the service `S`.
+    pub async fn of<S: Service>(settings: &S::Settings) -> anyhow::Result<Self> {
+        let c = S::common(settings);
+        Self::build::<S::Migrator>(S::NAME, c.grpc, c.metrics, c.database, c.auth).await
+    }
+
+    /// Forgets, every [`FORGET_IDLE_USERS_EVERY`] until shutdown, the users of `limiters`
+    /// whose counts are back to full.
+    pub fn forget_idle_users(&mut self, limiters: Vec<UserRateLimiter>) {
+        let shutdown = self.runner.shutdown();
+        self.runner.spawn(crate::limit::forget_idle_users(
+            limiters,
+            FORGET_IDLE_USERS_EVERY,
+            async move { shutdown.wait().await },
+        ));
+    }
+
     pub async fn build<M: sea_orm_migration::MigratorTrait>(
         service: &'static str,
         grpc: &GrpcSettings,

@@ -8,7 +8,7 @@ use flashsale_platform::{
     limit::ReadLimitSettings,
     settings::{
         AuthSettings, CommonSettings, DatabaseSettings, GrpcSettings, MetricsSettings,
-        RedisSettings, TelemetrySettings, check_refresh_ms, check_url_list, validate_common,
+        RedisSettings, TelemetrySettings, check_refresh_ms, check_url_list,
     },
 };
 use serde::{Deserialize, Serialize};
@@ -168,16 +168,22 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    /// The settings every service has.
+    pub fn common(&self) -> flashsale_platform::app::Common<'_> {
+        flashsale_platform::app::Common {
+            grpc: &self.grpc,
+            metrics: &self.metrics,
+            database: &self.database,
+            auth: &self.auth,
+            telemetry: &self.telemetry,
+        }
+    }
+}
+
 impl Validate for Settings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
-        validate_common(
-            p,
-            &self.grpc,
-            &self.metrics,
-            &self.database,
-            &self.auth,
-            &self.telemetry,
-        )?;
+        self.common().validate(p)?;
         self.redis.validate(&format!("{p}.redis"))?;
         self.amqp
             .validate()

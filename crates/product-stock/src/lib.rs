@@ -7,10 +7,21 @@
 //! Layers: `api` (gRPC and AMQP) calls the use cases in `app`, which call `infra` (the
 //! database and the Redis gate); `domain` holds the types and rules every layer shares.
 
-pub mod api;
-pub mod app;
+/// The layers are the crate's own: private, or public with the `internals` feature, which only
+/// the crate's own integration tests turn on.
+macro_rules! layers {
+    ($($layer:ident),* $(,)?) => {$(
+        #[cfg(feature = "internals")]
+        pub mod $layer;
+        // Without the feature, what only the crate's own tests use is unused here.
+        #[cfg(not(feature = "internals"))]
+        #[allow(dead_code, unused_imports)]
+        mod $layer;
+    )*};
+}
+
+layers!(api, app, domain, infra, migration);
 pub mod config;
-pub mod domain;
-pub mod infra;
-pub mod migration;
 pub mod startup;
+#[cfg(feature = "testing")]
+pub mod testing;

@@ -4,8 +4,8 @@
 use std::{sync::Arc, time::Duration};
 
 use flashsale_platform::{
-    app::{Application, Foundation},
-    auth::{JwtKeys, ServiceToken},
+    app::{Application, Common, Foundation, Service},
+    auth::ServiceToken,
     failpoint::Failpoints,
     grpc::ServerRoutes,
 };
@@ -31,8 +31,26 @@ use crate::{
 /// master's last writes before they are dropped and rebuilt.
 pub const CLUSTER_RUN_CHECK_PERIOD: Duration = Duration::from_secs(1);
 
-/// How often the rate limiter forgets users whose counts are back to full.
-const FORGET_IDLE_USERS_EVERY: Duration = Duration::from_secs(10);
+/// The product-stock service as its binary runs it (`flashsale_platform::app::main`).
+pub struct ProductStock;
+
+impl Service for ProductStock {
+    const NAME: &'static str = "product-stock";
+    type Settings = Settings;
+    type Migrator = Migrator;
+
+    fn load() -> anyhow::Result<Settings> {
+        Ok(crate::config::load()?)
+    }
+
+    fn common(settings: &Settings) -> Common<'_> {
+        settings.common()
+    }
+
+    async fn build(settings: Settings) -> anyhow::Result<Application> {
+        build(settings).await
+    }
+}
 
 /// [`build_with`] with failpoints from `FLASHSALE_FAILPOINTS`.
 pub async fn build(settings: Settings) -> anyhow::Result<Application> {
@@ -41,11 +59,7 @@ pub async fn build(settings: Settings) -> anyhow::Result<Application> {
 
 /// Connects and migrates the database, connects Redis and RabbitMQ, and wires everything.
 pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::Result<Application> {
-    let keys = JwtKeys::from_settings(&settings.auth, "product-stock")?;
-    let token = Arc::new(
-        ServiceToken::new(keys, "product-stock")
-            .map_err(|e| anyhow::anyhow!("mint service token: {e}"))?,
-    );
+    let token = ServiceToken::for_service(&settings.auth, ProductStock::NAME)?;
     let orders = GrpcOrders::new(&settings.order_service, &settings.grpc.tls, token)?;
     build_with_orders(settings, failpoints, Arc::new(orders)).await
 }
@@ -57,14 +71,7 @@ pub async fn build_with_orders(
     failpoints: Failpoints,
     orders: Arc<dyn OrderPort>,
 ) -> anyhow::Result<Application> {
-    let mut f = Foundation::build::<Migrator>(
-        "product-stock",
-        &settings.grpc,
-        &settings.metrics,
-        &settings.database,
-        &settings.auth,
-    )
-    .await?;
+    let mut f = Foundation::of::<ProductStock>(&settings).await?;
     // Every new connection first checks that Redis did not come back from a stale snapshot
     // (docs/architecture.md#operations).
     let pool = RedisGate::pool(&settings.redis, &settings.redis.key_prefix)?;
@@ -124,21 +131,11 @@ pub async fn build_with_orders(
     )
     .await?
     .dead_letters;
-    f.runner.spawn(flashsale_messaging::inbox::run_purger(
-        f.db.clone(),
-        settings.amqp.inbox_purge(),
-        f.runner.shutdown(),
-    ));
     f.runner
         .spawn(reconciler.clone().run_sweeper(f.runner.shutdown()));
 
     let reads = settings.limits.limiter("GetProduct/ListProducts");
-    let shutdown = f.runner.shutdown();
-    f.runner.spawn(flashsale_platform::limit::forget_idle_users(
-        vec![reads.clone()],
-        FORGET_IDLE_USERS_EVERY,
-        async move { shutdown.wait().await },
-    ));
+    f.forget_idle_users(vec![reads.clone()]);
 
     let max = settings.grpc.max_message_bytes;
     let routes = ServerRoutes::new()

@@ -1,7 +1,8 @@
 //! The layers of each service crate and which may use which (docs/architecture.md#services):
 //! `domain` uses only `domain`; `infra` uses `domain`, `config` and `migration`; `app` uses
 //! `domain`, `infra` and `config`; `api` uses `app`, `domain` and `config`; `migration` only
-//! `migration`; `config` uses `domain`; `startup.rs`, `main.rs` and `lib.rs` use anything. A
+//! `migration`; `config` uses `domain`; `startup.rs`, `main.rs`, `lib.rs` and `testing.rs` (the
+//! feature-gated door for the benchmark, docs/architecture.md#services) use anything. A
 //! layer always uses itself.
 //!
 //! Every `.rs` file under a service's `src/` is parsed with `syn`; its layer comes from its path,
@@ -26,6 +27,7 @@ enum Layer {
     Migration,
     Config,
     Startup,
+    Testing,
     Main,
     Lib,
 }
@@ -41,6 +43,7 @@ impl Layer {
             "migration" => Self::Migration,
             "config" => Self::Config,
             "startup" => Self::Startup,
+            "testing" => Self::Testing,
             _ => return None,
         })
     }
@@ -53,6 +56,7 @@ impl Layer {
             ["lib.rs"] => Some(Self::Lib),
             ["config.rs"] => Some(Self::Config),
             ["startup.rs"] => Some(Self::Startup),
+            ["testing.rs"] => Some(Self::Testing),
             ["migration.rs"] => Some(Self::Migration),
             // `config.rs`'s own submodules (its tests in `config/tests.rs`).
             ["config", _] => Some(Self::Config),
@@ -78,7 +82,7 @@ impl Layer {
     fn may_use(self, target: Target) -> bool {
         use Layer::*;
         match self {
-            Startup | Main | Lib => true,
+            Startup | Testing | Main | Lib => true,
             _ => {
                 let Target::Layer(t) = target else {
                     return false;
@@ -90,7 +94,7 @@ impl Layer {
                         App => matches!(t, Domain | Infra | Config),
                         Api => matches!(t, App | Domain | Config),
                         Config => t == Domain,
-                        Startup | Main | Lib => true,
+                        Startup | Testing | Main | Lib => true,
                     }
             }
         }
@@ -107,6 +111,7 @@ impl fmt::Display for Layer {
             Self::Migration => "migration",
             Self::Config => "config",
             Self::Startup => "startup",
+            Self::Testing => "testing",
             Self::Main => "main",
             Self::Lib => "lib",
         })

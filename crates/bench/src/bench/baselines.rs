@@ -7,7 +7,8 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use flashsale_product_stock::infra::gate::{RedisGate, ReserveOutcome};
+use flashsale_order::testing as order;
+use flashsale_product_stock::testing::{Gate, ReserveOutcome};
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, TransactionTrait};
 use uuid::Uuid;
 
@@ -117,8 +118,7 @@ const NAIVE_FUNCTION: &str = "CREATE OR REPLACE FUNCTION naive_place_order(p_sku
 /// Readies the naive database for a sale of `stock` units of `sku`: the order schema without
 /// its notification triggers, empty order tables, the hot row, and the one-round-trip function.
 pub async fn prepare_naive(db: &DatabaseConnection, stock: i64, sku: &str) -> anyhow::Result<()> {
-    use sea_orm_migration::MigratorTrait as _;
-    flashsale_order::migration::Migrator::up(db, None)
+    order::migrate(db)
         .await
         .context("migrate the naive bench database")?;
     refuse_foreign_orders(db, "--naive-db").await?;
@@ -382,13 +382,13 @@ fn pg<const N: usize>(sql: &str, values: [sea_orm::Value; N]) -> sea_orm::Statem
 
 /// The platform's reserve script on Redis with no gRPC around it.
 pub async fn raw_gate(
-    gate: RedisGate,
+    gate: Gate,
     load: &Load,
     sku: &str,
     per_user_limit: u32,
 ) -> anyhow::Result<Measurement> {
     gate.forget(sku).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-    gate.load(sku, load.stock, &[])
+    gate.load(sku, load.stock)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let (sku, buyers) = (sku.to_owned(), load.buyers.max(1));
@@ -403,16 +403,8 @@ pub async fn raw_gate(
             move |i| {
                 let (gate, sku) = (gate.clone(), sku.clone());
                 async move {
-                    let now = chrono::Utc::now().timestamp_millis();
                     match gate
-                        .reserve(
-                            &sku,
-                            Uuid::new_v4(),
-                            &format!("buyer{}", i % buyers),
-                            1,
-                            per_user_limit,
-                            now,
-                        )
+                        .reserve(&sku, &format!("buyer{}", i % buyers), 1, per_user_limit)
                         .await
                     {
                         Ok(ReserveOutcome::Reserved { .. }) => Outcome::Accepted,
@@ -442,8 +434,7 @@ pub async fn raw_insert(
     load: &Load,
     sku: &str,
 ) -> anyhow::Result<Measurement> {
-    use sea_orm_migration::MigratorTrait as _;
-    flashsale_order::migration::Migrator::up(&db, None)
+    order::migrate(&db)
         .await
         .context("migrate the bench order database")?;
     refuse_foreign_orders(&db, "--insert-db").await?;
@@ -462,7 +453,7 @@ pub async fn raw_insert(
         move |i| {
             let (db, sku, tag) = (db.clone(), sku.clone(), tag.clone());
             async move {
-                let place = match flashsale_order::domain::PlaceOrder::new(
+                let place = match order::PlaceOrder::new(
                     &format!("buyer{}", i % buyers),
                     &format!("{tag}-{i}"),
                     &sku,
@@ -472,13 +463,8 @@ pub async fn raw_insert(
                     Ok(p) => p,
                     Err(e) => return Outcome::Error(e.to_string()),
                 };
-                match flashsale_order::app::write_pending(
-                    &db,
-                    &place,
-                    1999,
-                    flashsale_order::domain::Policy::ReserveThenCommit,
-                )
-                .await
+                match order::write_pending(&db, &place, 1999, order::Policy::ReserveThenCommit)
+                    .await
                 {
                     Ok(_) => Outcome::Accepted,
                     Err(e) => Outcome::Error(e.to_string().chars().take(60).collect()),
@@ -524,7 +510,7 @@ impl InsertBatchArgs {
     }
 }
 
-/// The order service's own batched write (`flashsale_order::app::write_pending_batch`: many
+/// The order service's own batched write (`flashsale_order::testing::write_pending_batch`: many
 /// PENDING orders, their history and their `order.created` outbox rows in one statement and one
 /// commit) straight on PostgreSQL, in full batches of `batch` orders, `in_flight` batches at a
 /// time: the ceiling of what the intake can write. `requests` counts orders (the last batch
@@ -536,9 +522,8 @@ pub async fn batched_insert(
     batch: usize,
     in_flight: usize,
 ) -> anyhow::Result<Measurement> {
-    use sea_orm_migration::MigratorTrait as _;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    flashsale_order::migration::Migrator::up(&db, None)
+    order::migrate(&db)
         .await
         .context("migrate the bench order database")?;
     refuse_foreign_orders(&db, "--insert-db").await?;
@@ -561,29 +546,27 @@ pub async fn batched_insert(
             async move {
                 let mut writes = Vec::with_capacity(batch);
                 for i in c * batch..((c + 1) * batch).min(orders) {
-                    match flashsale_order::domain::PlaceOrder::new(
+                    match order::PlaceOrder::new(
                         &format!("buyer{}", i % buyers),
                         &format!("{tag}-{i}"),
                         &sku,
                         1,
                         1,
                     ) {
-                        Ok(place) => writes.push(flashsale_order::app::PendingWrite {
+                        Ok(place) => writes.push(order::PendingWrite {
                             place,
                             unit_price_cents: 1999,
-                            policy: flashsale_order::domain::Policy::ReserveThenCommit,
+                            policy: order::Policy::ReserveThenCommit,
                         }),
                         Err(e) => return Outcome::Error(e.to_string()),
                     }
                 }
                 sent.fetch_add(writes.len(), Ordering::Relaxed);
-                match flashsale_order::app::write_pending_batch(&db, writes).await {
+                match order::write_pending_batch(&db, writes).await {
                     Ok(answers) => {
                         let new = answers
                             .iter()
-                            .filter(|w| {
-                                matches!(w.inserted, flashsale_order::infra::db::Inserted::New)
-                            })
+                            .filter(|w| matches!(w.inserted, order::Inserted::New))
                             .count();
                         written.fetch_add(new, Ordering::Relaxed);
                         if new == answers.len() {

@@ -18,11 +18,8 @@ use std::{
 
 use anyhow::Context as _;
 use deadpool_redis::redis;
-use flashsale_platform::{
-    redis::{Pool, key_slot},
-    settings::RedisSettings,
-};
-use flashsale_product_stock::infra::gate::{RedisGate, ReserveArgs, ReserveOutcome, product_tag};
+use flashsale_platform::{redis::key_slot, settings::RedisSettings};
+use flashsale_product_stock::testing::{Gate, ReserveArgs, ReserveOutcome, product_tag};
 use flashsale_test_support::redis_cluster::RedisCluster;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
@@ -84,8 +81,7 @@ impl ClusterWaitArgs {
 /// One caller: a gate over a pool of one connection, and that pool for its WAIT.
 #[derive(Clone)]
 struct Caller {
-    gate: RedisGate,
-    pool: Pool,
+    gate: Gate,
 }
 
 impl Caller {
@@ -120,7 +116,7 @@ impl Caller {
         let acked = match wait_ms {
             None => None,
             Some(ms) => {
-                let mut conn = self.pool.get().await.context("the caller's pool")?;
+                let mut conn = self.gate.pool().get().await.context("the caller's pool")?;
                 let mut wait = redis::cmd("WAIT");
                 wait.arg(1).arg(ms);
                 Some(wait.query_async::<i64>(&mut *conn).await?)
@@ -267,14 +263,13 @@ pub async fn run(args: &ClusterWaitArgs, round: usize, bound: Duration) -> anyho
     let most = args.wait_callers.iter().copied().max().unwrap_or(1);
     let mut callers = Vec::with_capacity(most);
     for _ in 0..most {
-        let pool = RedisGate::pool(&settings, &prefix)?;
-        let gate = RedisGate::new(pool.clone(), prefix.clone(), Duration::from_secs(3600));
-        callers.push(Caller { gate, pool });
+        let gate = Gate::connect(&settings, Duration::from_secs(3600))?;
+        callers.push(Caller { gate });
     }
     let skus: Arc<[String]> = products(&cluster).await?.into();
     for sku in skus.iter() {
         anyhow::ensure!(
-            callers[0].gate.load(sku, STOCK, &[]).await?,
+            callers[0].gate.load(sku, STOCK).await?,
             "{sku} was already loaded"
         );
     }

@@ -414,12 +414,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     pool_size: load.concurrency.clamp(1, 256),
                     ..Default::default()
                 };
-                let pool = flashsale_platform::redis::pool(&settings)?;
-                let gate = flashsale_product_stock::infra::gate::RedisGate::new(
-                    pool,
-                    settings.key_prefix.clone(),
+                let gate = flashsale_product_stock::testing::Gate::connect(
+                    &settings,
                     Duration::from_secs(600),
-                );
+                )?;
                 let m = baselines::raw_gate(gate, &load, &sku, limit).await?;
                 let checks = vec![
                     invariants::no_errors(&m),

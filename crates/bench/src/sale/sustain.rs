@@ -18,6 +18,7 @@ use std::{
 };
 
 use anyhow::Context as _;
+use flashsale_contract::queues;
 use flashsale_proto::{
     order::v1::{GetOrderRequest, OrderStatus, PayOrderRequest},
     payment::v1::PayCheckoutRequest,
@@ -42,8 +43,6 @@ const PAY_RETRY: Duration = Duration::from_millis(200);
 const PAY_RETRY_MAX: Duration = Duration::from_millis(1_600);
 /// How often the platform is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
-/// The outbound service's work queue (`flashsale_outbound::api::amqp::PAID_ORDERS_QUEUE`).
-const OUTBOUND_QUEUE: &str = "outbound.paid-orders";
 
 /// Where the sustained sale reads the platform's backlog.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -377,12 +376,9 @@ impl Probes {
             outbound,
             amqp,
             queues: [
-                format!("{p}{}", flashsale_order::api::amqp::ORDER_EVENTS_QUEUE),
-                format!(
-                    "{p}{}",
-                    flashsale_product_stock::api::amqp::ORDER_EVENTS_QUEUE
-                ),
-                format!("{p}{OUTBOUND_QUEUE}"),
+                format!("{p}{}", queues::ORDER_SAGA_EVENTS),
+                format!("{p}{}", queues::PRODUCT_STOCK_ORDER_EVENTS),
+                format!("{p}{}", queues::OUTBOUND_PAID_ORDERS),
             ],
             skus: ctx.skus.clone(),
         })

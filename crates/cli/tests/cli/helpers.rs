@@ -166,9 +166,9 @@ impl Stack {
         s.upstream.product_stock_url = format!("http://127.0.0.1:{stock_port}");
         s.saga.sweep_interval_ms = 200;
         dev_payment_secrets(&mut s);
-        let order_queue = flashsale_order::api::amqp::topology(&s.amqp)
-            .queue()
-            .to_owned();
+        let order_queue = s
+            .amqp
+            .queue_name(flashsale_contract::queues::ORDER_SAGA_EVENTS);
         let app = flashsale_order::startup::build(s).await.unwrap();
         let (order_port, order_stop) = (app.grpc_port(), app.shutdown());
         tokio::spawn(app.run_until_stopped());
@@ -179,7 +179,7 @@ impl Stack {
             order_queue,
             stock_db: stock_db.url.clone(),
             stock_order_queue: stock_amqp
-                .queue_name(flashsale_product_stock::api::amqp::ORDER_EVENTS_QUEUE),
+                .queue_name(flashsale_contract::queues::PRODUCT_STOCK_ORDER_EVENTS),
             order_port,
             sim,
             stops: vec![order_stop, stock_stop],

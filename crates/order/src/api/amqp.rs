@@ -10,7 +10,7 @@ use crate::{
 };
 
 /// The order service's consumer queue (competing consumers across replicas).
-pub const ORDER_EVENTS_QUEUE: &str = "order.saga-events";
+pub const ORDER_EVENTS_QUEUE: &str = flashsale_contract::queues::ORDER_SAGA_EVENTS;
 /// The routing key the payment-timeout holding queue releases to.
 pub const PAYMENT_TIMEOUT_KEY: &str = "order.payment_timeout";
 

@@ -472,14 +472,10 @@ impl TestApp {
     }
 
     /// product-stock's stock gate (`spawn_stack` only).
-    pub fn stock_gate(&self) -> flashsale_product_stock::infra::gate::RedisGate {
+    pub fn stock_gate(&self) -> flashsale_product_stock::testing::Gate {
         let s = self.stock_settings.as_ref().expect("spawn_stack");
-        let pool = flashsale_platform::redis::pool(&s.redis).unwrap();
-        flashsale_product_stock::infra::gate::RedisGate::new(
-            pool,
-            s.redis.key_prefix.clone(),
-            Duration::from_secs(3600),
-        )
+        flashsale_product_stock::testing::Gate::connect(&s.redis, Duration::from_secs(3600))
+            .unwrap()
     }
 
     /// Counts on product-stock's database: `sql`'s single `n` column (`spawn_stack` only).

@@ -9,7 +9,7 @@ use crate::{
 };
 
 /// The outbound service's consumer queue (competing consumers across replicas).
-pub const PAID_ORDERS_QUEUE: &str = "outbound.paid-orders";
+pub const PAID_ORDERS_QUEUE: &str = flashsale_contract::queues::OUTBOUND_PAID_ORDERS;
 
 pub fn topology(config: &AmqpConfig) -> QueueTopology {
     QueueTopology::new(config, PAID_ORDERS_QUEUE, &["order.paid"])

@@ -126,6 +126,18 @@ const SERVICE_TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(36
 const SERVICE_TOKEN_REFRESH: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl ServiceToken {
+    /// The token the service `service` presents to the others, with keys from its `auth`
+    /// settings.
+    pub fn for_service(
+        auth: &crate::settings::AuthSettings,
+        service: &str,
+    ) -> anyhow::Result<std::sync::Arc<Self>> {
+        let keys = JwtKeys::from_settings(auth, service)?;
+        let token =
+            Self::new(keys, service).map_err(|e| anyhow::anyhow!("mint service token: {e}"))?;
+        Ok(std::sync::Arc::new(token))
+    }
+
     pub fn new(keys: JwtKeys, subject: &str) -> Result<Self, ApiError> {
         let token = keys.mint(subject, Role::Service, SERVICE_TOKEN_TTL)?;
         Ok(Self {

@@ -14,9 +14,9 @@ use crate::{
 };
 
 /// Queue of the saga events (competing consumers across replicas).
-pub const ORDER_EVENTS_QUEUE: &str = "product-stock.order-events";
+pub const ORDER_EVENTS_QUEUE: &str = flashsale_contract::queues::PRODUCT_STOCK_ORDER_EVENTS;
 /// Queue of `stock.adjusted`.
-pub const STOCK_EVENTS_QUEUE: &str = "product-stock.stock-adjusted";
+pub const STOCK_EVENTS_QUEUE: &str = flashsale_contract::queues::PRODUCT_STOCK_STOCK_ADJUSTED;
 
 pub fn order_events_topology(config: &AmqpConfig) -> QueueTopology {
     QueueTopology::new(
