@@ -12,4 +12,5 @@ mod helpers;
 mod order;
 mod product;
 mod sale;
+mod sale_deadlines;
 mod shipment;

@@ -12,5 +12,6 @@ mod inbox;
 mod outbox;
 mod publisher;
 mod reconnect;
+mod relay_yield;
 mod topology;
 mod trace;

@@ -22,6 +22,7 @@ mod prop_payments;
 mod query;
 mod reconcile;
 mod refund_lease;
+mod refunds;
 mod saga;
 mod saga_batch;
 mod sold_out;

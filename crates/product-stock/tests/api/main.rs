@@ -5,6 +5,7 @@
 
 mod admin_paths;
 mod buckets;
+mod buckets_upkeep;
 mod catalog;
 mod cluster;
 mod commit_batch;

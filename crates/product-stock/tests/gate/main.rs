@@ -13,4 +13,5 @@ mod pool;
 mod release;
 mod reserve;
 mod restart;
+mod transfers;
 mod write_off;
