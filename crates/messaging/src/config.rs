@@ -124,6 +124,13 @@ impl fmt::Debug for AmqpConfig {
 }
 
 impl AmqpConfig {
+    /// [`Self::validate`] within a service's settings: the error names the key under `prefix`
+    /// (`order.amqp.urls`, say).
+    pub fn validate_under(&self, prefix: &str) -> Result<(), ConfigError> {
+        self.validate()
+            .map_err(|e| flashsale_platform::config::prefixed(prefix, &e))
+    }
+
     /// Checks every value; the error names the offending key (`amqp.<key>: …`) and never
     /// contains the password.
     pub fn validate(&self) -> Result<(), String> {
@@ -373,9 +380,7 @@ mod tests {
 
     impl flashsale_platform::config::Validate for Service {
         fn validate(&self, prefix: &str) -> Result<(), ConfigError> {
-            self.amqp
-                .validate()
-                .map_err(|e| flashsale_platform::config::prefixed(prefix, &e))
+            self.amqp.validate_under(prefix)
         }
     }
 

@@ -159,25 +159,12 @@ impl Default for Settings {
     }
 }
 
-impl Settings {
-    /// The settings every service has.
-    pub fn common(&self) -> flashsale_platform::app::Common<'_> {
-        flashsale_platform::app::Common {
-            grpc: &self.grpc,
-            metrics: &self.metrics,
-            database: &self.database,
-            auth: &self.auth,
-            telemetry: &self.telemetry,
-        }
-    }
-}
+flashsale_platform::common_settings!(Settings);
 
 impl Validate for Settings {
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
         self.common().validate(p)?;
-        self.amqp
-            .validate()
-            .map_err(|e| flashsale_platform::config::prefixed(p, &e))?;
+        self.amqp.validate_under(p)?;
         self.upstream.validate(&format!("{p}.upstream"))?;
         self.shipping.validate(&format!("{p}.shipping"))?;
         self.warehouse.validate(&format!("{p}.warehouse"))?;

@@ -61,6 +61,26 @@ impl Common<'_> {
     }
 }
 
+/// Gives a service's settings struct, which has the fields `grpc`, `metrics`, `database`,
+/// `auth` and `telemetry`, its `common()`: those settings borrowed as one [`Common`].
+#[macro_export]
+macro_rules! common_settings {
+    ($settings:ty) => {
+        impl $settings {
+            /// The settings every service has.
+            pub fn common(&self) -> $crate::app::Common<'_> {
+                $crate::app::Common {
+                    grpc: &self.grpc,
+                    metrics: &self.metrics,
+                    database: &self.database,
+                    auth: &self.auth,
+                    telemetry: &self.telemetry,
+                }
+            }
+        }
+    };
+}
+
 /// A service binary's whole `main`: parses the command line (`serve`, the default, or
 /// `migrate`), loads the settings, starts telemetry, then serves until SIGTERM/SIGINT or applies
 /// the migrations and exits. `name`, `about` and `version` are the binary's own

@@ -130,6 +130,28 @@ impl<K, V> std::fmt::Debug for Batcher<K, V> {
 }
 
 impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
+    /// [`Self::spawn`] for a batch that always answers: each batch is `run(state, keys)`, with a
+    /// clone of `state` (a use case's handle, cheap to clone). The batchers of the services are
+    /// built this way, so the function a batch runs is named at the place that builds it.
+    pub fn serving<S, F, Fut>(
+        name: &'static str,
+        max_batch: usize,
+        max_wait: Duration,
+        parallel: usize,
+        state: S,
+        run: F,
+    ) -> Self
+    where
+        S: Clone + Send + Sync + 'static,
+        F: Fn(S, Vec<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<V>> + Send + 'static,
+    {
+        Self::spawn(name, max_batch, max_wait, parallel, move |keys| {
+            let batch = run(state.clone(), keys);
+            async move { Ok::<_, std::convert::Infallible>(batch.await) }
+        })
+    }
+
     /// Starts the worker. `run` gets the keys of one batch and must answer one value per key,
     /// in the same order. At most `parallel` batches run at once. `name` labels the batch
     /// metrics ([`BATCH_SIZE`], [`BATCH_WAIT_SECONDS`], [`BATCH_RUN_SECONDS`]).

@@ -43,7 +43,8 @@ pub struct Intake {
     max_quantity: i64,
     sold_out: SoldOutCache,
     /// Writes accepted orders, many per transaction (one commit for a batch), each on its own
-    /// when the batch fails; none past its deadline.
+    /// when the batch fails; none past its deadline. Built by [`write_queue`]; each batch is
+    /// one `writes::write_queued`.
     writes: Batcher<QueuedWrite, Result<Written, OrderError>>,
     /// Longest an order's write may take from the call's arrival (`saga.intake_write_deadline_ms`,
     /// no longer than the server's request deadline).

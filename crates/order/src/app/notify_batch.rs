@@ -41,15 +41,13 @@ pub type NotifyBatcher = Batcher<SignedNotice, Result<Applied, OrderError>>;
 /// Starts the worker: [`BATCHES_IN_FLIGHT`] batches at a time, each of at most
 /// `max_batch` notifications (at most [`MAX_BATCH`]).
 pub fn notify_batcher(payments: Payments, max_batch: usize) -> NotifyBatcher {
-    Batcher::spawn(
+    Batcher::serving(
         "order_payment_notifications",
         max_batch.clamp(1, MAX_BATCH),
         GATHER,
         BATCHES_IN_FLIGHT,
-        move |items: Vec<SignedNotice>| {
-            let payments = payments.clone();
-            async move { Ok::<_, std::convert::Infallible>(payments.notify_many(items).await) }
-        },
+        payments,
+        |payments, items| async move { payments.notify_many(items).await },
     )
 }
 

@@ -51,15 +51,13 @@ const SAGA_BATCHES_IN_FLIGHT: usize = 1;
 /// prefetch of P, `P / 2`, so the next batch can fill while one is applied — a batch that
 /// cannot fill up would wait the whole [`GATHER`] every time.
 pub fn reserved_batcher(saga: Saga, max_batch: usize) -> ReservedBatcher {
-    Batcher::spawn(
+    Batcher::serving(
         "order_stock_reserved",
         max_batch.clamp(1, MAX_BATCH),
         GATHER,
         SAGA_BATCHES_IN_FLIGHT,
-        move |items: Vec<Reserved>| {
-            let saga = saga.clone();
-            async move { Ok::<_, std::convert::Infallible>(saga.confirm_reserved(items).await) }
-        },
+        saga,
+        |saga, items| async move { saga.confirm_reserved(items).await },
     )
 }
 

@@ -33,15 +33,13 @@ pub type CompletedBatcher = Batcher<Completed, Result<(), OrderError>>;
 /// Starts the worker: one batch at a time, each of at most `max_batch` deliveries (at most
 /// [`MAX_BATCH`]); as for `stock.reserved`, half the consumer's prefetch.
 pub fn completed_batcher(saga: Saga, max_batch: usize) -> CompletedBatcher {
-    Batcher::spawn(
+    Batcher::serving(
         "order_outbound_completed",
         max_batch.clamp(1, MAX_BATCH),
         GATHER,
         1,
-        move |items: Vec<Completed>| {
-            let saga = saga.clone();
-            async move { Ok::<_, std::convert::Infallible>(saga.ship_completed(items).await) }
-        },
+        saga,
+        |saga, items| async move { saga.ship_completed(items).await },
     )
 }
 

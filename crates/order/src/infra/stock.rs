@@ -69,6 +69,7 @@ pub trait StockPort: Send + Sync + 'static {
 pub struct GrpcStock {
     client: ProductStockServiceClient<Channel>,
     token: Arc<ServiceToken>,
+    /// Built by [`reserve_batcher`]; each batch is one [`reserve_batch`].
     batch: Batcher<ReserveItem, Result<Granted, OrderError>>,
 }
 
@@ -131,15 +132,13 @@ fn reserve_batcher(
     client: ProductStockServiceClient<Channel>,
     token: Arc<ServiceToken>,
 ) -> Batcher<ReserveItem, Result<Granted, OrderError>> {
-    Batcher::spawn(
+    Batcher::serving(
         "order_gate",
         MAX_BATCH,
         Duration::ZERO,
         PARALLEL_BATCHES,
-        move |items| {
-            let (client, token) = (client.clone(), token.clone());
-            async move { Ok::<_, std::convert::Infallible>(reserve_batch(client, &token, items).await) }
-        },
+        (client, token),
+        |(client, token), items| async move { reserve_batch(client, &token, items).await },
     )
 }
 

@@ -53,15 +53,13 @@ pub type PaidBatcher = Batcher<Paid, Result<(), OutboundError>>;
 /// deliveries (at most [`MAX_BATCH`]); half the consumer's prefetch, so the next batch can
 /// fill while one ships.
 pub fn paid_batcher(shipping: Shipping, max_batch: usize) -> PaidBatcher {
-    Batcher::spawn(
+    Batcher::serving(
         "outbound_order_paid",
         max_batch.clamp(1, MAX_BATCH),
         GATHER,
         BATCHES_IN_FLIGHT,
-        move |items: Vec<Paid>| {
-            let shipping = shipping.clone();
-            async move { Ok::<_, std::convert::Infallible>(shipping.ship_paid(items).await) }
-        },
+        shipping,
+        |shipping, items| async move { shipping.ship_paid(items).await },
     )
 }
 

@@ -42,15 +42,13 @@ pub type CommitBatcher = Batcher<Uuid, Committed>;
 /// Starts the worker. It waits for no one: the calls queued while the batch before ran form
 /// the next one, so a lone call is not delayed and a burst shares transactions.
 pub fn commit_batcher(saga: StockSaga) -> CommitBatcher {
-    Batcher::spawn(
+    Batcher::serving(
         "stock_commit_reservation",
         MAX_BATCH,
         std::time::Duration::ZERO,
         BATCHES_IN_FLIGHT,
-        move |ids: Vec<Uuid>| {
-            let saga = saga.clone();
-            async move { Ok::<_, std::convert::Infallible>(saga.commit_reservations(ids).await) }
-        },
+        saga,
+        |saga, ids| async move { saga.commit_reservations(ids).await },
     )
 }
 

@@ -58,15 +58,13 @@ const SAGA_BATCHES_IN_FLIGHT: usize = 1;
 /// prefetch of P, `P / 2`, so the next batch can fill while one is applied — a batch that
 /// cannot fill up would wait the whole [`GATHER`] every time.
 pub fn created_batcher(saga: StockSaga, max_batch: usize) -> CreatedBatcher {
-    Batcher::spawn(
+    Batcher::serving(
         "stock_order_created",
         max_batch.clamp(1, MAX_BATCH),
         GATHER,
         SAGA_BATCHES_IN_FLIGHT,
-        move |items: Vec<Created>| {
-            let saga = saga.clone();
-            async move { Ok::<_, std::convert::Infallible>(saga.persist_created(items).await) }
-        },
+        saga,
+        |saga, items| async move { saga.persist_created(items).await },
     )
 }
 

@@ -122,17 +122,13 @@ pub(super) fn write_queue(
     db: DatabaseConnection,
     failpoints: Failpoints,
 ) -> Batcher<QueuedWrite, Result<Written, OrderError>> {
-    Batcher::spawn(
+    Batcher::serving(
         "order_write",
         128,
         Duration::ZERO,
         WRITE_BATCHES_IN_FLIGHT,
-        move |queued| {
-            let (db, failpoints) = (db.clone(), failpoints.clone());
-            async move {
-                Ok::<_, std::convert::Infallible>(write_queued(&db, queued, &failpoints).await)
-            }
-        },
+        (db, failpoints),
+        |(db, failpoints), queued| async move { write_queued(&db, queued, &failpoints).await },
     )
 }
 
