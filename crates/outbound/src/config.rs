@@ -179,11 +179,13 @@ pub fn load() -> Result<Settings, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    use flashsale_test_support::settings::each_is_refused_naming_its_key;
+
     use super::*;
 
     #[test]
     fn bad_shipping_and_warehouse_values_name_their_key() {
-        type Case = (&'static str, fn(&mut Settings));
+        type Case = flashsale_test_support::settings::Case<Settings>;
         let cases: [Case; 13] = [
             ("outbound.shipping.retry_base_ms", |s| {
                 s.shipping.retry_base_ms = 0
@@ -223,16 +225,7 @@ mod tests {
                 s.limits.read_burst = 1_000_001
             }),
         ];
-        assert!(Settings::default().validate(SERVICE_KEY).is_ok());
-        for (key, mutate) in cases {
-            let mut s = Settings::default();
-            mutate(&mut s);
-            let e = s
-                .validate(SERVICE_KEY)
-                .map(|()| String::new())
-                .unwrap_or_else(|e| e.to_string());
-            assert!(e.contains(key), "`{e}` does not name {key}");
-        }
+        each_is_refused_naming_its_key(&Settings::default(), SERVICE_KEY, &cases);
         let w = WarehouseSettings {
             fail_fraction: 0.0,
             fail_skus: " A, B ,,".into(),

@@ -42,13 +42,34 @@ where
     EFut: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
+    let n = items.len();
+    let together = |all| async move { Ok(together(all).await?.then(|| vec![(); n])) };
+    answered_together_or_each(items, metrics, together, each).await
+}
+
+/// [`together_or_each`] for steps that answer each item: `together` gives `Ok(Some(answers))`,
+/// one per item in order, when it applied them all, and `Ok(None)` or `Err` when it applied
+/// none.
+pub async fn answered_together_or_each<'a, T, A, E, TF, TFut, EF, EFut>(
+    items: &'a [T],
+    metrics: BatchMetrics,
+    together: TF,
+    each: EF,
+) -> Vec<Result<A, E>>
+where
+    TF: FnOnce(&'a [T]) -> TFut,
+    TFut: Future<Output = Result<Option<Vec<A>>, E>>,
+    EF: FnMut(&'a T) -> EFut,
+    EFut: Future<Output = Result<A, E>>,
+    E: std::fmt::Display,
+{
     if items.len() > 1 {
         match together(items).await {
-            Ok(true) => {
+            Ok(Some(answers)) => {
                 metrics::histogram!(metrics.size).record(items.len() as f64);
-                return items.iter().map(|_| Ok(())).collect();
+                return answers.into_iter().map(Ok).collect();
             }
-            Ok(false) => metrics::counter!(metrics.fallbacks).increment(1),
+            Ok(None) => metrics::counter!(metrics.fallbacks).increment(1),
             Err(e) => {
                 tracing::debug!(error = %e, size = items.len(), batch = metrics.size, "batch failed; one by one");
                 metrics::counter!(metrics.fallbacks).increment(1);

@@ -188,6 +188,8 @@ pub fn load() -> Result<Settings, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    use flashsale_test_support::settings::each_is_refused_naming_its_key;
+
     use super::*;
 
     fn error_of(f: impl FnOnce(&mut Settings)) -> String {
@@ -205,7 +207,7 @@ mod tests {
 
     #[test]
     fn bad_stock_and_redis_values_name_their_key() {
-        type Case = (&'static str, fn(&mut Settings));
+        type Case = flashsale_test_support::settings::Case<Settings>;
         let cases: [Case; 20] = [
             ("product_stock.stock.max_quantity", |s| {
                 s.stock.max_quantity = 0
@@ -267,10 +269,7 @@ mod tests {
                 s.order_service.refresh_ms = 600_001
             }),
         ];
-        for (key, mutate) in cases {
-            let e = error_of(mutate);
-            assert!(e.contains(key), "`{e}` does not name {key}");
-        }
+        each_is_refused_naming_its_key(&Settings::default(), SERVICE_KEY, &cases);
     }
 
     #[test]

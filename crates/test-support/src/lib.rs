@@ -11,6 +11,7 @@ pub mod probe;
 pub mod rabbit_cluster;
 pub mod redis_cluster;
 pub mod servers;
+pub mod settings;
 pub mod tls;
 
 use std::time::Duration;

@@ -12,9 +12,8 @@ use std::collections::{HashMap, HashSet};
 use chrono::Utc;
 use flashsale_contract::payment::verify;
 use flashsale_messaging::outbox;
-use flashsale_platform::batch::{Batcher, EACH_CONCURRENCY};
+use flashsale_platform::batch::{BatchMetrics, Batcher, answered_together_or_each};
 use sea_orm::TransactionTrait as _;
-use tokio::sync::Semaphore;
 
 use super::{
     checkout::paid_event,
@@ -54,32 +53,16 @@ pub fn notify_batcher(payments: Payments, max_batch: usize) -> NotifyBatcher {
 impl Payments {
     /// Applies a batch of notifications; one answer per notification, in order.
     pub async fn notify_many(&self, items: Vec<SignedNotice>) -> Vec<Result<Applied, OrderError>> {
-        if items.len() > 1 {
-            match self.paid_together(&items).await {
-                Ok(Some(applied)) => {
-                    metrics::histogram!("flashsale_payment_notifications_batch_size")
-                        .record(items.len() as f64);
-                    return applied.into_iter().map(Ok).collect();
-                }
-                Ok(None) => {
-                    metrics::counter!("flashsale_payment_notifications_batch_fallbacks_total")
-                        .increment(1);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, size = items.len(), "notification batch failed; one by one");
-                    metrics::counter!("flashsale_payment_notifications_batch_fallbacks_total")
-                        .increment(1);
-                }
-            }
-        }
-        let permits = Semaphore::new(EACH_CONCURRENCY);
-        let permits = &permits;
-        let runs = items.into_iter().map(|n| async move {
-            // Never closed, so a permit always comes.
-            let _permit = permits.acquire().await.ok();
-            self.notify(n).await
-        });
-        futures_util::future::join_all(runs).await
+        answered_together_or_each(
+            &items,
+            BatchMetrics {
+                size: "flashsale_payment_notifications_batch_size",
+                fallbacks: "flashsale_payment_notifications_batch_fallbacks_total",
+            },
+            |all| self.paid_together(all),
+            |n| self.notify(n),
+        )
+        .await
     }
 
     /// The common case — every notification a genuine first SUCCEEDED of a distinct payment,

@@ -60,7 +60,7 @@ impl Payments {
 
     /// Checks and applies one notification.
     #[tracing::instrument(skip_all)]
-    pub async fn notify(&self, n: SignedNotice) -> Result<Applied, OrderError> {
+    pub async fn notify(&self, n: &SignedNotice) -> Result<Applied, OrderError> {
         verify(
             &self.secret,
             n.timestamp,

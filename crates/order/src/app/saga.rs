@@ -38,6 +38,22 @@ pub const FP_OUTBOUND_RESULT_BEFORE_COMMIT: &str = "order.outbound_result.before
 /// Most orders one payment-timeout message may name (a confirmation batch holds at most 128).
 pub const MAX_TIMER_ORDERS: usize = 1_000;
 
+/// The delayed payment timeout of `order_id` and `more_order_ids` (confirmed together, so
+/// sharing `deadline`), caused by the `stock.reserved` that confirmed the first.
+pub(super) fn payment_timer(
+    cause: &Envelope,
+    deadline: chrono::DateTime<Utc>,
+    order_id: String,
+    more_order_ids: Vec<String>,
+) -> Envelope {
+    let timer = PaymentTimeout {
+        order_id,
+        deadline: Some(to_timestamp(deadline)),
+        more_order_ids,
+    };
+    envelope::caused_by(cause, Payload::PaymentTimeout(timer), PRODUCER)
+}
+
 /// The use cases of the saga's consumers and the deadline sweeper. Cheap to clone.
 #[derive(Clone)]
 pub struct Saga {
@@ -45,7 +61,7 @@ pub struct Saga {
     /// Where payment timers wait out the buyer's time to pay.
     pub(super) payment_timeout: DelayQueue,
     /// How long a buyer has to pay once the stock is persisted.
-    pub(super) time_to_pay: chrono::Duration,
+    time_to_pay: chrono::Duration,
     sweep_interval: Duration,
     pub(super) failpoints: Failpoints,
 }
@@ -71,6 +87,11 @@ impl Saga {
     /// [`FP_TIMEOUT_BEFORE_COMMIT`], [`FP_OUTBOUND_RESULT_BEFORE_COMMIT`]).
     pub fn with_failpoints(self, failpoints: Failpoints) -> Self {
         Self { failpoints, ..self }
+    }
+
+    /// The payment deadline of an order confirmed now.
+    pub(super) fn payment_deadline(&self) -> chrono::DateTime<Utc> {
+        Utc::now() + self.time_to_pay
     }
 
     /// Reaches failpoint `name` (an armed `error` fails the handler: nothing commits).
@@ -112,7 +133,7 @@ impl Saga {
         };
         let order = Self::subject(&txn, order_id).await?;
         if order.status == Status::Pending {
-            let deadline = Utc::now() + self.time_to_pay;
+            let deadline = self.payment_deadline();
             let change = Change {
                 payment_deadline: Some(deadline),
                 note: "stock.reserved",
@@ -126,12 +147,7 @@ impl Saga {
                 change,
             )
             .await?;
-            let timer = PaymentTimeout {
-                order_id: order.order_id.to_string(),
-                deadline: Some(to_timestamp(deadline)),
-                more_order_ids: Vec::new(),
-            };
-            let timer = envelope::caused_by(env, Payload::PaymentTimeout(timer), PRODUCER);
+            let timer = payment_timer(env, deadline, order.order_id.to_string(), Vec::new());
             outbox::enqueue_delayed(&txn, &timer, &self.payment_timeout).await?;
         }
         self.failpoint(FP_RESERVED_BEFORE_COMMIT).await?;

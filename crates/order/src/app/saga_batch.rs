@@ -5,14 +5,12 @@
 //! any error) rolls it back, and each delivery runs through [`Saga::on_stock_reserved`] on
 //! its own, which handles every case (docs/architecture.md#batchers).
 
-use chrono::Utc;
-use flashsale_contract::to_timestamp;
 use flashsale_messaging::{envelope, inbox, outbox};
 use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
-use flashsale_proto::events::v1::{Envelope, PaymentTimeout, envelope::Payload};
+use flashsale_proto::events::v1::Envelope;
 use sea_orm::TransactionTrait as _;
 
-use super::{PRODUCER, Saga};
+use super::{Saga, saga::payment_timer};
 use crate::{
     domain::{OrderError, parse_order_id},
     infra::db,
@@ -95,7 +93,7 @@ impl Saga {
             order_ids.push(o);
         }
         let n = items.len();
-        let deadline = Utc::now() + self.time_to_pay;
+        let deadline = self.payment_deadline();
         let txn = self.db.begin().await?;
         if inbox::claim_many(&txn, consumer, &message_ids).await? != n {
             return Ok(false);
@@ -112,15 +110,9 @@ impl Saga {
         let Some(first) = items.first() else {
             return Ok(true);
         };
-        let timer = PaymentTimeout {
-            order_id: first.order_id.clone(),
-            deadline: Some(to_timestamp(deadline)),
-            more_order_ids: items[1..].iter().map(|r| r.order_id.clone()).collect(),
-        };
-        let timers = [(
-            envelope::caused_by(&first.env, Payload::PaymentTimeout(timer), PRODUCER),
-            first.trace.clone(),
-        )];
+        let more = items[1..].iter().map(|r| r.order_id.clone()).collect();
+        let timer = payment_timer(&first.env, deadline, first.order_id.clone(), more);
+        let timers = [(timer, first.trace.clone())];
         outbox::enqueue_many_traced(&txn, &timers, Some(&self.payment_timeout)).await?;
         self.failpoint(super::saga::FP_RESERVED_BEFORE_COMMIT)
             .await?;

@@ -100,25 +100,15 @@ fn bad_saga_values_name_their_key() {
     each_is_refused_naming_its_key(&cases);
 }
 
-/// Settings that pass: the defaults with the secrets a deployment must set.
-/// A setting's key, and a change that makes a valid configuration invalid there.
-type Case = (&'static str, fn(&mut Settings));
+type Case = flashsale_test_support::settings::Case<Settings>;
 
 /// Each `(key, mutate)` makes a valid configuration invalid; validation must refuse it and
 /// name `key`.
 fn each_is_refused_naming_its_key(cases: &[Case]) {
-    assert!(valid().validate(SERVICE_KEY).is_ok());
-    for (key, mutate) in cases {
-        let mut s = valid();
-        mutate(&mut s);
-        let e = s
-            .validate(SERVICE_KEY)
-            .map(|()| String::new())
-            .unwrap_or_else(|e| e.to_string());
-        assert!(e.contains(key), "`{e}` does not name {key}");
-    }
+    flashsale_test_support::settings::each_is_refused_naming_its_key(&valid(), SERVICE_KEY, cases);
 }
 
+/// Settings that pass: the defaults with the secrets a deployment must set.
 fn valid() -> Settings {
     let mut s = Settings::default();
     s.payment.api_key = "k".repeat(32);

@@ -205,7 +205,7 @@ async fn a_notification_batch_with_unusual_ones_answers_each_as_alone() {
     // Paid before: its notification again is a duplicate.
     assert!(
         !s.payments
-            .notify(notice(c, &pc, PaymentEventType::Succeeded))
+            .notify(&notice(c, &pc, PaymentEventType::Succeeded))
             .await
             .unwrap()
             .duplicate
@@ -295,7 +295,7 @@ async fn completed_shipments_arriving_together_ship_their_orders_in_one_transact
     for i in 0..20 {
         let (o, p) = awaiting(&s, &format!("u{i}")).await;
         s.payments
-            .notify(notice(o, &p, PaymentEventType::Succeeded))
+            .notify(&notice(o, &p, PaymentEventType::Succeeded))
             .await
             .unwrap();
         orders.push(o);
@@ -342,7 +342,7 @@ async fn a_completion_batch_with_an_unusual_one_answers_each_as_alone() {
     let s = setup().await;
     let (paid, p) = awaiting(&s, "a").await;
     s.payments
-        .notify(notice(paid, &p, PaymentEventType::Succeeded))
+        .notify(&notice(paid, &p, PaymentEventType::Succeeded))
         .await
         .unwrap();
     // Still awaiting payment: a completion for it changes nothing (but is consumed).

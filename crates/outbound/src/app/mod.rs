@@ -246,26 +246,7 @@ impl Shipping {
                 "shipment changed under its row lock"
             )));
         }
-        let payload = match to {
-            ShipmentStatus::Shipped => Payload::OutboundCompleted(OutboundCompleted {
-                order_id: s.order_id.to_string(),
-                shipment_id: s.shipment_id.to_string(),
-                sku: s.sku.clone(),
-                quantity: s.quantity,
-            }),
-            _ => Payload::OutboundFailed(OutboundFailed {
-                order_id: s.order_id.to_string(),
-                shipment_id: s.shipment_id.to_string(),
-                sku: s.sku.clone(),
-                quantity: s.quantity,
-                reason: reason.unwrap_or_default().to_owned(),
-            }),
-        };
-        let env = match cause {
-            Some(c) => envelope::caused_by(c, payload, PRODUCER),
-            None => envelope::new(payload, s.order_id.to_string(), "", PRODUCER),
-        };
-        outbox::enqueue(txn, &env).await?;
+        outbox::enqueue(txn, &outcome_event(s, to, reason, cause)).await?;
         Ok(())
     }
 
@@ -336,6 +317,37 @@ impl From<WarehouseError> for StepError {
             WarehouseError::Permanent(r) => Self::Permanent(r),
             WarehouseError::Transient(r) => Self::Transient(r),
         }
+    }
+}
+
+/// How a shipment ended (`to`), for the order service: `outbound.completed`, or
+/// `outbound.failed` with the refusal's `reason`; caused by its `order.paid` when there is one at
+/// hand (the sweeper's attempts have none: the event is then correlated with the order).
+fn outcome_event(
+    s: &Shipment,
+    to: ShipmentStatus,
+    reason: Option<&str>,
+    cause: Option<&Envelope>,
+) -> Envelope {
+    let (order_id, shipment_id) = (s.order_id.to_string(), s.shipment_id.to_string());
+    let payload = match to {
+        ShipmentStatus::Shipped => Payload::OutboundCompleted(OutboundCompleted {
+            order_id: order_id.clone(),
+            shipment_id,
+            sku: s.sku.clone(),
+            quantity: s.quantity,
+        }),
+        _ => Payload::OutboundFailed(OutboundFailed {
+            order_id: order_id.clone(),
+            shipment_id,
+            sku: s.sku.clone(),
+            quantity: s.quantity,
+            reason: reason.unwrap_or_default().to_owned(),
+        }),
+    };
+    match cause {
+        Some(c) => envelope::caused_by(c, payload, PRODUCER),
+        None => envelope::new(payload, order_id, "", PRODUCER),
     }
 }
 

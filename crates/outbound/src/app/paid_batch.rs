@@ -13,14 +13,15 @@
 
 use std::collections::{HashMap, HashSet};
 
-use flashsale_messaging::{envelope, outbox};
+use flashsale_messaging::outbox;
 use flashsale_platform::batch::{Batcher, EACH_CONCURRENCY};
-use flashsale_proto::events::v1::{Envelope, OutboundCompleted, envelope::Payload};
+use flashsale_proto::events::v1::{Envelope, envelope::Payload};
 use sea_orm::TransactionTrait as _;
 use tokio::sync::Semaphore;
 
 use super::{
-    FP_AFTER_COMMIT_BEFORE_WAREHOUSE, FP_ORDER_PAID_BEFORE_COMMIT, PRODUCER, Shipping, new_shipment,
+    FP_AFTER_COMMIT_BEFORE_WAREHOUSE, FP_ORDER_PAID_BEFORE_COMMIT, Shipping, count, new_shipment,
+    outcome_event,
 };
 use crate::{
     domain::{OutboundError, Policy, ShipmentStatus},
@@ -217,31 +218,18 @@ impl Shipping {
         if db::ship_first_attempts(&txn, &ids, &steps).await? != ids.len() as u64 {
             return Ok(None);
         }
-        let mut envs = Vec::with_capacity(locked.len());
-        for s in &locked {
-            let payload = Payload::OutboundCompleted(OutboundCompleted {
-                order_id: s.order_id.to_string(),
-                shipment_id: s.shipment_id.to_string(),
-                sku: s.sku.clone(),
-                quantity: s.quantity,
-            });
-            envs.push(match causes.get(&s.order_id.to_string()) {
-                Some(p) => (
-                    envelope::caused_by(&p.env, payload, PRODUCER),
-                    p.trace.clone(),
-                ),
-                None => (
-                    envelope::new(payload, s.order_id.to_string(), "", PRODUCER),
-                    outbox::TraceHeaders::default(),
-                ),
-            });
-        }
+        let envs: Vec<(Envelope, outbox::TraceHeaders)> = locked
+            .iter()
+            .map(|s| {
+                let cause = causes.get(&s.order_id.to_string());
+                let env = outcome_event(s, ShipmentStatus::Shipped, None, cause.map(|p| &p.env));
+                (env, cause.map(|p| p.trace.clone()).unwrap_or_default())
+            })
+            .collect();
         outbox::enqueue_many_traced(&txn, &envs, None).await?;
         txn.commit().await?;
-        metrics::counter!("flashsale_shipments_total", "status" => ShipmentStatus::Shipped.as_db())
-            .increment(envs.len() as u64);
-        metrics::counter!("flashsale_shipments_total", "status" => ShipmentStatus::Failed.as_db())
-            .increment(refused);
+        count(ShipmentStatus::Shipped, envs.len() as u64);
+        count(ShipmentStatus::Failed, refused);
         Ok(Some(rest))
     }
 

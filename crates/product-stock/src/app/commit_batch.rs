@@ -13,14 +13,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use flashsale_messaging::{envelope, outbox};
-use flashsale_platform::batch::{Batcher, EACH_CONCURRENCY};
-use flashsale_proto::events::v1::{StockCommitted, envelope::Payload};
+use flashsale_messaging::outbox;
+use flashsale_platform::batch::{BatchMetrics, Batcher, answered_together_or_each};
 use sea_orm::TransactionTrait as _;
-use tokio::sync::Semaphore;
 use uuid::Uuid;
 
-use super::{PRODUCER, StockSaga};
+use super::{StockSaga, saga::committed_event};
 use crate::{
     domain::{Reservation, ReservationState, Sku, StockError},
     infra::db,
@@ -56,32 +54,16 @@ impl StockSaga {
     /// Commits the reservations of `ids`; one answer per id, in order, each the answer
     /// [`StockSaga::commit_reservation`] gives.
     pub async fn commit_reservations(&self, ids: Vec<Uuid>) -> Vec<Committed> {
-        if ids.len() > 1 {
-            match self.commit_together(&ids).await {
-                Ok(Some(answers)) => {
-                    metrics::histogram!("flashsale_commit_reservation_batch_size")
-                        .record(ids.len() as f64);
-                    return answers.into_iter().map(Ok).collect();
-                }
-                Ok(None) => {
-                    metrics::counter!("flashsale_commit_reservation_batch_fallbacks_total")
-                        .increment(1);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, size = ids.len(), "commit batch failed; one by one");
-                    metrics::counter!("flashsale_commit_reservation_batch_fallbacks_total")
-                        .increment(1);
-                }
-            }
-        }
-        let permits = Semaphore::new(EACH_CONCURRENCY);
-        let permits = &permits;
-        let runs = ids.iter().map(|&id| async move {
-            // Never closed, so a permit always comes.
-            let _permit = permits.acquire().await.ok();
-            self.commit_reservation(id).await
-        });
-        futures_util::future::join_all(runs).await
+        answered_together_or_each(
+            &ids,
+            BatchMetrics {
+                size: "flashsale_commit_reservation_batch_size",
+                fallbacks: "flashsale_commit_reservation_batch_fallbacks_total",
+            },
+            |all| self.commit_together(all),
+            |&id| self.commit_reservation(id),
+        )
+        .await
     }
 
     /// The common case in one transaction; `Ok(None)` (nothing committed) when some call needs
@@ -99,16 +81,19 @@ impl StockSaga {
             return Ok(None);
         }
         let mut to_commit = Vec::new();
-        // Per product: the units leaving it, in a fixed order so concurrent batches take the
-        // stock rows in the same order.
-        let mut moves: BTreeMap<&Sku, i64> = BTreeMap::new();
+        // Per product: (on_hand delta, reserved delta), in a fixed order so concurrent batches
+        // take the stock rows in the same order.
+        let mut moves: BTreeMap<&Sku, (i64, i64)> = BTreeMap::new();
         for r in &found {
             match r.state {
                 ReservationState::Committed => {}
                 ReservationState::Released => return Ok(None),
                 ReservationState::Reserved => {
                     to_commit.push(r.order_id);
-                    *moves.entry(&r.sku).or_insert(0) += r.quantity;
+                    let (on_hand, reserved) = r.committing();
+                    let m = moves.entry(&r.sku).or_insert((0, 0));
+                    m.0 += on_hand;
+                    m.1 += reserved;
                 }
             }
         }
@@ -131,28 +116,17 @@ impl StockSaga {
             let ledger: Vec<(&Sku, i64, i64, &str)> = reserved
                 .clone()
                 .zip(&causes)
-                .map(|(r, cause)| (&r.sku, -r.quantity, -r.quantity, cause.as_str()))
-                .collect();
-            db::ledger_many(&txn, "COMMIT", &ledger).await?;
-            let events: Vec<_> = reserved
-                .zip(&causes)
                 .map(|(r, cause)| {
-                    envelope::new(
-                        Payload::StockCommitted(StockCommitted {
-                            order_id: cause.clone(),
-                            sku: r.sku.to_string(),
-                            quantity: r.quantity,
-                        }),
-                        cause.clone(),
-                        "",
-                        PRODUCER,
-                    )
+                    let (on_hand, reserved) = r.committing();
+                    (&r.sku, on_hand, reserved, cause.as_str())
                 })
                 .collect();
+            db::ledger_many(&txn, "COMMIT", &ledger).await?;
+            let events: Vec<_> = reserved.map(committed_event).collect();
             outbox::enqueue_many(&txn, &events).await?;
             // The hot rows last, so their locks are held only for the commit.
-            for (sku, units) in &moves {
-                if !db::move_stock(&txn, sku, -units, -units).await? {
+            for (sku, (on_hand, reserved)) in &moves {
+                if !db::move_stock(&txn, sku, *on_hand, *reserved).await? {
                     return Ok(None);
                 }
             }

@@ -41,6 +41,29 @@ pub(super) fn parse_event_fields(
     Ok((id, sku))
 }
 
+/// `stock.reserved` for the reservation `order.created` (`cause`) took; `order_id` as the
+/// event spelled it.
+pub(super) fn reserved_event(cause: &Envelope, order_id: &str, r: &Reservation) -> Envelope {
+    let ok = StockReserved {
+        order_id: order_id.to_owned(),
+        sku: r.sku.to_string(),
+        quantity: r.quantity,
+        deduction_policy: r.policy.as_proto(),
+    };
+    envelope::caused_by(cause, Payload::StockReserved(ok), PRODUCER)
+}
+
+/// `stock.committed` for a reservation committed at shipment.
+pub(super) fn committed_event(r: &Reservation) -> Envelope {
+    let order_id = r.order_id.to_string();
+    let ev = StockCommitted {
+        order_id: order_id.clone(),
+        sku: r.sku.to_string(),
+        quantity: r.quantity,
+    };
+    envelope::new(Payload::StockCommitted(ev), order_id, "", PRODUCER)
+}
+
 /// product-stock's steps of the order saga: the consumers of `order.created`,
 /// `order.cancelled` and `stock.adjusted`, and `CommitReservation` at shipment. Cheap to clone.
 #[derive(Clone)]
@@ -147,18 +170,8 @@ impl StockSaga {
             }
             Err(e) => return Err(e),
         };
-        let (on_hand_delta, reserved_delta, state, kind) = match terms.policy {
-            DeductionPolicy::ReserveThenCommit => (0, q, ReservationState::Reserved, "RESERVE"),
-            DeductionPolicy::CommitAtOrder => (-q, 0, ReservationState::Committed, "COMMIT"),
-        };
-        let row = Reservation {
-            order_id,
-            sku: sku.clone(),
-            user_id: ev.user_id.clone(),
-            quantity: q,
-            state,
-            policy: terms.policy,
-        };
+        let row = Reservation::taken(order_id, sku.clone(), &ev.user_id, q, terms.policy);
+        let (on_hand_delta, reserved_delta, kind) = row.taking();
         // The row first: a tombstone written at the same moment (sweeper, early cancel) makes
         // this insert wait and then find the conflict, so units are never moved for it.
         if !db::insert_reservation(&txn, &row, "order.created").await? {
@@ -177,17 +190,7 @@ impl StockSaga {
                 &ev.order_id,
             )
             .await?;
-            let ok = StockReserved {
-                order_id: ev.order_id.clone(),
-                sku: ev.sku.clone(),
-                quantity: q,
-                deduction_policy: terms.policy.as_proto(),
-            };
-            outbox::enqueue(
-                &txn,
-                &envelope::caused_by(env, Payload::StockReserved(ok), PRODUCER),
-            )
-            .await?;
+            outbox::enqueue(&txn, &reserved_event(env, &ev.order_id, &row)).await?;
             // Gate changes that follow the database happen before the commit, under the stock
             // row lock (see `release_persisted`). A commit that fails takes the mark back, so
             // until the retry the gate holds the units again, as the database does not count
@@ -393,7 +396,8 @@ impl StockSaga {
             ReservationState::Released => return Err(StockError::ReservationReleased(order_id)),
             ReservationState::Reserved => {}
         }
-        if !db::move_stock(&txn, &r.sku, -r.quantity, -r.quantity).await? {
+        let (on_hand_delta, reserved_delta) = r.committing();
+        if !db::move_stock(&txn, &r.sku, on_hand_delta, reserved_delta).await? {
             return Err(StockError::Internal(anyhow::anyhow!(
                 "commit of order {order_id} broke the stock bounds"
             )));
@@ -406,27 +410,9 @@ impl StockSaga {
             "CommitReservation",
         )
         .await?;
-        db::ledger(
-            &txn,
-            &r.sku,
-            "COMMIT",
-            -r.quantity,
-            -r.quantity,
-            &order_id.to_string(),
-        )
-        .await?;
-        let ev = StockCommitted {
-            order_id: order_id.to_string(),
-            sku: r.sku.to_string(),
-            quantity: r.quantity,
-        };
-        let env = envelope::new(
-            Payload::StockCommitted(ev),
-            order_id.to_string(),
-            "",
-            PRODUCER,
-        );
-        outbox::enqueue(&txn, &env).await?;
+        let cause = order_id.to_string();
+        db::ledger(&txn, &r.sku, "COMMIT", on_hand_delta, reserved_delta, &cause).await?;
+        outbox::enqueue(&txn, &committed_event(&r)).await?;
         txn.commit().await?;
         Ok((
             Reservation {

@@ -14,13 +14,16 @@ use std::collections::BTreeMap;
 
 use flashsale_messaging::{envelope, inbox, outbox};
 use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
-use flashsale_proto::events::v1::{Envelope, OrderCreated, StockReserved, envelope::Payload};
+use flashsale_proto::events::v1::{Envelope, OrderCreated};
 use sea_orm::TransactionTrait as _;
 use uuid::Uuid;
 
-use super::{PRODUCER, StockSaga, failpoint, gate_err, saga::parse_event_fields};
+use super::{
+    StockSaga, failpoint, gate_err,
+    saga::{parse_event_fields, reserved_event},
+};
 use crate::{
-    domain::{DeductionPolicy, Reservation, ReservationState, Sku, StockError},
+    domain::{Reservation, Sku, StockError},
     infra::{db, gate::At},
 };
 
@@ -92,9 +95,9 @@ impl StockSaga {
         let mut message_ids = Vec::with_capacity(items.len());
         let mut rows = Vec::with_capacity(items.len());
         let mut buckets = Vec::with_capacity(items.len());
-        // Per product: (policy, on_hand delta, reserved delta), in a fixed order so concurrent
-        // batches take the stock rows in the same order.
-        let mut moves: BTreeMap<Sku, (DeductionPolicy, i64, i64)> = BTreeMap::new();
+        // Per product: (on_hand delta, reserved delta), in a fixed order so concurrent batches
+        // take the stock rows in the same order.
+        let mut moves: BTreeMap<Sku, (i64, i64)> = BTreeMap::new();
         for c in items {
             if c.consumer != consumer {
                 return Ok(false);
@@ -112,23 +115,13 @@ impl StockSaga {
                 Err(e) => return Err(e),
             };
             buckets.push(bucket);
-            let q = c.ev.quantity;
-            let (state, on_hand, reserved) = match policy {
-                DeductionPolicy::ReserveThenCommit => (ReservationState::Reserved, 0, q),
-                DeductionPolicy::CommitAtOrder => (ReservationState::Committed, -q, 0),
-            };
-            let m = moves.entry(sku.clone()).or_insert((policy, 0, 0));
-            m.1 += on_hand;
-            m.2 += reserved;
+            let row = Reservation::taken(order_id, sku, &c.ev.user_id, c.ev.quantity, policy);
+            let (on_hand, reserved, _) = row.taking();
+            let m = moves.entry(row.sku.clone()).or_insert((0, 0));
+            m.0 += on_hand;
+            m.1 += reserved;
             message_ids.push(message_id);
-            rows.push(Reservation {
-                order_id,
-                sku,
-                user_id: c.ev.user_id.clone(),
-                quantity: q,
-                state,
-                policy,
-            });
+            rows.push(row);
         }
         let n = items.len();
         let txn = self.db.begin().await?;
@@ -140,46 +133,25 @@ impl StockSaga {
         if db::insert_reservations(&txn, &rows, "order.created").await? != n {
             return Ok(false);
         }
-        let ledger: Vec<(&Sku, i64, i64, &str)> = rows
-            .iter()
-            .zip(items)
-            .map(|(r, c)| {
-                let (on_hand, reserved) = match r.policy {
-                    DeductionPolicy::ReserveThenCommit => (0, r.quantity),
-                    DeductionPolicy::CommitAtOrder => (-r.quantity, 0),
-                };
-                (&r.sku, on_hand, reserved, c.ev.order_id.as_str())
-            })
-            .collect();
         for kind in ["RESERVE", "COMMIT"] {
-            let of_kind: Vec<_> = ledger
+            let of_kind: Vec<(&Sku, i64, i64, &str)> = rows
                 .iter()
-                .zip(&rows)
-                .filter(|(_, r)| ledger_kind(r.policy) == kind)
-                .map(|(l, _)| *l)
+                .zip(items)
+                .filter_map(|(r, c)| {
+                    let (on_hand, reserved, k) = r.taking();
+                    (k == kind).then_some((&r.sku, on_hand, reserved, c.ev.order_id.as_str()))
+                })
                 .collect();
             db::ledger_many(&txn, kind, &of_kind).await?;
         }
         let events: Vec<(Envelope, outbox::TraceHeaders)> = rows
             .iter()
             .zip(items)
-            .map(|(r, c)| {
-                let ev = envelope::caused_by(
-                    &c.env,
-                    Payload::StockReserved(StockReserved {
-                        order_id: c.ev.order_id.clone(),
-                        sku: c.ev.sku.clone(),
-                        quantity: r.quantity,
-                        deduction_policy: r.policy.as_proto(),
-                    }),
-                    PRODUCER,
-                );
-                (ev, c.trace.clone())
-            })
+            .map(|(r, c)| (reserved_event(&c.env, &c.ev.order_id, r), c.trace.clone()))
             .collect();
         outbox::enqueue_many_traced(&txn, &events, None).await?;
         // The hot rows last, so their locks are held only for the gate marks and the commit.
-        for (sku, (_, on_hand, reserved)) in &moves {
+        for (sku, (on_hand, reserved)) in &moves {
             if !db::move_stock(&txn, sku, *on_hand, *reserved).await? {
                 return Ok(false);
             }
@@ -202,12 +174,5 @@ impl StockSaga {
         failpoint(&self.failpoints, "stock.order_created.before_commit").await?;
         txn.commit().await?;
         Ok(true)
-    }
-}
-
-fn ledger_kind(p: DeductionPolicy) -> &'static str {
-    match p {
-        DeductionPolicy::ReserveThenCommit => "RESERVE",
-        DeductionPolicy::CommitAtOrder => "COMMIT",
     }
 }

@@ -314,5 +314,44 @@ pub struct Reservation {
     pub policy: DeductionPolicy,
 }
 
+impl Reservation {
+    /// The row an order's `order.created` writes: its units reserved, or under COMMIT_AT_ORDER
+    /// (ticketing) deducted at once.
+    pub fn taken(
+        order_id: uuid::Uuid,
+        sku: Sku,
+        user_id: &str,
+        quantity: i64,
+        policy: DeductionPolicy,
+    ) -> Self {
+        let state = match policy {
+            DeductionPolicy::ReserveThenCommit => ReservationState::Reserved,
+            DeductionPolicy::CommitAtOrder => ReservationState::Committed,
+        };
+        Self {
+            order_id,
+            sku,
+            user_id: user_id.to_owned(),
+            quantity,
+            state,
+            policy,
+        }
+    }
+
+    /// What taking it moves on its product's stock row, `(on_hand, reserved)`, and the ledger
+    /// row's kind.
+    pub fn taking(&self) -> (i64, i64, &'static str) {
+        match self.policy {
+            DeductionPolicy::ReserveThenCommit => (0, self.quantity, "RESERVE"),
+            DeductionPolicy::CommitAtOrder => (-self.quantity, 0, "COMMIT"),
+        }
+    }
+
+    /// What committing it at shipment moves, `(on_hand, reserved)`: its units leave both.
+    pub fn committing(&self) -> (i64, i64) {
+        (-self.quantity, -self.quantity)
+    }
+}
+
 #[cfg(test)]
 mod tests;
