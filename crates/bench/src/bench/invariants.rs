@@ -243,8 +243,10 @@ async fn platform_state(url: &str, admin: &str, sku: &str) -> anyhow::Result<Pla
 }
 
 /// Both policies: the units out of stock (committed, `stock - on_hand`) plus those reserved
-/// are the units of the confirmed orders (one each); the gate equals the database with no drift; every accepted order
-/// was confirmed (none cancelled, none left pending).
+/// are the units of the confirmed orders (one each); the gate equals the database with no
+/// drift; every accepted call got an order of its own (`saga.followed` counts distinct order
+/// ids) and every one was confirmed (none cancelled, none left pending). `stock` is what the
+/// product was created with, `accepted` every call it accepted.
 pub fn platform_checks(s: PlatformState, stock: i64, accepted: usize, saga: &Saga) -> Vec<Check> {
     let accepted_i = i64::try_from(accepted).unwrap_or(i64::MAX);
     let confirmed = i64::try_from(saga.confirmed).unwrap_or(i64::MAX);
@@ -257,13 +259,11 @@ pub fn platform_checks(s: PlatformState, stock: i64, accepted: usize, saga: &Sag
         ),
         Check::new(
             "stock conserved",
-            taken == confirmed && s.available == s.on_hand - s.reserved,
+            taken == confirmed,
             format!(
-                "committed {} + reserved {} = {taken} for {confirmed} confirmed orders; available {} of on hand {}",
+                "committed {} + reserved {} = {taken} for {confirmed} confirmed orders",
                 stock - s.on_hand,
                 s.reserved,
-                s.available,
-                s.on_hand
             ),
         ),
         Check::new(
@@ -281,8 +281,8 @@ pub fn platform_checks(s: PlatformState, stock: i64, accepted: usize, saga: &Sag
                 && saga.cancelled == 0
                 && saga.unconfirmed == 0,
             format!(
-                "{} confirmed, {} cancelled, {} unconfirmed of {accepted} accepted",
-                saga.confirmed, saga.cancelled, saga.unconfirmed
+                "{} confirmed, {} cancelled, {} unconfirmed of {accepted} accepted ({} distinct orders)",
+                saga.confirmed, saga.cancelled, saga.unconfirmed, saga.followed
             ),
         ),
     ]
@@ -366,6 +366,29 @@ mod tests {
             failed(platform_checks(state(100, 61, 39, 0), 100, 60, &saga(60))),
             vec!["stock conserved"]
         );
+    }
+
+    #[test]
+    fn a_call_accepted_past_a_sold_out_product_fails_the_stock_and_confirmation_checks() {
+        // The refusals mode: 200 units sold out and confirmed, then one more call accepted.
+        let failed: Vec<_> = platform_checks(state(200, 200, 0, 0), 200, 201, &saga(200))
+            .into_iter()
+            .filter(|c| !c.pass)
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(
+            failed,
+            vec!["units sold <= stock", "every accepted order confirmed"]
+        );
+    }
+
+    #[test]
+    fn two_accepted_calls_answered_with_one_order_fail_the_confirmation_check() {
+        let mut s = saga(60);
+        s.followed = 59;
+        let c = platform_checks(state(100, 60, 40, 0), 100, 60, &s);
+        let failed: Vec<_> = c.iter().filter(|c| !c.pass).map(|c| c.name).collect();
+        assert_eq!(failed, vec!["every accepted order confirmed"], "{c:?}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// Units of the product sold out before the stretch.
-const SELL_OUT_STOCK: usize = 200;
+pub const SELL_OUT_STOCK: usize = 200;
 
 /// The servers' counters around the stretch.
 pub struct Refusals {

@@ -44,6 +44,7 @@ pub struct Accept {
 /// What became of the accepted orders.
 #[derive(Clone, Debug, Default)]
 pub struct Saga {
+    /// Distinct orders among the accepted calls: two calls answered with one order count once.
     pub followed: usize,
     pub confirmed: usize,
     pub cancelled: usize,
@@ -267,7 +268,11 @@ fn tally(accepts: &[Accept], states: &[State], bound_hit: bool) -> Saga {
         .max();
     let count = |want: fn(&State) -> bool| states.iter().filter(|s| want(s)).count();
     Saga {
-        followed: accepts.len(),
+        followed: accepts
+            .iter()
+            .map(|a| a.order_id.as_str())
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
         confirmed: count(|s| matches!(s, State::Confirmed(_))),
         cancelled: count(|s| *s == State::Cancelled),
         unconfirmed: count(|s| *s == State::Pending),
@@ -337,7 +342,7 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let accept = |ms: u64| Accept {
-            order_id: String::new(),
+            order_id: format!("order-{ms}"),
             buyer: 0,
             at: at(ms),
         };
@@ -362,6 +367,19 @@ mod tests {
         assert!((saga.confirmed_per_sec() - 1.0).abs() < 1e-9);
         assert!(saga.text().contains("1 NEVER CONFIRMED"));
         assert_eq!(saga.to_json()["confirm_s"], 2.0);
+    }
+
+    #[test]
+    fn two_calls_answered_with_one_order_are_followed_as_one() {
+        let at = Instant::now();
+        let accept = |id: &str, buyer| Accept {
+            order_id: id.to_owned(),
+            buyer,
+            at,
+        };
+        let accepts = [accept("a", 0), accept("b", 1), accept("a", 2)];
+        let states = [State::Confirmed(at); 3];
+        assert_eq!(tally(&accepts, &states, false).followed, 2);
     }
 
     #[test]

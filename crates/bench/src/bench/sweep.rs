@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use super::{
     baselines::{self, Load, NaiveVariant},
+    invariants::{self, Check},
     measure::Measurement,
 };
 
@@ -228,7 +229,9 @@ pub fn point_load(load: &Load, requests: usize, concurrency: usize) -> Load {
     }
 }
 
-/// The sweep and the full-size run of its best point (named `naive best of sweep (…)`).
+/// The sweep and the full-size run of its best point (named `naive best of sweep (…)`), with
+/// the checks of the full run's rows and one check over every point's rows (each point sells
+/// a product of its own, read back like any naive run's).
 pub async fn run(
     args: &SweepArgs,
     postgres_url: &str,
@@ -236,9 +239,10 @@ pub async fn run(
     load: &Load,
     per_user_limit: u32,
     round: usize,
-) -> anyhow::Result<(Sweep, Measurement)> {
+) -> anyhow::Result<(Sweep, Measurement, Vec<Check>)> {
     let shape = point_load(load, args.sweep_requests, load.concurrency);
     let mut points = Vec::new();
+    let mut broken_points = Vec::new();
     for variant in NaiveVariant::ALL {
         for &concurrency in &args.concurrencies(load.concurrency) {
             for &pool in &args.naive_pools {
@@ -246,7 +250,7 @@ pub async fn run(
                     concurrency,
                     ..shape.clone()
                 };
-                let m = run_one(
+                let (m, checks) = run_one(
                     postgres_url,
                     naive_db,
                     pool,
@@ -256,6 +260,14 @@ pub async fn run(
                 )
                 .await?;
                 let p = Point::of(variant, pool, concurrency, &m);
+                broken_points.extend(checks.iter().filter(|c| !c.pass).map(|c| {
+                    format!(
+                        "{} pool {pool} concurrency {concurrency}: {}: {}",
+                        variant.label(),
+                        c.name,
+                        c.detail
+                    )
+                }));
                 eprintln!(
                     "bench: naive sweep {} pool {pool} concurrency {concurrency}: {:.0} accepted/s, p99 {:.2} ms, {} errors",
                     variant.label(),
@@ -290,7 +302,7 @@ pub async fn run(
         concurrency: b.concurrency,
         ..load.clone()
     };
-    let mut m = run_one(
+    let (mut m, mut checks) = run_one(
         postgres_url,
         naive_db,
         b.pool,
@@ -305,10 +317,24 @@ pub async fn run(
         b.pool,
         b.concurrency
     );
-    Ok((sweep, m))
+    checks.push(points_consistent(sweep.points.len(), &broken_points));
+    Ok((sweep, m, checks))
 }
 
-/// One naive run on a product of its own with a pool of its own.
+/// Every sweep point's rows passed their checks.
+fn points_consistent(points: usize, broken: &[String]) -> Check {
+    Check {
+        name: "every sweep point's database consistent",
+        pass: broken.is_empty(),
+        detail: if broken.is_empty() {
+            format!("{points} points read back, all consistent")
+        } else {
+            format!("{} failed: {}", broken.len(), broken.join("; "))
+        },
+    }
+}
+
+/// One naive run on a product of its own with a pool of its own, and the checks of its rows.
 async fn run_one(
     postgres_url: &str,
     naive_db: &str,
@@ -316,15 +342,21 @@ async fn run_one(
     load: &Load,
     per_user_limit: u32,
     variant: NaiveVariant,
-) -> anyhow::Result<Measurement> {
+) -> anyhow::Result<(Measurement, Vec<Check>)> {
     let pool = u32::try_from(pool.clamp(1, MAX_POOL)).unwrap_or(1);
     let db = baselines::bench_db(postgres_url, naive_db, pool).await?;
     let sku = fresh_sku();
     let m = baselines::naive_with(db.clone(), load, &sku, per_user_limit, variant).await;
+    let checks = match &m {
+        Ok(m) => {
+            invariants::naive_database(&db, &sku, load.stock, m.accepted, per_user_limit).await
+        }
+        Err(_) => Vec::new(),
+    };
     db.close().await.ok();
     // Let the closed connections' backends go before the next pool opens.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    m
+    Ok((m?, checks))
 }
 
 /// A product of its own: a sale sells out once.
@@ -357,6 +389,17 @@ mod tests {
             p99_ms: 10.0 / accepted_per_s.max(1.0),
             accepted_p99_ms: 1.0,
         }
+    }
+
+    #[test]
+    fn a_sweep_point_whose_rows_broke_fails_the_sweep_naming_it() {
+        assert!(points_consistent(12, &[]).pass);
+        let c = points_consistent(
+            12,
+            &["naive pool 4 concurrency 64: stock conserved: x".into()],
+        );
+        assert!(!c.pass);
+        assert!(c.detail.contains("pool 4 concurrency 64"), "{c:?}");
     }
 
     #[test]
