@@ -12,6 +12,7 @@ mod flood;
 mod follow;
 pub(crate) mod read;
 mod report;
+mod sold;
 mod sustain;
 
 use std::{

@@ -7,9 +7,13 @@
 //! for the saga (PENDING) or for shipping (PAID), the unsent outbox rows of each database it is
 //! given, and the ready messages of the services' work queues (a passive declare on the
 //! broker, when given `--amqp-url`). After the arrivals stop it waits for the backlog to drain
-//! (bounded by `--max-duration-secs`) and reports whether the backlog stayed bounded.
+//! (bounded by `--max-duration-secs`) and reports whether the backlog stayed bounded: a
+//! backlog that kept growing fails the run, as do units sold beyond a product's stock, a buyer
+//! over the per-user limit (both read from the order database) and a gate that differs from
+//! the database.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -27,7 +31,13 @@ use sea_orm::{ConnectionTrait as _, DatabaseConnection, FromQueryResult, Stateme
 use serde_json::{Value, json};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Ctx, progress, read::request};
+use super::{
+    Ctx,
+    checks::Check,
+    progress,
+    read::{self, request},
+    sold::{Sold, stock_checks},
+};
 use crate::client::{Placed, place_order};
 
 /// Most CreateOrder calls (with their payments) the driver keeps in flight; an arrival beyond
@@ -124,6 +134,8 @@ pub(crate) struct Sustained {
     drain: Option<f64>,
     counts: [u64; 9],
     left_paid: Option<i64>,
+    /// Stock, per-user limit and gate, read back after the drain.
+    checks: Vec<Check>,
 }
 
 /// Runs arrivals at `rate` a second for `secs` seconds, then drains; samples every second.
@@ -175,6 +187,13 @@ pub(crate) async fn run(
     }
     arrivals.abort();
     let left_paid = probes.count_paid().await;
+    let mut products = Vec::with_capacity(ctx.skus.len());
+    let drifts = read::drift(&ctx).await;
+    for sku in &ctx.skus {
+        let product = read::product(&ctx, sku).await;
+        products.push((sku.clone(), product, drifts.get(sku).copied()));
+    }
+    let checks = stock_checks(&ctx.offers, probes.sold().await.as_ref(), &products);
     let c = &counts;
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     Ok(Sustained {
@@ -194,6 +213,7 @@ pub(crate) async fn run(
             get(&c.in_flight),
         ],
         left_paid,
+        checks,
     })
 }
 
@@ -448,6 +468,32 @@ impl Probes {
             .flatten()
             .map(|r| r.n)
     }
+
+    /// Per product: the units of its orders not cancelled, and the most of them one buyer
+    /// holds. `None` when the order database could not be read.
+    async fn sold(&self) -> Option<BTreeMap<String, Sold>> {
+        let stmt = Statement::from_sql_and_values(
+            sea_orm::DbBackend::Postgres,
+            "SELECT sku, COALESCE(sum(units), 0)::bigint AS units, \
+                    COALESCE(max(units), 0)::bigint AS most_per_buyer FROM ( \
+               SELECT sku, user_id, \
+                      COALESCE(sum(quantity) FILTER (WHERE status <> 'CANCELLED'), 0) AS units \
+               FROM orders WHERE sku = ANY($1) GROUP BY sku, user_id) per_buyer \
+             GROUP BY sku",
+            [self.skus.clone().into()],
+        );
+        let rows = self.orders.query_all_raw(stmt).await.ok()?;
+        let mut sold = BTreeMap::new();
+        for row in rows {
+            let sku: String = row.try_get("", "sku").ok()?;
+            let s = Sold {
+                units: row.try_get("", "units").ok()?,
+                most_per_buyer: row.try_get("", "most_per_buyer").ok()?,
+            };
+            sold.insert(sku, s);
+        }
+        Some(sold)
+    }
 }
 
 /// Outbox rows not yet published.
@@ -551,12 +597,15 @@ impl Sustained {
         Some(i64::try_from(last.paid_at_provider).unwrap_or(i64::MAX) - last.paid?)
     }
 
-    /// Passes when the backlog drained before the bound, no paid order was left unshipped,
-    /// every payment made became a PAID order, no call ended in an error and every buyer who
-    /// meant to pay could.
+    /// Passes when the backlog stayed bounded while the buyers arrived and drained before the
+    /// bound, no paid order was left unshipped, every payment made became a PAID order, no call
+    /// ended in an error, every buyer who meant to pay could, and the stock, per-user limit and
+    /// gate checks hold.
     pub fn passed(&self) -> bool {
         let [_, _, _, _, errors, _, _, pay_failed, _] = self.counts;
-        self.drain.is_some()
+        self.bounded() != Some(false)
+            && self.checks.iter().all(|c| c.pass)
+            && self.drain.is_some()
             && self.left_paid == Some(0)
             && self.paid_not_taken().is_none_or(|n| n <= 0)
             && errors == 0
@@ -597,6 +646,9 @@ impl Sustained {
             "drainSecs": self.drain,
             "paidLeftUnshipped": self.left_paid,
             "paidNotTaken": self.paid_not_taken(),
+            "checks": self.checks.iter().map(|c| json!({
+                "name": c.name, "pass": c.pass, "detail": c.detail,
+            })).collect::<Vec<_>>(),
             "pass": self.passed(),
             "timeline": self.samples.iter().map(|s| json!({
                 "t": s.at,
@@ -664,6 +716,14 @@ impl Sustained {
                     "{d:.1} s after the arrivals stopped"
                 ))
         );
+        for c in &self.checks {
+            println!(
+                "check       {} {}: {}",
+                if c.pass { "ok  " } else { "FAIL" },
+                c.name,
+                c.detail
+            );
+        }
         println!(
             "result      {} (paid orders left unshipped: {})",
             if self.passed() { "PASS" } else { "FAIL" },
@@ -705,6 +765,7 @@ mod tests {
             drain: Some(1.0),
             counts: [0; 9],
             left_paid: Some(0),
+            checks: Vec::new(),
         }
     }
 
@@ -725,6 +786,20 @@ mod tests {
         let (a, s) = steady.rates().unwrap();
         assert!((a - 10.0).abs() < 1e-9 && (s - 5.0).abs() < 1e-9, "{a} {s}");
         assert!(steady.passed());
+        let growing_but_drained = Sustained {
+            drain: Some(1.0),
+            ..growing
+        };
+        assert!(!growing_but_drained.passed());
+        let oversold = Sustained {
+            checks: vec![Check {
+                name: "units sold <= stock",
+                pass: false,
+                detail: "A: 11 sold of 10".into(),
+            }],
+            ..sustained(vec![])
+        };
+        assert!(!oversold.passed());
         let stuck = Sustained {
             left_paid: Some(3),
             ..sustained(vec![])

@@ -102,6 +102,21 @@ async fn a_sustained_sale_reports_a_timeline_and_ships_every_payment() {
     assert_eq!(last["shipped"], 60, "{r}");
     assert_eq!(last["pending"], 0, "{r}");
     assert_eq!(last["outboxUnsent"]["order"], 0, "{r}");
+    let checks: Vec<(&str, bool)> = r["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap(), c["pass"] == true))
+        .collect();
+    assert_eq!(
+        checks,
+        vec![
+            ("units sold <= stock", true),
+            ("per-user limit held", true),
+            ("gate equals database", true)
+        ],
+        "{r}"
+    );
     assert_eq!(r["pass"], true, "{r}");
     // The cost of a completed order: the machine's CPU over the sale per shipped order.
     assert_eq!(r["cpu"]["completed"], 60, "{r}");
