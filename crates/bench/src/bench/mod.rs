@@ -365,7 +365,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let m = baselines::naive(db.clone(), &load, &sku, limit).await?;
                 let mut checks = vec![invariants::no_errors(&m)];
                 checks.extend(
-                    invariants::naive_database(&db, &sku, load.stock, m.accepted, limit).await,
+                    invariants::naive_database(
+                        &db,
+                        &sku,
+                        load.stock,
+                        (m.accepted, m.errored()),
+                        limit,
+                    )
+                    .await,
                 );
                 (m, None, checks)
             }
@@ -375,7 +382,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let m = baselines::naive_with(db.clone(), &load, &sku, limit, variant).await?;
                 let mut checks = vec![invariants::no_errors(&m)];
                 checks.extend(
-                    invariants::naive_database(&db, &sku, load.stock, m.accepted, limit).await,
+                    invariants::naive_database(
+                        &db,
+                        &sku,
+                        load.stock,
+                        (m.accepted, m.errored()),
+                        limit,
+                    )
+                    .await,
                 );
                 (m, None, checks)
             }
@@ -549,12 +563,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         options: std::env::args().skip(1).collect(),
     };
     let passed = invariants::all_pass(results.iter().flat_map(|r| r.checks.iter()))
+        && curves.iter().all(openloop::Curve::passed)
         && waits.iter().all(cluster_wait::Report::all_reserved);
     if args.json {
         let mut v = report::json(&figures, &results);
         v["naive_sweep"] = sweeps.iter().map(sweep::Sweep::to_json).collect();
         v["open_loop"] = curves.iter().map(openloop::Curve::to_json).collect();
         v["cluster_wait"] = waits.iter().map(cluster_wait::Report::to_json).collect();
+        // Every check of the run: the modes', the open-loop points' and the waits'.
+        v["passed"] = serde_json::json!(passed);
         let rendered = serde_json::to_string_pretty(&v).context("render report")?;
         println!("{rendered}");
     } else {

@@ -37,6 +37,7 @@ use tokio::{sync::Semaphore, task::JoinSet};
 
 use super::{
     baselines::{self, NaiveVariant},
+    invariants::{self, Check},
     measure::Outcome,
     sweep::{self, MAX_POOL},
 };
@@ -394,9 +395,16 @@ pub struct Curve {
     pub slo_ms: u64,
     pub max_in_flight: usize,
     pub points: Vec<RatePoint>,
+    /// Each point's product read back after it (the check's detail names the rate).
+    pub checks: Vec<Check>,
 }
 
 impl Curve {
+    /// Every point's product passed its checks.
+    pub fn passed(&self) -> bool {
+        invariants::all_pass(&self.checks)
+    }
+
     pub fn max_rate_within_slo(&self) -> Option<u32> {
         max_rate_within(&self.points, self.slo_ms)
     }
@@ -412,6 +420,8 @@ impl Curve {
             "latency_from": "the scheduled start",
             "max_rate_within_slo": self.max_rate_within_slo(),
             "points": self.points.iter().map(|p| p.to_json(self.slo_ms)).collect::<Vec<_>>(),
+            "checks": self.checks.iter().map(Check::to_json).collect::<Vec<_>>(),
+            "passed": self.passed(),
         })
     }
 
@@ -464,6 +474,14 @@ impl Curve {
                 println!("      refused {:?}, errors {:?}", p.refused, p.errors);
             }
         }
+        for c in &self.checks {
+            println!(
+                "  check {} {}: {}",
+                if c.pass { "ok  " } else { "FAIL" },
+                c.name,
+                c.detail
+            );
+        }
         match self.max_rate_within_slo() {
             Some(r) => println!(
                 "  highest rate with p99 <= {} ms, no errors, nothing lost: {r}/s",
@@ -504,6 +522,17 @@ impl Between<'_> {
     }
 }
 
+/// `checks` of the point at `rate`, their details naming it.
+fn at_rate(rate: u32, checks: Vec<Check>) -> Vec<Check> {
+    checks
+        .into_iter()
+        .map(|c| Check {
+            detail: format!("at {rate}/s: {}", c.detail),
+            ..c
+        })
+        .collect()
+}
+
 /// The platform's open-loop curve: CreateOrder through the order service's gRPC API.
 pub async fn platform(
     args: &OpenLoopArgs,
@@ -526,6 +555,7 @@ pub async fn platform(
         connect(target.product_stock_url, Duration::from_secs(10)).await?,
     );
     let mut points = Vec::new();
+    let mut checks = Vec::new();
     for &rate in &args.open_loop_rates {
         between.wait().await;
         let plan = args.plan(rate);
@@ -557,6 +587,8 @@ pub async fn platform(
             "bench: open loop platform at {rate}/s for {} s …",
             plan.secs
         );
+        let stock = i64::try_from(n).unwrap_or(i64::MAX);
+        let sku_read = sku.clone();
         let point = open_loop(plan, move |i| {
             let mut c = channels[i % channels.len()].clone();
             let (tokens, sku) = (tokens.clone(), sku.clone());
@@ -575,6 +607,15 @@ pub async fn platform(
             point.p(0.99),
             point.errored()
         );
+        let read = invariants::open_loop_platform(
+            target.product_stock_url,
+            &admin,
+            &sku_read,
+            stock,
+            point.accepted,
+            point.errored() + point.unfinished,
+        );
+        checks.extend(at_rate(rate, read.await));
         points.push(point);
     }
     Ok(Curve {
@@ -584,6 +625,7 @@ pub async fn platform(
         slo_ms: args.slo_ms,
         max_in_flight: args.open_loop_max_in_flight,
         points,
+        checks,
     })
 }
 
@@ -603,18 +645,21 @@ pub async fn naive(
     let db = Arc::new(baselines::bench_db(postgres_url, naive_db, pool_size).await?);
     let limit = i64::from(per_user_limit);
     let mut points = Vec::new();
+    let mut checks = Vec::new();
     for &rate in &args.open_loop_rates {
         between.wait().await;
         let plan = args.plan(rate);
         let n = plan.requests();
         let sku = sweep::fresh_sku();
-        baselines::prepare_naive(&db, i64::try_from(n).unwrap_or(i64::MAX), &sku).await?;
+        let stock = i64::try_from(n).unwrap_or(i64::MAX);
+        baselines::prepare_naive(&db, stock, &sku).await?;
         let tag = uuid::Uuid::new_v4().simple().to_string();
         eprintln!(
             "bench: open loop {} (pool {pool}) at {rate}/s for {} s …",
             variant.label(),
             plan.secs
         );
+        let (db_read, sku_read) = (db.clone(), sku.clone());
         let db = db.clone();
         let point = open_loop(plan, move |i| {
             let (db, sku, tag) = (db.clone(), sku.clone(), tag.clone());
@@ -637,6 +682,14 @@ pub async fn naive(
             point.p(0.99),
             point.errored()
         );
+        let read = invariants::naive_database(
+            &db_read,
+            &sku_read,
+            stock,
+            (point.accepted, point.errored() + point.unfinished),
+            per_user_limit,
+        );
+        checks.extend(at_rate(rate, read.await));
         points.push(point);
     }
     if let Ok(db) = Arc::try_unwrap(db) {
@@ -649,6 +702,7 @@ pub async fn naive(
         slo_ms: args.slo_ms,
         max_in_flight: args.open_loop_max_in_flight,
         points,
+        checks,
     })
 }
 

@@ -349,7 +349,14 @@ async fn run_one(
     let m = baselines::naive_with(db.clone(), load, &sku, per_user_limit, variant).await;
     let checks = match &m {
         Ok(m) => {
-            invariants::naive_database(&db, &sku, load.stock, m.accepted, per_user_limit).await
+            invariants::naive_database(
+                &db,
+                &sku,
+                load.stock,
+                (m.accepted, m.errored()),
+                per_user_limit,
+            )
+            .await
         }
         Err(_) => Vec::new(),
     };

@@ -554,3 +554,67 @@ async fn rounds_repeat_the_modes_with_a_product_each_and_give_median_ratios() {
     // Of two rounds, the median is their mean (rounded to hundredths).
     assert!((median - (a + b) / 2.0).abs() <= 0.006, "{median} {a} {b}");
 }
+
+#[tokio::test]
+async fn the_open_loop_modes_read_each_points_product_back_and_pass_their_checks() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let naive_db = TestDatabase::create().await.unwrap();
+    let mut cmd = command(&[
+        "bench",
+        "--modes",
+        "open-loop-platform,open-loop-naive",
+        "--open-loop-rates",
+        "20,40",
+        "--open-loop-secs",
+        "1",
+        "--naive-db",
+        &naive_db.name,
+        "--db-pool",
+        "2",
+        "--max-idle-wait-secs",
+        "1",
+        "--postgres-url",
+        &flashsale_test_support::postgres_server_url(),
+        "--redis-url",
+        &flashsale_test_support::redis_url(),
+        "--json",
+    ]);
+    cmd.env("FLASHSALE_PRODUCT_STOCK_URL", &stack.stock_url)
+        .env("FLASHSALE_ORDER_URL", &stack.order_url);
+    let run = output(cmd).await;
+    let r = run.json();
+    let curves = r["open_loop"].as_array().unwrap();
+    assert_eq!(curves.len(), 2, "{r}");
+    let names = |curve: &Value| -> Vec<String> {
+        curve["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                assert_eq!(c["pass"], true, "{c}");
+                c["name"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    let platform = names(&curves[0]);
+    assert_eq!(
+        platform,
+        [
+            "units sold <= stock",
+            "one unit per accepted call",
+            "gate equals database"
+        ]
+        .repeat(2),
+        "{r}"
+    );
+    let naive = names(&curves[1]);
+    assert_eq!(naive.len(), 8, "four checks per rate point: {r}");
+    assert!(
+        naive
+            .iter()
+            .any(|n| n == "every accepted call wrote its order"),
+        "{r}"
+    );
+    assert!(curves.iter().all(|c| c["passed"] == true), "{r}");
+    assert_eq!(r["passed"], true, "{r}");
+}
