@@ -2,7 +2,9 @@
 # Keeps a benchmark run's reports and regenerates docs/benchmarks.md's tables and charts from
 # them (the part between its two "generated" markers; the charts go to docs/bench/*.svg).
 #   scripts/bench-report.sh .run/bench/latest   keep that run (its JSON reports replace those in
-#                                               docs/bench/results), then regenerate
+#                                               docs/bench/results, and a copy stays for good in
+#                                               docs/bench/runs/<UTC time>-<commit>, failing or
+#                                               not), then regenerate
 #   scripts/bench-report.sh                     regenerate from docs/bench/results as it is
 #   scripts/bench-report.sh --check             exit non-zero when the document or a chart is
 #                                               not what docs/bench/results makes
@@ -13,6 +15,7 @@ SCRIPT=bench-report
 . scripts/lib.sh
 
 KEPT=docs/bench/results
+RUNS=docs/bench/runs
 check=()
 case "${1:-}" in
     --check) check=(--check) ;;
@@ -26,8 +29,17 @@ case "${1:-}" in
         rm -f "$KEPT"/*.json
         cp "$run"/*.json "$KEPT"/
         log "kept $(find "$KEPT" -name '*.json' | wc -l) report(s) of $run in $KEPT"
+        # Every kept run stays: the page lists them all, the ones that failed included.
+        name="$(basename "$(cd "$run" && pwd -P)")"
+        if [[ -e "$RUNS/$name" ]]; then
+            log "$RUNS/$name is already kept"
+        else
+            mkdir -p "$RUNS/$name"
+            cp "$run"/*.json "$RUNS/$name"/
+            log "kept a copy in $RUNS/$name"
+        fi
         ;;
 esac
 cargo build -q -p flashsale-cli --bin flashsale
 "$CARGO_TARGET_DIR/debug/flashsale" bench-report --results "$KEPT" --doc docs/benchmarks.md \
-    --charts docs/bench ${check[@]+"${check[@]}"}
+    --charts docs/bench --runs "$RUNS" ${check[@]+"${check[@]}"}

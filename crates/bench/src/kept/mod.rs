@@ -5,6 +5,7 @@
 //! (method, limits) stays as written; only what lies between its two markers is replaced.
 
 mod render;
+mod runs;
 pub mod svg;
 
 use std::{
@@ -24,6 +25,10 @@ pub struct Args {
     /// The kept results: a directory of the run's JSON reports.
     #[arg(long, default_value = "docs/bench/results")]
     results: PathBuf,
+    /// Every run kept so far (a directory of runs, each a directory of its JSON reports),
+    /// listed at the end of the generated part.
+    #[arg(long, default_value = "docs/bench/runs")]
+    runs: PathBuf,
     /// The document whose generated part is replaced.
     #[arg(long, default_value = "docs/benchmarks.md")]
     doc: PathBuf,
@@ -47,8 +52,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("--doc: cannot read {}", args.doc.display()))?;
     let link_dir = relative_dir(&args.doc, &args.charts);
     let out = render::render(&kept, &link_dir);
+    let runs = runs::read_runs(&args.runs).with_context(|| format!("--runs {}", args.runs.display()))?;
+    let markdown = format!("{}\n\n{}", out.markdown.trim_end(), runs::table(&runs));
     let new_doc =
-        splice(&doc, &out.markdown).with_context(|| format!("--doc {}", args.doc.display()))?;
+        splice(&doc, &markdown).with_context(|| format!("--doc {}", args.doc.display()))?;
     let mut stale = Vec::new();
     if new_doc != doc {
         stale.push(args.doc.display().to_string());
