@@ -9,7 +9,9 @@
 #                    services restarted on their default payment deadline: `sale` is 40,000
 #                    buyers for 4 products of 8,000 units, every winner paying at once;
 #                    `sustained` is BENCH_SUSTAIN_RATE buyers a second (default 500) for
-#                    BENCH_SUSTAIN_SECS (default 60), every winner paying as soon as confirmed
+#                    BENCH_SUSTAIN_SECS (default 60), every winner paying as soon as confirmed,
+#                    with the order service's admission bounds at BENCH_SUSTAIN_MAX_BACKLOG
+#                    (default 1000) orders waiting for the saga and as many waiting to ship
 #   BENCH_ARGS="--requests 20000" scripts/bench.sh flood     smaller runs
 #   BENCH_MODES=naive,platform scripts/bench.sh big-sale     some modes only
 # Each run keeps its reports in a directory of its own, $FLASHSALE_BENCH_DIR/<UTC time>-<commit>
@@ -349,14 +351,28 @@ main() {
             pid_args+=(--service-pid "$svc=$(<"$RUN_DIR/$svc.pid")" --service-pid "$svc-2=$(<"$RUN_DIR/$svc-2.pid")")
         done
     fi
-    local s modes failed=() sale_services=false sale_args=()
+    local s modes failed=() sale_services=false sustain_bounds=false sale_args=()
     for s in "${scenarios[@]}"; do
         log "scenario $s"
         case "$s" in
             sale | sustained)
                 ((REPLICAS == 1)) || die "the sale scenarios run with one replica per service"
+                if [[ "$s" == sustained ]]; then
+                    # Arrivals past what the machine completes: admission control bounds the
+                    # backlog at BENCH_SUSTAIN_MAX_BACKLOG orders waiting for the saga and as
+                    # many waiting to ship (a few seconds of completions here).
+                    export FLASHSALE_ORDER__ADMISSION__MAX_UNCONFIRMED="${BENCH_SUSTAIN_MAX_BACKLOG:-1000}"
+                    export FLASHSALE_ORDER__ADMISSION__MAX_UNSHIPPED="${BENCH_SUSTAIN_MAX_BACKLOG:-1000}"
+                    sale_services=false
+                    sustain_bounds=true
+                elif $sustain_bounds; then
+                    # The burst sale runs on the default bounds.
+                    unset FLASHSALE_ORDER__ADMISSION__MAX_UNCONFIRMED FLASHSALE_ORDER__ADMISSION__MAX_UNSHIPPED
+                    sale_services=false
+                    sustain_bounds=false
+                fi
                 if ! $sale_services; then
-                    log "restarting the services on their default payment deadline for the sales"
+                    log "restarting the services on their default payment deadline for the $s scenario"
                     scripts/down.sh >/dev/null 2>&1 || true
                     [[ -z "$own_deadline" ]] || unset FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS
                     scripts/up.sh 9>&-

@@ -113,6 +113,9 @@ pub enum Placed {
     Accepted(Box<flashsale_proto::order::v1::Order>),
     /// Refused with `FAILED_PRECONDITION`, and its reason.
     Refused(String),
+    /// Refused with `RESOURCE_EXHAUSTED`, reason `OVERLOADED`: the platform's backlog is at its
+    /// bound (admission control).
+    Overloaded,
     /// Anything else: the status code, or what went wrong before the call.
     Error(String),
 }
@@ -139,6 +142,13 @@ pub async fn place_order(
         },
         Err(s) if s.code() == tonic::Code::FailedPrecondition => {
             Placed::Refused(flashsale_platform::error::reason_of(&s).unwrap_or_default())
+        }
+        Err(s)
+            if s.code() == tonic::Code::ResourceExhausted
+                && flashsale_platform::error::reason_of(&s).as_deref()
+                    == Some(flashsale_contract::reason::OVERLOADED) =>
+        {
+            Placed::Overloaded
         }
         Err(s) => Placed::Error(format!("{:?}", s.code())),
     }

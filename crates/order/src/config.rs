@@ -31,6 +31,7 @@ pub struct Settings {
     pub saga: SagaSettings,
     pub payment: PaymentSettings,
     pub limits: LimitSettings,
+    pub admission: AdmissionSettings,
 }
 
 /// `limits.*`: what one user may ask of this service (docs/architecture.md#limits-and-load-shedding).
@@ -157,6 +158,71 @@ impl Validate for LimitSettings {
 
 /// The largest `saga.stuck_after_ms`, and `older_than_ms` of ListStuckOrders: 30 days.
 pub const MAX_STUCK_AFTER_MS: u64 = 30 * 86_400_000;
+
+/// `admission.*`: how much unfinished work the platform takes on
+/// (docs/architecture.md#admission-control). While the orders waiting for the saga (PENDING,
+/// counted with the ones this replica is still writing), or the paid orders waiting to ship
+/// (PAID), are at their bound, CreateOrder refuses new buyers at once with
+/// `RESOURCE_EXHAUSTED`, reason `OVERLOADED` and a `google.rpc.RetryInfo`, before the gate:
+/// the orders already accepted keep flowing and drain the backlog. A bound of 0 is no bound.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AdmissionSettings {
+    /// Most orders waiting for their stock to be reserved in the database (PENDING).
+    pub max_unconfirmed: u64,
+    /// Most paid orders waiting to be shipped (PAID).
+    pub max_unshipped: u64,
+    /// How often the backlog is counted (one indexed query, reading at most each bound's rows).
+    pub check_interval_ms: u64,
+    /// The delay a refusal's RetryInfo asks the buyer to wait.
+    pub retry_after_ms: u64,
+}
+
+impl Default for AdmissionSettings {
+    fn default() -> Self {
+        Self {
+            // Above a whole flash sale's burst (the saga confirms a few thousand orders a
+            // second on one machine): the bound is for a load the platform cannot finish,
+            // not for a sale it confirms within seconds. Size it as the completion rate times
+            // the delay a buyer may wait for a confirmation.
+            max_unconfirmed: 25_000,
+            max_unshipped: 25_000,
+            check_interval_ms: 100,
+            retry_after_ms: 1_000,
+        }
+    }
+}
+
+/// The largest `admission.max_unconfirmed` and `admission.max_unshipped`.
+pub const MAX_ADMISSION_BOUND: u64 = 10_000_000;
+
+impl Validate for AdmissionSettings {
+    fn validate(&self, p: &str) -> Result<(), ConfigError> {
+        check_range(
+            &format!("{p}.max_unconfirmed"),
+            self.max_unconfirmed,
+            0,
+            MAX_ADMISSION_BOUND,
+        )?;
+        check_range(
+            &format!("{p}.max_unshipped"),
+            self.max_unshipped,
+            0,
+            MAX_ADMISSION_BOUND,
+        )?;
+        check_range(
+            &format!("{p}.check_interval_ms"),
+            self.check_interval_ms,
+            10,
+            60_000,
+        )?;
+        check_range(
+            &format!("{p}.retry_after_ms"),
+            self.retry_after_ms,
+            1,
+            600_000,
+        )
+    }
+}
 
 /// `saga.*`: timings and limits of the order saga.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -460,6 +526,7 @@ impl Default for Settings {
             saga: SagaSettings::default(),
             payment: PaymentSettings::default(),
             limits: LimitSettings::default(),
+            admission: AdmissionSettings::default(),
         }
     }
 }
@@ -473,7 +540,8 @@ impl Validate for Settings {
         self.upstream.validate(&format!("{p}.upstream"))?;
         self.saga.validate(&format!("{p}.saga"))?;
         self.payment.validate(&format!("{p}.payment"))?;
-        self.limits.validate(&format!("{p}.limits"))
+        self.limits.validate(&format!("{p}.limits"))?;
+        self.admission.validate(&format!("{p}.admission"))
     }
 }
 

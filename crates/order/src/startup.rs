@@ -26,7 +26,7 @@ use crate::{
         grpc::{EdgeLimits, OrderApi},
         payment::PaymentNotifications,
     },
-    app::{Checkout, Intake, Payments, Queries, Reconciler, Refunds, Saga, Stuck},
+    app::{Admission, Checkout, Intake, Payments, Queries, Reconciler, Refunds, Saga, Stuck},
     config::Settings,
     domain::PaymentProvider,
     infra::{changes::OrderChanges, payment::GrpcPaymentProvider, stock::GrpcStock},
@@ -74,10 +74,12 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
         Duration::from_millis(settings.saga.payment_timeout_ms),
     );
     let changes = OrderChanges::new();
+    let admission = Admission::new(f.db.clone(), &settings.admission);
     let intake = Intake::new(
         f.db.clone(),
         Arc::new(stock),
         &settings.saga,
+        admission.clone(),
         failpoints.clone(),
     )
     .with_request_timeout(Duration::from_millis(settings.grpc.request_timeout_ms));
@@ -134,6 +136,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let shutdown = f.runner.shutdown();
     f.runner.spawn(saga.run_sweeper(shutdown.clone()));
     f.runner.spawn(stuck.clone().run_gauge(shutdown.clone()));
+    f.runner.spawn(admission.run(shutdown.clone()));
     f.runner.spawn(refunds.clone().run(shutdown.clone()));
     f.runner.spawn(reconciler.run(shutdown.clone()));
     // Every replica hears when units of a product come back, and stops refusing it from memory.

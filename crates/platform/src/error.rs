@@ -31,10 +31,12 @@ pub enum ApiError {
         reason: &'static str,
         message: String,
     },
-    /// A per-user limit or quota: `RESOURCE_EXHAUSTED`, reason `RATE_LIMITED`, with a
-    /// `google.rpc.RetryInfo` saying when to try again.
+    /// A per-user limit (`reason` `RATE_LIMITED`) or the service's own backlog bound
+    /// (`OVERLOADED`): `RESOURCE_EXHAUSTED`, with a `google.rpc.RetryInfo` saying when to try
+    /// again.
     #[error("{message}")]
     ResourceExhausted {
+        reason: &'static str,
         message: String,
         retry_after: std::time::Duration,
     },
@@ -108,13 +110,13 @@ impl From<ApiError> for Status {
             ApiError::FailedPrecondition { reason, .. } => {
                 with_info(Code::FailedPrecondition, message, reason)
             }
-            ApiError::ResourceExhausted { retry_after, .. } => {
+            ApiError::ResourceExhausted {
+                reason,
+                retry_after,
+                ..
+            } => {
                 let mut details = ErrorDetails::with_retry_info(Some(retry_after));
-                details.set_error_info(
-                    flashsale_contract::reason::RATE_LIMITED,
-                    ERROR_DOMAIN,
-                    HashMap::<String, String>::new(),
-                );
+                details.set_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
                 Status::with_error_details(Code::ResourceExhausted, message, details)
             }
             ApiError::Unauthenticated(_) => {

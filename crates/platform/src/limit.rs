@@ -113,6 +113,7 @@ impl UserRateLimiter {
             let wait = not_until.wait_time_from(limiter.clock().now());
             metrics::counter!(RATE_LIMITED_TOTAL, "rpc" => self.what).increment(1);
             ApiError::ResourceExhausted {
+                reason: flashsale_contract::reason::RATE_LIMITED,
                 message: format!(
                     "too many {} calls from this user; retry in {} ms",
                     self.what,
@@ -203,6 +204,7 @@ impl StreamCap {
         if *n >= self.per_user {
             metrics::counter!(RATE_LIMITED_TOTAL, "rpc" => self.what).increment(1);
             return Err(ApiError::ResourceExhausted {
+                reason: flashsale_contract::reason::RATE_LIMITED,
                 message: format!(
                     "this user already has {} {} streams open; close one first",
                     self.per_user, self.what

@@ -27,6 +27,11 @@ impl From<crate::client::Placed> for Outcome {
         match p {
             crate::client::Placed::Accepted(_) => Outcome::Accepted,
             crate::client::Placed::Refused(r) => Outcome::Refused(r),
+            // A burst that meets admission control was refused units the gate still had: an
+            // error of the run, not a refusal of stock.
+            crate::client::Placed::Overloaded => {
+                Outcome::Error("ResourceExhausted OVERLOADED".into())
+            }
             crate::client::Placed::Error(e) => Outcome::Error(e),
         }
     }

@@ -52,7 +52,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("--doc: cannot read {}", args.doc.display()))?;
     let link_dir = relative_dir(&args.doc, &args.charts);
     let out = render::render(&kept, &link_dir);
-    let runs = runs::read_runs(&args.runs).with_context(|| format!("--runs {}", args.runs.display()))?;
+    let runs =
+        runs::read_runs(&args.runs).with_context(|| format!("--runs {}", args.runs.display()))?;
     let markdown = format!("{}\n\n{}", out.markdown.trim_end(), runs::table(&runs));
     let new_doc =
         splice(&doc, &markdown).with_context(|| format!("--doc {}", args.doc.display()))?;

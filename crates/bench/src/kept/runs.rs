@@ -42,7 +42,9 @@ pub fn read_runs(dir: &Path) -> anyhow::Result<Vec<KeptRun>> {
 /// A report's verdict: `passed` (flashsale bench) or `pass` (flashsale sale); `None` when it
 /// has neither.
 fn verdict(report: &serde_json::Value) -> Option<bool> {
-    report["passed"].as_bool().or_else(|| report["pass"].as_bool())
+    report["passed"]
+        .as_bool()
+        .or_else(|| report["pass"].as_bool())
 }
 
 /// The markdown table of every kept run, one row per report.
@@ -66,7 +68,9 @@ pub fn table(runs: &[KeptRun]) -> String {
     for run in runs {
         for k in &run.reports {
             let meta = &k.report["meta"];
-            let commit = meta["commit"].as_str().map_or("—", |c| &c[..c.len().min(12)]);
+            let commit = meta["commit"]
+                .as_str()
+                .map_or("—", |c| &c[..c.len().min(12)]);
             let dirty = if meta["commit_dirty"] == true {
                 " (dirty)"
             } else {
@@ -109,8 +113,14 @@ mod tests {
             KeptRun {
                 name: "20261203T112119Z-c20d9358aaaa".into(),
                 reports: vec![
-                    kept("big-sale", json!({ "passed": true, "meta": meta("c20d9358aaaabbbb") })),
-                    kept("sustained", json!({ "pass": false, "meta": meta("c20d9358aaaabbbb") })),
+                    kept(
+                        "big-sale",
+                        json!({ "passed": true, "meta": meta("c20d9358aaaabbbb") }),
+                    ),
+                    kept(
+                        "sustained",
+                        json!({ "pass": false, "meta": meta("c20d9358aaaabbbb") }),
+                    ),
                 ],
             },
             KeptRun {
@@ -121,8 +131,14 @@ mod tests {
         let md = table(&runs);
         assert!(md.contains("2 run(s) kept"), "{md}");
         assert!(md.contains("1 with a failed report"), "{md}");
-        assert!(md.contains("| big-sale | `c20d9358aaaa` | 2026-12-03T11:21:19Z | PASS |"), "{md}");
-        assert!(md.contains("| sustained | `c20d9358aaaa` | 2026-12-03T11:21:19Z | **FAIL** |"), "{md}");
+        assert!(
+            md.contains("| big-sale | `c20d9358aaaa` | 2026-12-03T11:21:19Z | PASS |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| sustained | `c20d9358aaaa` | 2026-12-03T11:21:19Z | **FAIL** |"),
+            "{md}"
+        );
         assert!(md.contains("| flood | `—` | — | — |"), "{md}");
         assert!(table(&[]).contains("No run kept yet."));
     }
@@ -141,7 +157,10 @@ mod tests {
         assert_eq!(names, ["20261203T000000Z-a", "20261204T000000Z-b"]);
         std::fs::write(dir.join("20261203T000000Z-a").join("flood.json"), "[]")?;
         let e = read_runs(&dir).err().map(|e| format!("{e:#}"));
-        assert!(e.is_some_and(|e| e.contains("20261203T000000Z-a")), "names the run");
+        assert!(
+            e.is_some_and(|e| e.contains("20261203T000000Z-a")),
+            "names the run"
+        );
         std::fs::remove_dir_all(&dir)?;
         Ok(())
     }

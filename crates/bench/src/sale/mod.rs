@@ -10,6 +10,7 @@
 mod checks;
 mod flood;
 mod follow;
+mod latency;
 pub(crate) mod read;
 mod report;
 mod sold;
@@ -365,8 +366,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let sampler = Sampler::start(args.pids.services());
         let cpu = crate::cpustat::Sampler::start(crate::cpustat::groups(&args.pids.services()));
         let cpu_from = std::time::Instant::now();
-        let run = sustain::run(ctx.clone(), rate, secs, shares.pay, &args.backlog).await?;
+        let mut run = sustain::run(ctx.clone(), rate, secs, shares.pay, &args.backlog).await?;
         let memory = sampler.finish().await;
+        run.check_memory(&memory);
         let cpu = cpu
             .finish()
             .await

@@ -34,6 +34,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use super::{
     Ctx,
     checks::Check,
+    latency::{Call, Latencies, Summary},
     progress,
     read::{self, request},
     sold::{Sold, stock_checks},
@@ -82,6 +83,8 @@ struct Counts {
     skipped: AtomicU64,
     accepted: AtomicU64,
     refused: AtomicU64,
+    /// Refused `OVERLOADED` by admission control.
+    overloaded: AtomicU64,
     errors: AtomicU64,
     pay_started: AtomicU64,
     paid: AtomicU64,
@@ -134,7 +137,12 @@ pub(crate) struct Sustained {
     drain: Option<f64>,
     counts: [u64; 9],
     left_paid: Option<i64>,
-    /// Stock, per-user limit and gate, read back after the drain.
+    /// Refused `OVERLOADED` by admission control.
+    overloaded: u64,
+    /// CreateOrder and PayOrder latencies.
+    latency: Summary,
+    /// Stock, per-user limit and gate, read back after the drain; the refusals' latency; the
+    /// services' memory.
     checks: Vec<Check>,
 }
 
@@ -148,6 +156,7 @@ pub(crate) async fn run(
 ) -> anyhow::Result<Sustained> {
     let probes = Probes::connect(&ctx, backlog).await?;
     let counts = Arc::new(Counts::default());
+    let latencies = Arc::new(Latencies::new()?);
     let started = Instant::now();
     let arrivals_end = started + Duration::from_secs(secs);
     let total = u64::from(rate) * secs;
@@ -155,7 +164,13 @@ pub(crate) async fn run(
         "sustained sale: {rate} arrivals/s for {secs} s ({total} buyers), {:.0}% of the winners pay",
         pay_share * 100.0
     ));
-    let arrivals = tokio::spawn(arrive(ctx.clone(), counts.clone(), rate, total, pay_share));
+    let arrivals = tokio::spawn(arrive(
+        ctx.clone(),
+        counts.clone(),
+        latencies.clone(),
+        (rate, total),
+        pay_share,
+    ));
     let mut samples = Vec::new();
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -193,7 +208,9 @@ pub(crate) async fn run(
         let product = read::product(&ctx, sku).await;
         products.push((sku.clone(), product, drifts.get(sku).copied()));
     }
-    let checks = stock_checks(&ctx.offers, probes.sold().await.as_ref(), &products);
+    let mut checks = stock_checks(&ctx.offers, probes.sold().await.as_ref(), &products);
+    let latency = latencies.summary();
+    checks.push(latency.check());
     let c = &counts;
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     Ok(Sustained {
@@ -213,13 +230,21 @@ pub(crate) async fn run(
             get(&c.in_flight),
         ],
         left_paid,
+        overloaded: get(&c.overloaded),
+        latency,
         checks,
     })
 }
 
 /// The open-loop arrivals: one CreateOrder every 1/`rate` s (late ticks catch up), each buyer
 /// new, skipped when [`MAX_IN_FLIGHT`] calls are already out.
-async fn arrive(ctx: Arc<Ctx>, counts: Arc<Counts>, rate: u32, total: u64, pay_share: f64) {
+async fn arrive(
+    ctx: Arc<Ctx>,
+    counts: Arc<Counts>,
+    latencies: Arc<Latencies>,
+    (rate, total): (u32, u64),
+    pay_share: f64,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
     tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
     for i in 0..total {
@@ -234,9 +259,9 @@ async fn arrive(ctx: Arc<Ctx>, counts: Arc<Counts>, rate: u32, total: u64, pay_s
         }
         counts.in_flight.fetch_add(1, Ordering::Relaxed);
         let pays = pays(i, pay_share);
-        let (ctx, counts) = (ctx.clone(), counts.clone());
+        let (ctx, counts, latencies) = (ctx.clone(), counts.clone(), latencies.clone());
         tokio::spawn(async move {
-            buyer(&ctx, &counts, i, pays).await;
+            buyer(&ctx, &counts, &latencies, i, pays).await;
             counts.in_flight.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -249,18 +274,31 @@ pub(crate) fn pays(i: u64, share: f64) -> bool {
 }
 
 /// One buyer: orders, and when it pays, pays as soon as the order is confirmed.
-async fn buyer(ctx: &Ctx, counts: &Counts, i: u64, pays: bool) {
+async fn buyer(ctx: &Ctx, counts: &Counts, latencies: &Latencies, i: u64, pays: bool) {
     let Ok(b) = usize::try_from(i) else { return };
     let (Some(token), Some(sku)) = (ctx.tokens.get(b), ctx.skus.get(b % ctx.skus.len().max(1)))
     else {
         return;
     };
     let request_id = uuid::Uuid::new_v4().to_string();
-    let order_id = match place_order(&mut ctx.orders.clone(), token, sku.clone(), request_id).await
-    {
-        Placed::Accepted(o) => o.order_id,
+    let asked = Instant::now();
+    let placed = place_order(&mut ctx.orders.clone(), token, sku.clone(), request_id).await;
+    let took = asked.elapsed();
+    let order_id = match placed {
+        Placed::Accepted(o) => {
+            latencies.record(Call::Accepted, took);
+            o.order_id
+        }
         Placed::Refused(_) => {
+            latencies.record(Call::Refused, took);
             counts.refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // A new buyer turned away at once while the backlog is at its bound: answered, and
+        // not retried (the next arrival is another buyer).
+        Placed::Overloaded => {
+            latencies.record(Call::Overloaded, took);
+            counts.overloaded.fetch_add(1, Ordering::Relaxed);
             return;
         }
         Placed::Error(_) => {
@@ -289,7 +327,10 @@ async fn buyer(ctx: &Ctx, counts: &Counts, i: u64, pays: bool) {
         ) else {
             return;
         };
-        match ctx.orders.clone().pay_order(req).await {
+        let asked = Instant::now();
+        let answer = ctx.orders.clone().pay_order(req).await;
+        latencies.record(Call::PayOrder, asked.elapsed());
+        match answer {
             Ok(r) => {
                 counts.pay_started.fetch_add(1, Ordering::Relaxed);
                 let Some(c) = r.into_inner().checkout else {
@@ -589,6 +630,32 @@ impl Sustained {
         Some(end <= 1.5 * middle + f64::from(self.rate))
     }
 
+    /// Adds the memory check: every service measured stayed within
+    /// [`crate::procstat::MEMORY_LIMIT_MIB`] of resident memory (none measured: nothing is
+    /// claimed).
+    pub fn check_memory(&mut self, memory: &[crate::procstat::Memory]) {
+        if memory.is_empty() {
+            return;
+        }
+        let over: Vec<String> = memory
+            .iter()
+            .filter(|m| m.over_limit())
+            .map(crate::procstat::Memory::text)
+            .collect();
+        self.checks.push(Check {
+            name: "memory within its limit",
+            pass: over.is_empty(),
+            detail: if over.is_empty() {
+                format!(
+                    "every service under {:.0} MiB",
+                    crate::procstat::MEMORY_LIMIT_MIB
+                )
+            } else {
+                over.join("; ")
+            },
+        });
+    }
+
     /// Payments made at the provider whose orders never became PAID (the notification came
     /// after the order's deadline, and the payment is refunded): buyers who paid and got
     /// nothing. `None` when the order database was not read.
@@ -625,7 +692,7 @@ impl Sustained {
             _,
         ] = self.counts;
         let rates = self.rates();
-        json!({
+        let mut v = json!({
             "mode": "sustained",
             "arrivalRate": self.rate,
             "sustainSecs": self.secs,
@@ -665,7 +732,10 @@ impl Sustained {
                 "outboxUnsent": {"order": s.outbox[0], "productStock": s.outbox[1], "outbound": s.outbox[2]},
                 "queueReady": {"order": s.queues[0], "productStock": s.queues[1], "outbound": s.queues[2]},
             })).collect::<Vec<_>>(),
-        })
+        });
+        v["overloaded"] = json!(self.overloaded);
+        v["latency"] = self.latency.to_json();
+        v
     }
 
     pub fn print_text(&self) {
@@ -687,6 +757,13 @@ impl Sustained {
         println!(
             "payments    {pay_started} started, {paid} paid at the provider, {pay_failed} failed"
         );
+        println!(
+            "overloaded  {} buyers refused OVERLOADED by admission control",
+            self.overloaded
+        );
+        for line in self.latency.lines() {
+            println!("latency     {line}");
+        }
         for s in &self.samples {
             println!("  {}", timeline_line(s));
         }
@@ -765,6 +842,8 @@ mod tests {
             drain: Some(1.0),
             counts: [0; 9],
             left_paid: Some(0),
+            overloaded: 0,
+            latency: Summary::default(),
             checks: Vec::new(),
         }
     }

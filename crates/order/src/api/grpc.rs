@@ -255,6 +255,11 @@ impl From<OrderError> for ApiError {
                     message,
                 }
             }
+            OrderError::Overloaded { retry_after, .. } => ApiError::ResourceExhausted {
+                reason: flashsale_contract::reason::OVERLOADED,
+                message,
+                retry_after,
+            },
             OrderError::Internal(e) => ApiError::Internal(e),
         }
     }

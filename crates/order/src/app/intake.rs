@@ -20,7 +20,7 @@ pub use writes::{
 };
 use writes::{QueuedWrite, write_queue};
 
-use super::{SoldOutCache, Verdict};
+use super::{Admission, SoldOutCache, Verdict};
 use crate::{
     config::SagaSettings,
     domain::{CancelReason, Order, OrderError, PlaceOrder, Policy, Refusal, Status, order_total},
@@ -42,6 +42,8 @@ pub struct Intake {
     stock: Arc<dyn StockPort>,
     max_quantity: i64,
     sold_out: SoldOutCache,
+    /// Refuses new buyers while the platform's backlog is at its bound (`admission.*`).
+    admission: Admission,
     /// Writes accepted orders, many per transaction (one commit for a batch), each on its own
     /// when the batch fails; none past its deadline. Built by [`write_queue`]; each batch is
     /// one `writes::write_queued`.
@@ -62,6 +64,7 @@ impl Intake {
         db: DatabaseConnection,
         stock: Arc<dyn StockPort>,
         settings: &SagaSettings,
+        admission: Admission,
         failpoints: Failpoints,
     ) -> Self {
         let writes = write_queue(db.clone(), failpoints.clone());
@@ -70,6 +73,7 @@ impl Intake {
             stock,
             max_quantity: settings.max_quantity,
             sold_out: SoldOutCache::new(Duration::from_millis(settings.sold_out_cache_ms)),
+            admission,
             writes,
             write_deadline: Duration::from_millis(settings.intake_write_deadline_ms),
             failpoints,
@@ -137,7 +141,10 @@ impl Intake {
                 SOLD_OUT_REMEMBERED.into(),
             ));
         }
-        // Derived (a SHA-1 over the request) only past the refusal from memory.
+        // Past capacity a new buyer is refused here, before the gate: nothing is taken or
+        // written, and the orders already accepted drain the backlog.
+        self.admission.admit()?;
+        // Derived (a SHA-1 over the request) only past the refusals from memory.
         let order_id = p.order_id();
         let granted = match self
             .stock
@@ -172,6 +179,7 @@ impl Intake {
             }
             Err(e) => return Err(e),
         };
+        let _writing = (!granted.replayed).then(|| self.admission.granted());
         self.intake.mark();
         match self.persist(&p, order_id, &granted, deadline).await {
             Ok(Written {

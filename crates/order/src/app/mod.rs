@@ -18,6 +18,7 @@ use crate::{
     infra::db,
 };
 
+mod admission;
 mod checkout;
 mod intake;
 mod notify_batch;
@@ -32,6 +33,7 @@ mod shipped_batch;
 mod sold_out;
 mod stuck;
 
+pub use admission::{Admission, BACKLOG_GAUGE};
 pub use checkout::{Checkout, Started};
 pub use intake::{
     FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, WRITE_FALLBACKS,

@@ -317,3 +317,94 @@ fn a_config_with_the_old_redis_section_still_loads() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(loaded.unwrap().saga.max_quantity, 7);
 }
+
+#[test]
+fn bad_admission_values_name_their_key() {
+    let cases: [Case; 6] = [
+        ("order.admission.max_unconfirmed", |s| {
+            s.admission.max_unconfirmed = MAX_ADMISSION_BOUND + 1
+        }),
+        ("order.admission.max_unshipped", |s| {
+            s.admission.max_unshipped = MAX_ADMISSION_BOUND + 1
+        }),
+        ("order.admission.check_interval_ms", |s| {
+            s.admission.check_interval_ms = 9
+        }),
+        ("order.admission.check_interval_ms", |s| {
+            s.admission.check_interval_ms = 60_001
+        }),
+        ("order.admission.retry_after_ms", |s| {
+            s.admission.retry_after_ms = 0
+        }),
+        ("order.admission.retry_after_ms", |s| {
+            s.admission.retry_after_ms = 600_001
+        }),
+    ];
+    each_is_refused_naming_its_key(&cases);
+}
+
+#[test]
+fn admission_bounds_load_from_the_environment_and_bad_ones_name_their_key() {
+    let load = |vars: &[(&str, &str)]| {
+        let env = config::Environment::with_prefix("FLASHSALE")
+            .prefix_separator("_")
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(
+                vars.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ));
+        let dir = std::env::temp_dir().join("fs-order-admission-none");
+        flashsale_platform::config::load_from(SERVICE_KEY, &Settings::default(), &dir, None, env)
+    };
+    let secrets = [
+        ("FLASHSALE_ORDER__PAYMENT__API_KEY", "k".repeat(32)),
+        ("FLASHSALE_ORDER__PAYMENT__WEBHOOK_SECRET", "w".repeat(32)),
+    ];
+    let with = |extra: &[(&str, &str)]| {
+        let mut vars: Vec<(&str, &str)> = secrets.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        vars.extend_from_slice(extra);
+        load(&vars)
+    };
+    let s = with(&[
+        ("FLASHSALE_ORDER__ADMISSION__MAX_UNCONFIRMED", "2000"),
+        ("FLASHSALE_ORDER__ADMISSION__MAX_UNSHIPPED", "0"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (
+            s.admission.max_unconfirmed,
+            s.admission.max_unshipped,
+            s.admission.retry_after_ms
+        ),
+        (2_000, 0, AdmissionSettings::default().retry_after_ms)
+    );
+    for (var, value, key) in [
+        (
+            "FLASHSALE_ORDER__ADMISSION__MAX_UNCONFIRMED",
+            "lots",
+            "order.admission.max_unconfirmed",
+        ),
+        (
+            "FLASHSALE_ORDER__ADMISSION__MAX_UNSHIPPED",
+            "-1",
+            "order.admission.max_unshipped",
+        ),
+        (
+            "FLASHSALE_ORDER__ADMISSION__CHECK_INTERVAL_MS",
+            "0",
+            "order.admission.check_interval_ms",
+        ),
+        (
+            "FLASHSALE_ORDER__ADMISSION__RETRY_AFTER_MS",
+            "soon",
+            "order.admission.retry_after_ms",
+        ),
+    ] {
+        let e = with(&[(var, value)])
+            .map(|_| String::new())
+            .unwrap_or_else(|e| e.to_string());
+        assert!(e.contains(key), "{var}={value}: `{e}` does not name {key}");
+    }
+}

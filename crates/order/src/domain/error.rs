@@ -53,6 +53,13 @@ pub enum OrderError {
     /// be. Answered as the database being unavailable: the buyer retries.
     #[error("the order could not be written before its deadline; retry with the same request_id")]
     WriteExpired,
+    /// The platform's backlog (orders waiting for the saga, or paid orders waiting to ship) is
+    /// past its bound: a new buyer is refused before the gate, and told when to try again.
+    #[error("{message}")]
+    Overloaded {
+        message: String,
+        retry_after: std::time::Duration,
+    },
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }

@@ -5,8 +5,8 @@
 use std::{sync::Arc, time::Duration};
 
 use flashsale_order::{
-    app::{Intake, PendingWrite, WRITE_FALLBACKS, write_pending_batch_or_each},
-    config::SagaSettings,
+    app::{Admission, Intake, PendingWrite, WRITE_FALLBACKS, write_pending_batch_or_each},
+    config::{AdmissionSettings, SagaSettings},
     domain::{PlaceOrder, Policy},
     infra::{db::Inserted, stock::GrpcStock},
 };
@@ -108,6 +108,7 @@ async fn a_poisoned_order_beside_forty_concurrent_buyers_fails_alone_and_gives_i
         app.conn.clone(),
         Arc::new(stock),
         &SagaSettings::default(),
+        Admission::new(app.conn.clone(), &AdmissionSettings::default()),
         failpoints,
     );
     let mut calls = tokio::task::JoinSet::new();

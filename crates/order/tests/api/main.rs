@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod admission;
 mod contract;
 mod create;
 mod edge;

@@ -11,8 +11,8 @@ use std::{
 };
 
 use flashsale_order::{
-    app::{Intake, SOLD_OUT_REMEMBERED, Verdict, write_pending},
-    config::SagaSettings,
+    app::{Admission, Intake, SOLD_OUT_REMEMBERED, Verdict, write_pending},
+    config::{AdmissionSettings, SagaSettings},
     domain::{OrderError, PlaceOrder, Policy, Refusal},
     infra::stock::{GateBuyers, Granted, StockPort},
 };
@@ -98,6 +98,7 @@ fn orders_over(
         conn.clone(),
         gate,
         &settings,
+        Admission::new(conn.clone(), &AdmissionSettings::default()),
         flashsale_platform::failpoint::Failpoints::default(),
     )
 }

@@ -94,6 +94,30 @@ pub async fn count_stuck<C: ConnectionTrait>(
         .collect()
 }
 
+/// The orders waiting for the saga (PENDING) and the paid orders waiting to ship (PAID), each
+/// counted up to its `cap` (a count that reached its cap reads the cap): the `orders_unsettled`
+/// index holds exactly these rows, and the caps bound what one count reads.
+pub async fn count_backlog<C: ConnectionTrait>(
+    c: &C,
+    pending_cap: u64,
+    paid_cap: u64,
+) -> Result<(u64, u64), OrderError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        pending: i64,
+        paid: i64,
+    }
+    let cap = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let row = Row::find_by_statement(stmt(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM orders WHERE status = 'PENDING' LIMIT $1) p)                 AS pending,                 (SELECT count(*) FROM (SELECT 1 FROM orders WHERE status = 'PAID' LIMIT $2) q)                 AS paid",
+        [cap(pending_cap).into(), cap(paid_cap).into()],
+    ))
+    .one(c)
+    .await?;
+    let n = |v: i64| u64::try_from(v).unwrap_or(0);
+    Ok(row.map_or((0, 0), |r| (n(r.pending), n(r.paid))))
+}
+
 /// Up to `limit` stuck orders (as [`count_stuck`] counts them) after the `(since, order_id)`
 /// cursor, longest stuck first.
 pub async fn stuck<C: ConnectionTrait>(
