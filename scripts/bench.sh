@@ -40,6 +40,11 @@
 #                    masters and 3 replicas that the script starts on free loopback ports (data
 #                    in a temporary directory, nothing on disk) and stops at the end; the raw
 #                    gate mode is left out (it measures one Redis server)
+# PostgreSQL: where initdb, pg_ctl and pg_stat_statements (postgresql-contrib) are installed, the
+# run starts a PostgreSQL of its own on a free loopback port (a fresh cluster's settings, as the
+# shared server has them, plus pg_stat_statements) and the report gives the statements and
+# commits per order, database by database; BENCH_PG=shared (or FLASHSALE_BENCH_POSTGRES_URL)
+# runs on the shared server instead, without those counts.
 # Whatever happens, the script stops on exit what it started: the services, the replicas and
 # the cluster's nodes.
 set -euo pipefail
@@ -57,6 +62,9 @@ CLI="$CARGO_TARGET_DIR/release/flashsale"
 REPLICAS="${BENCH_REPLICAS:-1}"
 BUCKETS="${BENCH_BUCKETS:-}"
 REDIS_MODE="${BENCH_REDIS:-single}"
+PG_MODE="${BENCH_PG:-}"
+PG_DIR=""         # the private PostgreSQL's directory, while it runs
+PG_PORT=""
 REPLICA_PIDS=()    # second replicas this run started
 CLUSTER_PIDS=()    # Redis Cluster nodes this run started
 CLUSTER_DIR=""     # their working directory
@@ -135,6 +143,55 @@ stop_pids() { # pids...
 # temporary directory), joins them as 3 masters with one replica each, and waits until every
 # node says cluster_state:ok. Prints nothing; sets CLUSTER_PIDS, CLUSTER_DIR and CLUSTER_URLS.
 CLUSTER_URLS=""
+# Runs a PostgreSQL program as the postgres user (initdb and the server refuse root).
+pg_as_owner() { # program args...
+    local program="$PG_BIN/$1"
+    shift
+    if [[ $(id -u) -eq 0 ]]; then
+        runuser -u postgres -- "$program" "$@"
+    else
+        "$program" "$@"
+    fi
+}
+
+# Whether a private PostgreSQL with pg_stat_statements can be started here.
+private_pg_possible() {
+    PG_BIN="${FLASHSALE_BENCH_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}"
+    [[ -x "$PG_BIN/initdb" && -x "$PG_BIN/pg_ctl" ]] || return 1
+    [[ $(id -u) -ne 0 ]] || id postgres >/dev/null 2>&1 || return 1
+    local lib
+    lib="$("$PG_BIN/pg_config" --pkglibdir 2>/dev/null || true)"
+    [[ -n "$lib" && -e "$lib/pg_stat_statements.so" ]]
+}
+
+# Starts a PostgreSQL of the bench's own on a free loopback port, with the settings of a fresh
+# cluster (as the shared server here has them) plus pg_stat_statements, so that the report can
+# count the statements each service ran per order (top-level ones, transaction control such as
+# BEGIN and COMMIT left out: commits are counted apart). A role of its own,
+# flashsale_bench_probe, runs the bench's own reads, which the counts leave out.
+start_private_pg() {
+    PG_DIR="$(mktemp -d "${TMPDIR:-/tmp}/flashsale-bench-pg.XXXXXX")"
+    [[ $(id -u) -ne 0 ]] || chown postgres "$PG_DIR"
+    PG_PORT="$(free_port)"
+    pg_as_owner initdb -D "$PG_DIR/data" -U postgres --auth=trust -E UTF8 >/dev/null
+    pg_as_owner pg_ctl -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 start -o \
+        "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.max=10000 -c pg_stat_statements.track_utility=off" \
+        >/dev/null || { cat "$PG_DIR/server.log" >&2; die "the private PostgreSQL did not start"; }
+    local url="postgres://postgres@127.0.0.1:$PG_PORT"
+    psql "$url/postgres" -w -qc "create extension if not exists pg_stat_statements" >/dev/null
+    psql "$url/postgres" -w -qc "create role flashsale_bench_probe login superuser" >/dev/null
+    export FLASHSALE_BENCH_POSTGRES_URL="$url"
+    export FLASHSALE_BENCH_PROBE_POSTGRES_URL="postgres://flashsale_bench_probe@127.0.0.1:$PG_PORT"
+    log "a private PostgreSQL with pg_stat_statements on 127.0.0.1:$PG_PORT ($PG_DIR)"
+}
+
+stop_private_pg() {
+    [[ -n "$PG_DIR" ]] || return 0
+    pg_as_owner pg_ctl -D "$PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+    rm -rf "$PG_DIR"
+    PG_DIR=""
+}
+
 start_redis_cluster() {
     have redis-server && have redis-cli || die "BENCH_REDIS=cluster needs redis-server and redis-cli"
     CLUSTER_DIR="$(mktemp -d "${TMPDIR:-/tmp}/flashsale-bench-cluster.XXXXXX")"
@@ -232,6 +289,7 @@ cleanup() {
         log "stopped the Redis Cluster"
     fi
     [[ -z "$CLUSTER_DIR" ]] || rm -rf "$CLUSTER_DIR"
+    stop_private_pg
     exit "$rc"
 }
 
@@ -297,13 +355,30 @@ main() {
     # The services get databases of their own for the benchmark, dropped before each run (as
     # are the baselines'): every run starts from empty tables and indexes, not from what the
     # runs before it left behind (which makes each run slower than the last).
+    trap cleanup EXIT
+    trap 'exit 130' INT TERM
+    # PostgreSQL: a private server with pg_stat_statements where one can be started (BENCH_PG
+    # unset or "private"), else the server at FLASHSALE_BENCH_POSTGRES_URL ("shared").
+    if [[ -z "$PG_MODE" && -z "${FLASHSALE_BENCH_POSTGRES_URL:-}" ]] && private_pg_possible; then
+        PG_MODE=private
+    fi
+    case "${PG_MODE:-shared}" in
+        private)
+            private_pg_possible || die "BENCH_PG=private needs initdb, pg_ctl and pg_stat_statements (postgresql-contrib)"
+            start_private_pg
+            ;;
+        shared) ;;
+        *) die "BENCH_PG must be private or shared, not '$PG_MODE'" ;;
+    esac
     local pg="${FLASHSALE_BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432}"
+    # The bench's own reads of the services' databases run as this role where it exists.
+    local probe="${FLASHSALE_BENCH_PROBE_POSTGRES_URL:-$pg}"
     export FLASHSALE_PRODUCT_STOCK__DATABASE__URL="${FLASHSALE_PRODUCT_STOCK__DATABASE__URL:-$pg/flashsale_bench_product}"
     export FLASHSALE_ORDER__DATABASE__URL="${FLASHSALE_ORDER__DATABASE__URL:-$pg/flashsale_bench_svc_orders}"
     export FLASHSALE_OUTBOUND__DATABASE__URL="${FLASHSALE_OUTBOUND__DATABASE__URL:-$pg/flashsale_bench_outbound}"
     # The saga follower reads order states from the order service's database (one query per
     # poll) rather than through GetOrder per order, which would load the service being timed.
-    export FLASHSALE_BENCH_ORDERS_DB_URL="${FLASHSALE_BENCH_ORDERS_DB_URL:-$FLASHSALE_ORDER__DATABASE__URL}"
+    export FLASHSALE_BENCH_ORDERS_DB_URL="${FLASHSALE_BENCH_ORDERS_DB_URL:-$probe/flashsale_bench_svc_orders}"
     # The refusals mode sums the table counters of the services' own databases.
     export FLASHSALE_BENCH_STATS_DBS="${FLASHSALE_BENCH_STATS_DBS:-flashsale_bench_product,flashsale_bench_svc_orders,flashsale_bench_outbound}"
     export FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX="${FLASHSALE_PRODUCT_STOCK__REDIS__KEY_PREFIX:-fs_bench:}"
@@ -315,8 +390,6 @@ main() {
         export "FLASHSALE_${svc}__AMQP__QUEUE_PREFIX=$run_tag."
         export "FLASHSALE_${svc}__AMQP__QUEUE_EXPIRES_MS=3600000"
     done
-    trap cleanup EXIT
-    trap 'exit 130' INT TERM
     if [[ "$REDIS_MODE" == cluster ]]; then
         start_redis_cluster
         export FLASHSALE_PRODUCT_STOCK__REDIS__MODE=cluster
@@ -384,9 +457,9 @@ main() {
                 else
                     sale_args+=(--arrival-rate "${BENCH_SUSTAIN_RATE:-500}" --sustain-secs "${BENCH_SUSTAIN_SECS:-60}"
                         --stock 10000000 --per-user-limit 0 --max-duration-secs 900
-                        --order-database-url "$FLASHSALE_ORDER__DATABASE__URL"
-                        --product-database-url "$FLASHSALE_PRODUCT_STOCK__DATABASE__URL"
-                        --outbound-database-url "$FLASHSALE_OUTBOUND__DATABASE__URL"
+                        --order-database-url "$probe/flashsale_bench_svc_orders"
+                        --product-database-url "$probe/flashsale_bench_product"
+                        --outbound-database-url "$probe/flashsale_bench_outbound"
                         --amqp-url "${FLASHSALE_BENCH_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
                         --queue-prefix "$run_tag.")
                 fi

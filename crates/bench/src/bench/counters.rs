@@ -144,9 +144,63 @@ impl Sources {
             .await
             .context("INFO commandstats")?;
         out.extend(parse_commandstats(&info));
+        out.extend(self.statements().await);
         Ok(Counters(out))
     }
+
+    /// `pg_stat_statements` per database, where the server has it loaded: the statements run
+    /// (`pgss/<db>/calls`) and their execution time (`pgss/<db>/exec_us`) by everyone but the
+    /// bench's own role ([`PROBE_ROLE`]), whose statements are `pgss_probe/<db>/calls`. Nothing
+    /// when the view is missing.
+    async fn statements(&self) -> BTreeMap<String, i64> {
+        let sql = format!(
+            "SELECT d.datname, COALESCE(r.rolname = '{PROBE_ROLE}', false) AS probe, \
+                    sum(s.calls)::bigint AS calls, \
+                    (sum(s.total_exec_time) * 1000)::bigint AS exec_us \
+             FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+             LEFT JOIN pg_roles r ON r.oid = s.userid GROUP BY 1, 2"
+        );
+        let Ok(rows) = self
+            .pg_admin
+            .query_all_raw(Statement::from_string(
+                sea_orm::DatabaseBackend::Postgres,
+                sql,
+            ))
+            .await
+        else {
+            return BTreeMap::new();
+        };
+        let mut out = BTreeMap::new();
+        out.insert(STATEMENTS_AVAILABLE.to_owned(), 1);
+        for row in rows {
+            let (Ok(db), Ok(probe), Ok(calls), Ok(exec_us)) = (
+                row.try_get::<String>("", "datname"),
+                row.try_get::<bool>("", "probe"),
+                row.try_get::<i64>("", "calls"),
+                row.try_get::<i64>("", "exec_us"),
+            ) else {
+                continue;
+            };
+            if probe {
+                out.insert(format!("{PROBE_STATEMENTS}{db}/calls"), calls);
+            } else {
+                out.insert(format!("{STATEMENTS}{db}/calls"), calls);
+                out.insert(format!("{STATEMENTS}{db}/exec_us"), exec_us);
+            }
+        }
+        out
+    }
 }
+
+/// The role the bench's own reads of the services' databases run as (scripts/bench.sh creates
+/// it on its private server): the statement counts leave its statements out.
+pub const PROBE_ROLE: &str = "flashsale_bench_probe";
+/// Where a reading keeps one database's statement counts (`pgss/<db>/calls`, `…/exec_us`).
+pub const STATEMENTS: &str = "pgss/";
+/// The bench's own statements per database (`pgss_probe/<db>/calls`).
+pub const PROBE_STATEMENTS: &str = "pgss_probe/";
+/// Present (1) in a reading taken where `pg_stat_statements` could be read.
+pub const STATEMENTS_AVAILABLE: &str = "pgss.available";
 
 /// `redis.calls` (every command) and `redis.cmd.<name>` from `INFO commandstats`
 /// (`cmdstat_get:calls=12,usec=…`); lines it does not understand are left out.

@@ -14,7 +14,8 @@ mod amqp_version;
 mod baselines;
 mod batches;
 mod cluster_wait;
-mod counters;
+pub(crate) mod counters;
+pub(crate) mod dbwork;
 mod invariants;
 mod measure;
 pub(crate) mod meta;
@@ -302,6 +303,36 @@ impl Args {
     }
 }
 
+/// The databases whose work a mode's orders are charged with, and what the orders reached:
+/// the naive design's database per accepted order, the services' per confirmed order.
+fn db_work_of(mode: &Mode, args: &Args) -> Option<(Vec<(String, String)>, &'static str)> {
+    match mode {
+        Mode::Naive | Mode::NaiveFn | Mode::NaiveSweep => Some((
+            vec![("naive".to_owned(), args.naive_db.clone())],
+            "accepted",
+        )),
+        Mode::Platform => Some((
+            args.stats_db
+                .iter()
+                .map(|db| (owner_of(db), db.clone()))
+                .collect(),
+            "confirmed",
+        )),
+        _ => None,
+    }
+}
+
+/// The service a database belongs to, by its name (`flashsale_bench_svc_orders` → `order`).
+fn owner_of(db: &str) -> String {
+    ["product", "order", "outbound"]
+        .into_iter()
+        .find(|s| db.contains(s))
+        .map_or_else(
+            || db.to_owned(),
+            |s| if s == "product" { "product-stock" } else { s }.to_owned(),
+        )
+}
+
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (load, limit, ticketing) = args.load()?;
     let db_pool = args.db_pool()?;
@@ -313,7 +344,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let sources = if args.modes.contains(&Mode::Refusals) {
         Some(counters::Sources::connect(&args.postgres_url, &args.stats_db, &args.redis_url).await?)
     } else {
-        None
+        // The database work per order is counted wherever the servers can be read.
+        counters::Sources::connect(&args.postgres_url, &args.stats_db, &args.redis_url)
+            .await
+            .inspect_err(|e| eprintln!("bench: no database work per order: {e:#}"))
+            .ok()
     };
     let mut results: Vec<ModeReport> = Vec::new();
     let mut sweeps: Vec<sweep::Sweep> = Vec::new();
@@ -351,6 +386,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             continue;
         }
         let batches_before = batches::scrape(&metrics_urls).await;
+        let db_before = match (&sources, db_work_of(mode, &args)) {
+            (Some(src), Some(_)) => src.read().await.ok(),
+            _ => None,
+        };
         let sampler = procstat::Sampler::start(services.clone());
         let cpu = cpustat::Sampler::start(cpustat::groups(&services));
         let mut refused_stretch = None;
@@ -529,6 +568,29 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         let memory = sampler.finish().await;
         let cpu = report::Cpu::of(&m, saga.as_ref(), &cpu.finish().await);
+        let dbwork = match (&sources, &db_before, db_work_of(mode, &args)) {
+            (Some(src), Some(before), Some((dbs, per))) => {
+                // The statement counts are live; the commit counters are published within
+                // PG_STATS_SETTLE of the work.
+                tokio::time::sleep(counters::PG_STATS_SETTLE).await;
+                let orders = match (mode, per, &saga) {
+                    (_, "confirmed", Some(s)) => s.confirmed,
+                    // Every point of the sweep wrote its orders, besides its full-size run.
+                    (Mode::NaiveSweep, _, _) => {
+                        m.accepted
+                            + sweeps
+                                .last()
+                                .map_or(0, |s| s.points.iter().map(|p| p.accepted).sum())
+                    }
+                    _ => m.accepted,
+                };
+                let after = src.read().await.ok();
+                after.and_then(|a| {
+                    dbwork::between(before, &a, &dbs, per, u64::try_from(orders).unwrap_or(0))
+                })
+            }
+            _ => None,
+        };
         let batches = batches::between(&batches_before, &batches::scrape(&metrics_urls).await);
         for c in checks.iter().filter(|c| !c.pass) {
             eprintln!(
@@ -546,6 +608,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             batches,
             checks,
             refusals: refused_stretch,
+            dbwork,
         });
     }
     let machine = machine(&args).await;

@@ -27,6 +27,8 @@ pub struct ModeReport {
     pub checks: Vec<Check>,
     /// The servers' counters around a refusal-only stretch (the refusals mode).
     pub refusals: Option<Refusals>,
+    /// The statements and commits per order, where the server counts statements.
+    pub dbwork: Option<super::dbwork::DbWork>,
 }
 
 /// Where the CPU went during a mode: over its requests; over its intake (first call → last
@@ -90,6 +92,9 @@ impl ModeReport {
             "after_intake_to_last_confirmation": self.cpu.saga.as_ref().map(|u| u.to_json(Some(self.m.accepted))),
         });
         v["batches"] = self.batches.iter().map(BatchFigures::to_json).collect();
+        if let Some(w) = &self.dbwork {
+            v["db_work"] = w.to_json();
+        }
         v["checks"] = self.checks.iter().map(Check::to_json).collect();
         v["passed"] = json!(self.checks.iter().all(|c| c.pass));
         if let Some(r) = &self.refusals {
@@ -225,6 +230,9 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
         }
         for b in &r.batches {
             println!("    batcher {}", b.text());
+        }
+        if let Some(w) = &r.dbwork {
+            println!("    database work {}", w.text());
         }
         if let Some(refusals) = &r.refusals {
             println!("    {}", refusals.text());
@@ -439,6 +447,7 @@ mod tests {
             batches: Vec::new(),
             checks: Vec::new(),
             refusals: None,
+            dbwork: None,
         };
         let j = report.to_json();
         assert_eq!(j["cpu"]["intake"]["ms_per_accepted"]["order"], 2000.0);

@@ -39,7 +39,13 @@ use super::{
     read::{self, request},
     sold::{Sold, stock_checks},
 };
-use crate::client::{Placed, place_order};
+use crate::{
+    bench::{
+        counters::{PG_STATS_SETTLE, Sources},
+        dbwork::{self, DbWork},
+    },
+    client::{Placed, place_order},
+};
 
 /// Most CreateOrder calls (with their payments) the driver keeps in flight; an arrival beyond
 /// it is counted as skipped, never queued (the load stays open loop and bounded).
@@ -74,6 +80,31 @@ pub struct Backlog {
     /// The services' `amqp.queue_prefix`.
     #[arg(long, default_value = "")]
     pub queue_prefix: String,
+    /// The PostgreSQL server of the three databases (URL without a database), read for the
+    /// statements and commits per shipped order where it has `pg_stat_statements`; connect as
+    /// the bench's own role (`flashsale_bench_probe`) so that its reads are left out.
+    #[arg(long, env = "FLASHSALE_BENCH_PROBE_POSTGRES_URL")]
+    pub stats_postgres_url: Option<String>,
+    /// Redis, read with the PostgreSQL counters.
+    #[arg(long, env = "FLASHSALE_BENCH_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub stats_redis_url: String,
+}
+
+impl Backlog {
+    /// The three databases by owner, named by the last segment of their URLs.
+    fn databases(&self) -> Vec<(String, String)> {
+        [
+            ("order", &self.order_database_url),
+            ("product-stock", &self.product_database_url),
+            ("outbound", &self.outbound_database_url),
+        ]
+        .into_iter()
+        .filter_map(|(owner, url)| {
+            let name = url.as_deref()?.rsplit('/').next()?.split('?').next()?;
+            Some((owner.to_owned(), name.to_owned()))
+        })
+        .collect()
+    }
 }
 
 /// The driver's own counts, cumulative.
@@ -141,6 +172,8 @@ pub(crate) struct Sustained {
     overloaded: u64,
     /// CreateOrder and PayOrder latencies.
     latency: Summary,
+    /// Statements and commits per shipped order, where the server counts statements.
+    dbwork: Option<DbWork>,
     /// Stock, per-user limit and gate, read back after the drain; the refusals' latency; the
     /// services' memory.
     checks: Vec<Check>,
@@ -155,6 +188,17 @@ pub(crate) async fn run(
     backlog: &Backlog,
 ) -> anyhow::Result<Sustained> {
     let probes = Probes::connect(&ctx, backlog).await?;
+    let sources = match &backlog.stats_postgres_url {
+        Some(url) => Sources::connect(url, &[], &backlog.stats_redis_url)
+            .await
+            .inspect_err(|e| progress(&format!("no database work per order: {e:#}")))
+            .ok(),
+        None => None,
+    };
+    let db_before = match &sources {
+        Some(s) => s.read().await.ok(),
+        None => None,
+    };
     let counts = Arc::new(Counts::default());
     let latencies = Arc::new(Latencies::new()?);
     let started = Instant::now();
@@ -211,6 +255,24 @@ pub(crate) async fn run(
     let mut checks = stock_checks(&ctx.offers, probes.sold().await.as_ref(), &products);
     let latency = latencies.summary();
     checks.push(latency.check());
+    let dbwork = match (&sources, &db_before) {
+        (Some(src), Some(before)) => {
+            // The commit counters are published within PG_STATS_SETTLE of the work.
+            tokio::time::sleep(PG_STATS_SETTLE).await;
+            let shipped = samples.last().and_then(|s| s.shipped).unwrap_or(0);
+            match src.read().await {
+                Ok(after) => dbwork::between(
+                    before,
+                    &after,
+                    &backlog.databases(),
+                    "shipped",
+                    u64::try_from(shipped).unwrap_or(0),
+                ),
+                Err(_) => None,
+            }
+        }
+        _ => None,
+    };
     let c = &counts;
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     Ok(Sustained {
@@ -232,6 +294,7 @@ pub(crate) async fn run(
         left_paid,
         overloaded: get(&c.overloaded),
         latency,
+        dbwork,
         checks,
     })
 }
@@ -735,6 +798,7 @@ impl Sustained {
         });
         v["overloaded"] = json!(self.overloaded);
         v["latency"] = self.latency.to_json();
+        v["dbWork"] = self.dbwork.as_ref().map_or(Value::Null, DbWork::to_json);
         v
     }
 
@@ -763,6 +827,9 @@ impl Sustained {
         );
         for line in self.latency.lines() {
             println!("latency     {line}");
+        }
+        if let Some(w) = &self.dbwork {
+            println!("database    {}", w.text());
         }
         for s in &self.samples {
             println!("  {}", timeline_line(s));
@@ -844,6 +911,7 @@ mod tests {
             left_paid: Some(0),
             overloaded: 0,
             latency: Summary::default(),
+            dbwork: None,
             checks: Vec::new(),
         }
     }
