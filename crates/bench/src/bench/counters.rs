@@ -192,6 +192,57 @@ impl Sources {
     }
 }
 
+impl Sources {
+    /// Empties `pg_stat_statements` (the bench's private server only: the statements of a
+    /// window are then what [`Self::top_statements`] lists). Nothing where it is missing.
+    pub async fn reset_statements(&self) {
+        let _ = self
+            .pg_admin
+            .execute_unprepared("SELECT pg_stat_statements_reset()")
+            .await;
+    }
+
+    /// The `n` statements run most often in each of `dbs` (`(owner, database)`), by everyone
+    /// but the bench's own role, since the last reset: `(owner, calls, query)`, the query's
+    /// text cut at 160 characters. Empty where `pg_stat_statements` is missing.
+    pub async fn top_statements(
+        &self,
+        dbs: &[(String, String)],
+        n: usize,
+    ) -> Vec<(String, i64, String)> {
+        let mut out = Vec::new();
+        for (owner, db) in dbs {
+            let sql = format!(
+                "SELECT s.calls::bigint AS calls, left(regexp_replace(s.query, '\\s+', ' ', 'g'), 160) AS query \
+                 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+                 LEFT JOIN pg_roles r ON r.oid = s.userid \
+                 WHERE d.datname = $1 AND r.rolname IS DISTINCT FROM '{PROBE_ROLE}' \
+                 ORDER BY s.calls DESC LIMIT {n}"
+            );
+            let Ok(rows) = self
+                .pg_admin
+                .query_all_raw(Statement::from_sql_and_values(
+                    sea_orm::DatabaseBackend::Postgres,
+                    sql,
+                    [db.clone().into()],
+                ))
+                .await
+            else {
+                continue;
+            };
+            for row in rows {
+                if let (Ok(calls), Ok(query)) = (
+                    row.try_get::<i64>("", "calls"),
+                    row.try_get::<String>("", "query"),
+                ) {
+                    out.push((owner.clone(), calls, query));
+                }
+            }
+        }
+        out
+    }
+}
+
 /// The role the bench's own reads of the services' databases run as (scripts/bench.sh creates
 /// it on its private server): the statement counts leave its statements out.
 pub const PROBE_ROLE: &str = "flashsale_bench_probe";

@@ -58,6 +58,8 @@ pub(crate) const MAX_IN_FLIGHT: u64 = 20_000;
 const PAY_RETRY: Duration = Duration::from_millis(200);
 /// The longest pause between a waiting buyer's tries.
 const PAY_RETRY_MAX: Duration = Duration::from_millis(1_600);
+/// How many of each database's most frequent statements the report lists.
+const TOP_STATEMENTS: usize = 12;
 /// How often the platform is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
@@ -86,7 +88,11 @@ pub struct Backlog {
     #[arg(long, env = "FLASHSALE_BENCH_PROBE_POSTGRES_URL")]
     pub stats_postgres_url: Option<String>,
     /// Redis, read with the PostgreSQL counters.
-    #[arg(long, env = "FLASHSALE_BENCH_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    #[arg(
+        long,
+        env = "FLASHSALE_BENCH_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub stats_redis_url: String,
 }
 
@@ -174,6 +180,8 @@ pub(crate) struct Sustained {
     latency: Summary,
     /// Statements and commits per shipped order, where the server counts statements.
     dbwork: Option<DbWork>,
+    /// The statements run most often in each database: `(owner, calls, query)`.
+    top_statements: Vec<(String, i64, String)>,
     /// Stock, per-user limit and gate, read back after the drain; the refusals' latency; the
     /// services' memory.
     checks: Vec<Check>,
@@ -196,7 +204,10 @@ pub(crate) async fn run(
         None => None,
     };
     let db_before = match &sources {
-        Some(s) => s.read().await.ok(),
+        Some(s) => {
+            s.reset_statements().await;
+            s.read().await.ok()
+        }
         None => None,
     };
     let counts = Arc::new(Counts::default());
@@ -255,6 +266,13 @@ pub(crate) async fn run(
     let mut checks = stock_checks(&ctx.offers, probes.sold().await.as_ref(), &products);
     let latency = latencies.summary();
     checks.push(latency.check());
+    let top_statements = match &sources {
+        Some(src) => {
+            src.top_statements(&backlog.databases(), TOP_STATEMENTS)
+                .await
+        }
+        None => Vec::new(),
+    };
     let dbwork = match (&sources, &db_before) {
         (Some(src), Some(before)) => {
             // The commit counters are published within PG_STATS_SETTLE of the work.
@@ -295,6 +313,7 @@ pub(crate) async fn run(
         overloaded: get(&c.overloaded),
         latency,
         dbwork,
+        top_statements,
         checks,
     })
 }
@@ -799,6 +818,11 @@ impl Sustained {
         v["overloaded"] = json!(self.overloaded);
         v["latency"] = self.latency.to_json();
         v["dbWork"] = self.dbwork.as_ref().map_or(Value::Null, DbWork::to_json);
+        v["topStatements"] = self
+            .top_statements
+            .iter()
+            .map(|(owner, calls, query)| json!({"owner": owner, "calls": calls, "query": query}))
+            .collect();
         v
     }
 
@@ -830,6 +854,9 @@ impl Sustained {
         }
         if let Some(w) = &self.dbwork {
             println!("database    {}", w.text());
+        }
+        for (owner, calls, query) in &self.top_statements {
+            println!("statement   {owner:<13} {calls:>8}  {query}");
         }
         for s in &self.samples {
             println!("  {}", timeline_line(s));
@@ -912,6 +939,7 @@ mod tests {
             overloaded: 0,
             latency: Summary::default(),
             dbwork: None,
+            top_statements: Vec::new(),
             checks: Vec::new(),
         }
     }
