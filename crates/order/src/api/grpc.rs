@@ -28,7 +28,8 @@ use tonic::{Request, Response, Status};
 use super::payment::{checkout_to_proto, list_refunds, refund_status, retry_refund};
 use crate::{
     app::{
-        Checkout, Intake, Queries, Refunds, Stuck, StuckOrder, reason_to_proto, status_to_proto,
+        Checkout, Intake, PayBatcher, PayCall, Queries, Refunds, Stuck, StuckOrder, pay_batcher, reason_to_proto,
+        status_to_proto,
     },
     config::LimitSettings,
     domain::{
@@ -42,6 +43,8 @@ use crate::{
 pub struct OrderApi {
     intake: Intake,
     checkout: Checkout,
+    /// PayOrder calls, applied in batches ([`crate::app::pay_batcher`]).
+    pays: PayBatcher,
     queries: Queries,
     stuck: Stuck,
     refunds: Refunds,
@@ -59,6 +62,7 @@ impl OrderApi {
     ) -> Self {
         Self {
             intake,
+            pays: pay_batcher(checkout.clone()),
             checkout,
             queries,
             stuck,
@@ -401,9 +405,10 @@ impl OrderService for OrderApi {
         let start =
             StartPayment::new(&r.order_id, &r.payment_id, r.amount_cents).map_err(status)?;
         let started = self
-            .checkout
-            .start_payment(&caller, start)
+            .pays
+            .call(PayCall { caller, pay: start })
             .await
+            .map_err(|e| status(OrderError::Internal(anyhow::Error::new(e))))?
             .map_err(status)?;
         Ok(Response::new(PayOrderResponse {
             order: Some(order_to_proto(started.order)),

@@ -3,11 +3,14 @@
 //! compare-and-set that races the payment timeout with exactly one winner. The cancellation
 //! and the refund are shared with the saga's consumers and the notifications.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use chrono::Utc;
 use flashsale_messaging::{envelope, outbox};
-use flashsale_platform::auth::{Caller, Role};
+use flashsale_platform::{
+    auth::{Caller, Role},
+    batch::{BatchMetrics, Batcher, answered_together_or_each},
+};
 use flashsale_proto::events::v1::{Envelope, OrderPaid, OrderRefunded, envelope::Payload};
 use sea_orm::{DatabaseConnection, DatabaseTransaction, TransactionTrait as _};
 use uuid::Uuid;
@@ -75,16 +78,41 @@ impl Checkout {
     /// Starts paying an order awaiting payment: the provider creates (or returns) the order's
     /// one payment, and the buyer is sent to its checkout. The order stays AWAITING_PAYMENT.
     ///
-    /// The common cases read without a lock or a transaction (a PayOrder changes nothing in
-    /// the order): only an order found past its deadline is locked, to be cancelled.
+    /// Two statements, neither in a transaction (a PayOrder changes nothing in the order): one
+    /// reads the order with its payment, one records the provider's payment and reads both
+    /// back. Only an order found past its deadline is locked, to be cancelled.
     #[tracing::instrument(skip_all, fields(order_id = %p.order_id))]
     pub async fn start_payment(
         &self,
         caller: &Caller,
         p: StartPayment,
     ) -> Result<Started, OrderError> {
-        let order = match db::order(&self.db, p.order_id, false).await? {
-            Some(o) if caller.role == Role::Admin || o.user_id == caller.subject => o,
+        let found = db::order_with_payment(&self.db, p.order_id).await?;
+        let step = match self.step(caller, &p, found)? {
+            Step::Expire => self.expire(caller, &p).await?,
+            step => step,
+        };
+        let order = match step {
+            Step::Answer(started) => return Ok(started),
+            Step::Start(order) => order,
+            Step::Expire => return Err(OrderError::NotPayable(Status::Cancelled)),
+        };
+        let created = self.create_at_provider(&order).await?;
+        let recorded = db::record_payments(&self.db, &[(order.order_id, created)]).await?;
+        answer_recorded(recorded.into_iter().next(), order.order_id)
+    }
+
+    /// What PayOrder does with what was read of its order.
+    fn step(
+        &self,
+        caller: &Caller,
+        p: &StartPayment,
+        found: Option<db::OrderWithPayment>,
+    ) -> Result<Step, OrderError> {
+        let (order, started) = match found {
+            Some((o, started)) if caller.role == Role::Admin || o.user_id == caller.subject => {
+                (o, started)
+            }
             _ => return Err(OrderError::NotFound(p.order_id)),
         };
         if order.user_id != caller.subject {
@@ -95,47 +123,50 @@ impl Checkout {
         if p.amount_cents != 0 && p.amount_cents != order.total_cents {
             return Err(OrderError::WrongAmount(order.total_cents));
         }
-        let started = payment_store::payment_of_order(&self.db, order.order_id).await?;
-        let order = match decide(&order, started) {
-            Decision::Start => order,
+        Ok(match decide(&order, started) {
+            Decision::Start => Step::Start(order),
+            Decision::Replay(payment) => Step::Answer(Started {
+                order,
+                payment,
+                replayed: true,
+            }),
+            Decision::Refuse(status) => return Err(OrderError::NotPayable(status)),
+            Decision::Expire => Step::Expire,
+        })
+    }
+
+    /// An order found past its deadline, decided again under its row lock (it may have moved
+    /// meanwhile): cancelled (PAYMENT_TIMEOUT) and refused, or answered, or to be started.
+    async fn expire(&self, caller: &Caller, p: &StartPayment) -> Result<Step, OrderError> {
+        let txn = self.db.begin().await?;
+        let order = owned(&txn, caller, p.order_id).await?;
+        let started = payment_store::payment_of_order(&txn, order.order_id).await?;
+        match decide(&order, started) {
+            Decision::Expire => {
+                // The deadline is strict: the timeout wins even if its message is late.
+                cancel_in(&txn, &order, CancelReason::PaymentTimeout, None).await?;
+                txn.commit().await?;
+                Err(OrderError::NotPayable(Status::Cancelled))
+            }
             Decision::Replay(payment) => {
-                return Ok(Started {
+                txn.commit().await?;
+                Ok(Step::Answer(Started {
                     order,
                     payment,
                     replayed: true,
-                });
+                }))
             }
-            Decision::Refuse(status) => return Err(OrderError::NotPayable(status)),
-            Decision::Expire => {
-                // Decided again under the row lock: the order may have moved meanwhile.
-                let txn = self.db.begin().await?;
-                let order = owned(&txn, caller, p.order_id).await?;
-                let started = payment_store::payment_of_order(&txn, order.order_id).await?;
-                match decide(&order, started) {
-                    Decision::Expire => {
-                        // The deadline is strict: the timeout wins even if its message is late.
-                        cancel_in(&txn, &order, CancelReason::PaymentTimeout, None).await?;
-                        txn.commit().await?;
-                        return Err(OrderError::NotPayable(Status::Cancelled));
-                    }
-                    Decision::Replay(payment) => {
-                        txn.commit().await?;
-                        return Ok(Started {
-                            order,
-                            payment,
-                            replayed: true,
-                        });
-                    }
-                    Decision::Refuse(status) => return Err(OrderError::NotPayable(status)),
-                    Decision::Start => {
-                        txn.rollback().await?;
-                        order
-                    }
-                }
+            Decision::Refuse(status) => Err(OrderError::NotPayable(status)),
+            Decision::Start => {
+                txn.rollback().await?;
+                Ok(Step::Start(order))
             }
-        };
-        // The provider is called with no lock held; it answers the same payment for the same
-        // order, so a concurrent or retried PayOrder ends with the one payment.
+        }
+    }
+
+    /// Asks the provider for the order's payment (the same one for the same order, so a
+    /// concurrent or retried PayOrder ends with the one payment), with no lock held.
+    async fn create_at_provider(&self, order: &Order) -> Result<ProviderPayment, OrderError> {
         let Some(deadline) = order.payment_deadline else {
             return Err(OrderError::NotPayable(order.status));
         };
@@ -156,22 +187,94 @@ impl Checkout {
             ))
             .into());
         }
-        // Recorded whatever the order became meanwhile, so the provider's notification can be
-        // matched (and a payment the buyer makes anyway refunded). One statement, committed on
-        // its own; the first payment recorded for the order wins.
-        payment_store::insert_payment(&self.db, order.order_id, &created).await?;
-        let stored = payment_store::payment_of_order(&self.db, order.order_id)
-            .await?
-            .ok_or_else(|| OrderError::Internal(anyhow::anyhow!("payment vanished")))?;
-        let order = super::load(&self.db, order.order_id).await?;
-        match order.status {
-            Status::AwaitingPayment | Status::Paid | Status::Shipped => Ok(Started {
-                order,
-                payment: stored.payment,
-                replayed: false,
-            }),
-            other => Err(OrderError::NotPayable(other)),
+        Ok(created)
+    }
+
+    /// PayOrders arriving together (docs/architecture.md#batchers): one read of every order
+    /// with its payment, the provider's calls at once, one statement recording every payment
+    /// created and reading the orders back. An order past its deadline sends the batch one by
+    /// one through [`Self::start_payment`], which cancels it under its lock.
+    pub async fn start_payments(
+        &self,
+        items: Vec<PayCall>,
+    ) -> Vec<Result<Started, OrderError>> {
+        answered_together_or_each(
+            &items,
+            BatchMetrics {
+                size: "flashsale_pay_order_batch_size",
+                fallbacks: "flashsale_pay_order_batch_fallbacks_total",
+            },
+            |all| self.start_together(all),
+            |c| async move { Ok(self.start_payment(&c.caller, c.pay.clone()).await) },
+        )
+        .await
+        .into_iter()
+        .map(|r| r.and_then(|answer| answer))
+        .collect()
+    }
+
+    /// `Ok(None)` when some order is past its deadline (the batch goes one by one).
+    async fn start_together(
+        &self,
+        items: &[PayCall],
+    ) -> Result<Option<Vec<Result<Started, OrderError>>>, OrderError> {
+        let ids: Vec<Uuid> = items.iter().map(|c| c.pay.order_id).collect();
+        let found: HashMap<Uuid, db::OrderWithPayment> =
+            db::orders_with_payments(&self.db, &ids)
+                .await?
+                .into_iter()
+                .map(|(o, p)| (o.order_id, (o, p)))
+                .collect();
+        let mut steps = Vec::with_capacity(items.len());
+        for c in items {
+            let step = self.step(&c.caller, &c.pay, found.get(&c.pay.order_id).cloned());
+            if matches!(step, Ok(Step::Expire)) {
+                return Ok(None);
+            }
+            steps.push(step);
         }
+        // The provider's calls at once; each answer or failure is its PayOrder's own.
+        let created = futures_util::future::join_all(steps.iter().map(|s| async move {
+            match s {
+                Ok(Step::Start(order)) => Some(self.create_at_provider(order).await),
+                _ => None,
+            }
+        }))
+        .await;
+        let to_record: Vec<(Uuid, ProviderPayment)> = steps
+            .iter()
+            .zip(&created)
+            .filter_map(|(s, c)| match (s, c) {
+                (Ok(Step::Start(o)), Some(Ok(p))) => Some((o.order_id, p.clone())),
+                _ => None,
+            })
+            .collect();
+        let recorded: HashMap<Uuid, db::OrderWithPayment> = if to_record.is_empty() {
+            HashMap::new()
+        } else {
+            db::record_payments(&self.db, &to_record)
+                .await?
+                .into_iter()
+                .map(|(o, p)| (o.order_id, (o, p)))
+                .collect()
+        };
+        Ok(Some(
+            steps
+                .into_iter()
+                .zip(created)
+                .map(|(step, created)| match (step, created) {
+                    (Err(e), _) => Err(e),
+                    (Ok(Step::Answer(started)), _) => Ok(started),
+                    (Ok(Step::Start(_)), Some(Err(e))) => Err(e),
+                    (Ok(Step::Start(o)), _) => {
+                        answer_recorded(recorded.get(&o.order_id).cloned(), o.order_id)
+                    }
+                    (Ok(Step::Expire), _) => Err(OrderError::Internal(anyhow::anyhow!(
+                        "an expired order left in a batch"
+                    ))),
+                })
+                .collect::<Vec<_>>(),
+        ))
     }
 
     /// Cancels an order that is not paid yet; an already cancelled order is returned as it is.
@@ -191,6 +294,62 @@ impl Checkout {
             }
             other => Err(OrderError::NotCancellable(other)),
         }
+    }
+}
+
+/// The PayOrder batcher: the calls that arrive while a batch runs form the next one, so
+/// batches grow with the load and a lone call runs at once.
+pub type PayBatcher = Batcher<PayCall, Result<Started, OrderError>>;
+
+/// Most PayOrder calls in one batch.
+pub const PAY_MAX_BATCH: usize = 128;
+
+/// Starts the PayOrder batcher: two batches at a time, each [`Checkout::start_payments`].
+pub fn pay_batcher(checkout: Checkout) -> PayBatcher {
+    Batcher::serving(
+        "order_pay_order",
+        PAY_MAX_BATCH,
+        std::time::Duration::ZERO,
+        2,
+        checkout,
+        |checkout, items| async move { checkout.start_payments(items).await },
+    )
+}
+
+/// One PayOrder call, for the batcher.
+#[derive(Clone, Debug)]
+pub struct PayCall {
+    pub caller: Caller,
+    pub pay: StartPayment,
+}
+
+/// What a PayOrder does next, once its order is read.
+enum Step {
+    /// Answered from what was read (a replay).
+    Answer(Started),
+    /// Ask the provider.
+    Start(Order),
+    /// Past its deadline: cancel under the lock.
+    Expire,
+}
+
+/// PayOrder's answer from the order as read back with its recorded payment.
+fn answer_recorded(
+    recorded: Option<db::OrderWithPayment>,
+    order_id: Uuid,
+) -> Result<Started, OrderError> {
+    let Some((order, Some(stored))) = recorded else {
+        return Err(OrderError::Internal(anyhow::anyhow!(
+            "the payment of order {order_id} vanished"
+        )));
+    };
+    match order.status {
+        Status::AwaitingPayment | Status::Paid | Status::Shipped => Ok(Started {
+            order,
+            payment: stored.payment,
+            replayed: false,
+        }),
+        other => Err(OrderError::NotPayable(other)),
     }
 }
 

@@ -34,7 +34,7 @@ mod sold_out;
 mod stuck;
 
 pub use admission::{Admission, BACKLOG_GAUGE};
-pub use checkout::{Checkout, Started};
+pub use checkout::{Checkout, PAY_MAX_BATCH, PayBatcher, PayCall, Started, pay_batcher};
 pub use intake::{
     FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, WRITE_FALLBACKS,
     WRITES_EXPIRED, Written, write_pending, write_pending_batch, write_pending_batch_or_each,

@@ -6,8 +6,10 @@ use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement, Value};
 use uuid::Uuid;
 
+use super::payment_store::{self, StoredPayment};
 use crate::domain::{
-    CancelReason, Order, OrderError, PlaceOrder, Policy, Refund, RefundState, Status,
+    CancelReason, Order, OrderError, PlaceOrder, Policy, ProviderPayment, Refund, RefundState,
+    Status,
 };
 
 mod reads;
@@ -104,10 +106,121 @@ impl TryFrom<OrderRow> for Order {
     }
 }
 
-const ORDER_SELECT: &str = "SELECT o.order_id, o.user_id, o.request_id, o.sku, o.quantity, o.unit_price_cents, \
-     o.total_cents, o.deduction_policy, o.status, o.cancel_reason, o.payment_deadline, o.payment_id, \
-     r.payment_id AS refund_payment_id, r.amount_cents AS refund_cents, r.status AS refund_status, \
-     o.created_at, o.updated_at FROM orders o LEFT JOIN refunds r USING (order_id)";
+/// The columns of an [`OrderRow`], from `orders o` and `refunds r`.
+macro_rules! order_columns {
+    () => {
+        "o.order_id, o.user_id, o.request_id, o.sku, o.quantity, o.unit_price_cents, \
+         o.total_cents, o.deduction_policy, o.status, o.cancel_reason, o.payment_deadline, \
+         o.payment_id, r.payment_id AS refund_payment_id, r.amount_cents AS refund_cents, \
+         r.status AS refund_status, o.created_at, o.updated_at"
+    };
+}
+
+const ORDER_SELECT: &str = concat!(
+    "SELECT ",
+    order_columns!(),
+    " FROM orders o LEFT JOIN refunds r USING (order_id)"
+);
+
+/// An order and the payment started for it (`p_`-prefixed columns), in one read.
+const ORDER_WITH_PAYMENT_SELECT: &str = concat!(
+    "SELECT ",
+    order_columns!(),
+    ", p.provider_payment_id AS p_provider_payment_id, p.order_id AS p_order_id, \
+     p.amount_cents AS p_amount_cents, p.currency AS p_currency, \
+     p.checkout_url AS p_checkout_url, p.status AS p_status \
+     FROM orders o LEFT JOIN refunds r USING (order_id) \
+     LEFT JOIN provider_payments p ON p.order_id = o.order_id"
+);
+
+/// An order and its payment, read by [`ORDER_WITH_PAYMENT_SELECT`].
+pub type OrderWithPayment = (Order, Option<StoredPayment>);
+
+fn order_with_payment_row(res: &sea_orm::QueryResult) -> Result<OrderWithPayment, OrderError> {
+    let order = Order::try_from(OrderRow::from_query_result(res, "")?)?;
+    Ok((order, payment_store::stored_payment(res, "p_")?))
+}
+
+/// The order `id` with the payment started for it, if any: one statement (PayOrder's read).
+pub async fn order_with_payment<C: ConnectionTrait>(
+    c: &C,
+    id: Uuid,
+) -> Result<Option<OrderWithPayment>, OrderError> {
+    let sql = format!("{ORDER_WITH_PAYMENT_SELECT} WHERE o.order_id = $1");
+    c.query_one_raw(stmt(&sql, [id.into()]))
+        .await?
+        .as_ref()
+        .map(order_with_payment_row)
+        .transpose()
+}
+
+/// [`order_with_payment`] for many orders at once: those that exist, in any order.
+pub async fn orders_with_payments<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+) -> Result<Vec<OrderWithPayment>, OrderError> {
+    let sql = format!("{ORDER_WITH_PAYMENT_SELECT} WHERE o.order_id = ANY($1::uuid[])");
+    c.query_all_raw(stmt(&sql, [ids.to_vec().into()]))
+        .await?
+        .iter()
+        .map(order_with_payment_row)
+        .collect()
+}
+
+/// Records the payments the provider created, `(order, payment)` (the first one recorded for
+/// an order wins: the provider returns the same payment for the same order), and reads each
+/// order back with its recorded payment: one statement for them all.
+pub async fn record_payments<C: ConnectionTrait>(
+    c: &C,
+    created: &[(Uuid, ProviderPayment)],
+) -> Result<Vec<OrderWithPayment>, OrderError> {
+    let sql = concat!(
+        "WITH ins AS (INSERT INTO provider_payments \
+           (provider_payment_id, order_id, amount_cents, currency, checkout_url) \
+         SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::text[], $5::text[]) \
+         ON CONFLICT DO NOTHING \
+         RETURNING provider_payment_id, order_id, amount_cents, currency, checkout_url, status) \
+         SELECT ",
+        order_columns!(),
+        ", COALESCE(i.provider_payment_id, p.provider_payment_id) AS p_provider_payment_id, \
+         COALESCE(i.order_id, p.order_id) AS p_order_id, \
+         COALESCE(i.amount_cents, p.amount_cents) AS p_amount_cents, \
+         COALESCE(i.currency, p.currency) AS p_currency, \
+         COALESCE(i.checkout_url, p.checkout_url) AS p_checkout_url, \
+         COALESCE(i.status, p.status) AS p_status \
+         FROM orders o LEFT JOIN refunds r USING (order_id) \
+         LEFT JOIN (SELECT DISTINCT ON (order_id) * FROM ins) i ON i.order_id = o.order_id \
+         LEFT JOIN provider_payments p ON p.order_id = o.order_id \
+         WHERE o.order_id = ANY($2::uuid[])"
+    );
+    let values = [
+        Value::from(
+            created
+                .iter()
+                .map(|(_, p)| p.provider_payment_id.clone())
+                .collect::<Vec<_>>(),
+        ),
+        Value::from(created.iter().map(|(o, _)| *o).collect::<Vec<_>>()),
+        Value::from(created.iter().map(|(_, p)| p.amount_cents).collect::<Vec<_>>()),
+        Value::from(
+            created
+                .iter()
+                .map(|(_, p)| p.currency.clone())
+                .collect::<Vec<_>>(),
+        ),
+        Value::from(
+            created
+                .iter()
+                .map(|(_, p)| p.checkout_url.clone())
+                .collect::<Vec<_>>(),
+        ),
+    ];
+    c.query_all_raw(stmt(sql, values))
+        .await?
+        .iter()
+        .map(order_with_payment_row)
+        .collect()
+}
 
 /// One order; `lock` takes its row lock until the transaction ends.
 pub async fn order<C: ConnectionTrait>(

@@ -42,6 +42,20 @@ impl From<PaymentRow> for StoredPayment {
     }
 }
 
+/// The payment in `res`'s `pre`-prefixed columns; `None` when they are NULL (no payment).
+pub(super) fn stored_payment(
+    res: &sea_orm::QueryResult,
+    pre: &str,
+) -> Result<Option<StoredPayment>, OrderError> {
+    if res
+        .try_get::<Option<String>>(pre, "provider_payment_id")?
+        .is_none()
+    {
+        return Ok(None);
+    }
+    Ok(Some(PaymentRow::from_query_result(res, pre)?.into()))
+}
+
 const PAYMENT_SELECT: &str = "SELECT provider_payment_id, order_id, amount_cents, currency, \
                               checkout_url, status FROM provider_payments";
 

@@ -17,6 +17,7 @@ mod notify_input;
 mod notify_limits;
 mod pay;
 mod pay_batch;
+mod pay_order_batch;
 mod prop;
 mod prop_page_tokens;
 mod prop_payments;
