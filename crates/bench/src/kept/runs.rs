@@ -47,6 +47,24 @@ fn verdict(report: &serde_json::Value) -> Option<bool> {
         .or_else(|| report["pass"].as_bool())
 }
 
+/// What a report ran: a sustained sale's rate and length, a bench scenario's modes.
+fn setting(report: &serde_json::Value) -> String {
+    if report["mode"] == "sustained" {
+        return format!(
+            "{} buyers/s for {} s",
+            report["arrivalRate"], report["sustainSecs"]
+        );
+    }
+    match report["modes"].as_array() {
+        Some(modes) => {
+            let mut names: Vec<&str> = modes.iter().filter_map(|m| m["mode"].as_str()).collect();
+            names.dedup();
+            names.join(", ")
+        }
+        None => "—".into(),
+    }
+}
+
 /// The markdown table of every kept run, one row per report.
 pub fn table(runs: &[KeptRun]) -> String {
     let mut md = String::from("### Every kept run\n\n");
@@ -64,7 +82,9 @@ pub fn table(runs: &[KeptRun]) -> String {
          the latest.\n",
         runs.len()
     );
-    md.push_str("| run | report | commit | measured | result |\n|---|---|---|---|---|\n");
+    md.push_str(
+        "| run | report | what ran | commit | measured | result |\n|---|---|---|---|---|---|\n",
+    );
     for run in runs {
         for k in &run.reports {
             let meta = &k.report["meta"];
@@ -78,9 +98,10 @@ pub fn table(runs: &[KeptRun]) -> String {
             };
             let _ = writeln!(
                 md,
-                "| `{}` | {} | `{commit}`{dirty} | {} | {} |",
+                "| `{}` | {} | {} | `{commit}`{dirty} | {} | {} |",
                 run.name,
                 k.name,
+                setting(&k.report),
                 meta["generated_at"].as_str().unwrap_or("—"),
                 match verdict(&k.report) {
                     Some(true) => "PASS",
@@ -119,7 +140,10 @@ mod tests {
                     ),
                     kept(
                         "sustained",
-                        json!({ "pass": false, "meta": meta("c20d9358aaaabbbb") }),
+                        json!({
+                            "pass": false, "mode": "sustained", "arrivalRate": 500,
+                            "sustainSecs": 60, "meta": meta("c20d9358aaaabbbb"),
+                        }),
                     ),
                 ],
             },
@@ -132,14 +156,16 @@ mod tests {
         assert!(md.contains("2 run(s) kept"), "{md}");
         assert!(md.contains("1 with a failed report"), "{md}");
         assert!(
-            md.contains("| big-sale | `c20d9358aaaa` | 2026-12-03T11:21:19Z | PASS |"),
+            md.contains("| big-sale | — | `c20d9358aaaa` | 2026-12-03T11:21:19Z | PASS |"),
             "{md}"
         );
         assert!(
-            md.contains("| sustained | `c20d9358aaaa` | 2026-12-03T11:21:19Z | **FAIL** |"),
+            md.contains(
+                "| sustained | 500 buyers/s for 60 s | `c20d9358aaaa` | 2026-12-03T11:21:19Z | **FAIL** |"
+            ),
             "{md}"
         );
-        assert!(md.contains("| flood | `—` | — | — |"), "{md}");
+        assert!(md.contains("| flood | — | `—` | — | — |"), "{md}");
         assert!(table(&[]).contains("No run kept yet."));
     }
 
