@@ -113,11 +113,19 @@ async fn a_sustained_sale_reports_a_timeline_and_ships_every_payment() {
         vec![
             ("units sold <= stock", true),
             ("per-user limit held", true),
-            ("gate equals database", true)
+            ("gate equals database", true),
+            ("OVERLOADED refusals answered at once", true)
         ],
         "{r}"
     );
     assert_eq!(r["pass"], true, "{r}");
+    // Every call answered, none refused for load at this pace; the latencies are reported.
+    assert_eq!(r["overloaded"], 0, "{r}");
+    assert_eq!(r["latency"]["createOrderAccepted"]["count"], 60, "{r}");
+    assert!(
+        r["latency"]["payOrder"]["count"].as_u64().unwrap_or(0) >= 60,
+        "{r}"
+    );
     // The cost of a completed order: the machine's CPU over the sale per shipped order.
     assert_eq!(r["cpu"]["completed"], 60, "{r}");
     assert!(

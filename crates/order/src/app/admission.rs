@@ -38,10 +38,10 @@ struct Inner {
     unshipped: AtomicU64,
     /// Orders the gate granted on this replica whose write has not ended.
     writing: AtomicU64,
-    /// Orders whose write ended on this replica since the last count began: counted into the
-    /// unconfirmed backlog until the next count sees them (an order written during a count
-    /// may be seen twice, and one whose write failed counts until the next count, which errs
-    /// on the side of refusing).
+    /// Orders whose write ended on this replica and that no stored count has seen yet: counted
+    /// into the unconfirmed backlog until a count that began after their write is stored (an
+    /// order written during a count may be seen twice, and one whose write failed counts until
+    /// the next count, which errs on the side of refusing).
     admitted: AtomicU64,
 }
 
@@ -126,28 +126,23 @@ impl Admission {
         Writing(self.inner.clone())
     }
 
-    /// Counts both backlogs in the database (each read up to its bound) and starts a new
-    /// interval of admitted orders.
+    /// Counts both backlogs in the database (each read up to its bound); the orders written
+    /// before it began stop counting apart once it is stored.
     pub async fn count(&self) -> Result<(), OrderError> {
         let i = &self.inner;
-        // Reset before the count: an order admitted from here on is either in the count or in
-        // the new interval's tally, or both.
-        let before = i.admitted.swap(0, Ordering::Relaxed);
+        // The orders written before the count began are in it: they leave the tally only once
+        // the count is stored, so that until then they still count beside the previous count
+        // (an order may be counted twice for a moment, never not at all).
+        let before = i.admitted.load(Ordering::Relaxed);
         let cap = |b: u64| if b == 0 { 0 } else { b.saturating_add(1) };
-        match db::count_backlog(&i.db, cap(i.bounds.unconfirmed), cap(i.bounds.unshipped)).await {
-            Ok((unconfirmed, unshipped)) => {
-                i.unconfirmed.store(unconfirmed, Ordering::Relaxed);
-                i.unshipped.store(unshipped, Ordering::Relaxed);
-                metrics::gauge!(BACKLOG_GAUGE, "backlog" => "unconfirmed").set(unconfirmed as f64);
-                metrics::gauge!(BACKLOG_GAUGE, "backlog" => "unshipped").set(unshipped as f64);
-                Ok(())
-            }
-            Err(e) => {
-                // The orders admitted before the failed count still count.
-                i.admitted.fetch_add(before, Ordering::Relaxed);
-                Err(e)
-            }
-        }
+        let (unconfirmed, unshipped) =
+            db::count_backlog(&i.db, cap(i.bounds.unconfirmed), cap(i.bounds.unshipped)).await?;
+        i.unconfirmed.store(unconfirmed, Ordering::Relaxed);
+        i.unshipped.store(unshipped, Ordering::Relaxed);
+        i.admitted.fetch_sub(before, Ordering::Relaxed);
+        metrics::gauge!(BACKLOG_GAUGE, "backlog" => "unconfirmed").set(unconfirmed as f64);
+        metrics::gauge!(BACKLOG_GAUGE, "backlog" => "unshipped").set(unshipped as f64);
+        Ok(())
     }
 
     /// Whether any bound is set (with none, nothing is counted).

@@ -151,6 +151,48 @@ async fn each_backlog_is_counted_in_the_database_and_refuses_at_its_own_bound() 
     exec("UPDATE orders SET status = 'SHIPPED' WHERE status = 'PENDING'").await;
     a.count().await.unwrap();
     a.admit().unwrap();
+
+    // A count under way still counts the orders written before it: while it waits on a lock,
+    // the bound holds with the previous count and the tally.
+    let a = admission(2, 0);
+    a.count().await.unwrap();
+    write("d").await;
+    write("e").await;
+    drop(a.granted());
+    drop(a.granted());
+    overloaded(a.admit());
+    {
+        use sea_orm::{ConnectionTrait as _, TransactionTrait as _};
+        let lock = conn.begin().await.unwrap();
+        lock.execute_unprepared("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        let counting = tokio::spawn({
+            let a = a.clone();
+            async move { a.count().await }
+        });
+        let waiting = "SELECT count(*) AS n FROM pg_stat_activity \
+                       WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FROM orders WHERE status%'";
+        flashsale_test_support::eventually(Duration::from_secs(10), "the count to wait", || {
+            let conn = conn.clone();
+            async move {
+                (flashsale_test_support::probe::count(&conn, waiting)
+                    .await
+                    .ok()?
+                    > 0)
+                .then_some(())
+            }
+        })
+        .await
+        .unwrap();
+        overloaded(a.admit());
+        lock.rollback().await.unwrap();
+        counting.await.unwrap().unwrap();
+    }
+    overloaded(a.admit());
+    exec("UPDATE orders SET status = 'SHIPPED' WHERE status = 'PENDING'").await;
+    a.count().await.unwrap();
+    a.admit().unwrap();
     // No bound, no refusal.
     let a = admission(0, 0);
     a.count().await.unwrap();

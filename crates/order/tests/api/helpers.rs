@@ -74,6 +74,8 @@ fn amqp_for_test(exchange: &str) -> flashsale_messaging::AmqpConfig {
         queue_type: QueueType::Classic,
         retry_base_ms: 50,
         max_attempts: 3,
+        // The tests read what the service sent from its outbox.
+        outbox_keep_published_hours: 24,
         ..Default::default()
     }
 }
