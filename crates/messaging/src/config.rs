@@ -69,6 +69,10 @@ pub struct AmqpConfig {
     /// relay that republishes rows it published but could not mark once its service is back
     /// (as long as that service stays down). 1..=8760; default one week.
     pub inbox_retention_hours: u32,
+    /// How long the outbox keeps a row once it is published, in hours: 0 (the default) deletes
+    /// it in the relay's own transaction, so a published event costs no update and no later
+    /// purge; 1..=8760 keeps it that long (to read what was sent), then the relay purges it.
+    pub outbox_keep_published_hours: u32,
     /// Most inbox rows one purge statement deletes: small batches keep each lock and WAL burst
     /// short next to the consumers' claims. 1..=100000.
     pub inbox_purge_batch: u32,
@@ -92,6 +96,7 @@ impl Default for AmqpConfig {
             queue_expires_ms: 0,
             bundle_max_events: 64,
             inbox_retention_hours: 7 * 24,
+            outbox_keep_published_hours: 0,
             inbox_purge_batch: 1_000,
             inbox_purge_interval_ms: 60_000,
             tls: StoreTlsSettings::default(),
@@ -118,6 +123,10 @@ impl fmt::Debug for AmqpConfig {
             .field("inbox_retention_hours", &self.inbox_retention_hours)
             .field("inbox_purge_batch", &self.inbox_purge_batch)
             .field("inbox_purge_interval_ms", &self.inbox_purge_interval_ms)
+            .field(
+                "outbox_keep_published_hours",
+                &self.outbox_keep_published_hours,
+            )
             .field("tls", &self.tls)
             .finish()
     }
@@ -201,6 +210,12 @@ impl AmqpConfig {
         if self.inbox_purge_batch == 0 || self.inbox_purge_batch > 100_000 {
             return Err("amqp.inbox_purge_batch: must be 1..=100000".to_owned());
         }
+        if self.outbox_keep_published_hours > 8_760 {
+            return Err(
+                "amqp.outbox_keep_published_hours: must be 0..=8760 (0: deleted once published)"
+                    .to_owned(),
+            );
+        }
         if !(1_000..=86_400_000).contains(&self.inbox_purge_interval_ms) {
             return Err("amqp.inbox_purge_interval_ms: must be 1000..=86400000".to_owned());
         }
@@ -237,6 +252,11 @@ impl AmqpConfig {
     /// The longest a message can spend on the retry ladder: the sum of its retry delays.
     pub fn redelivery_window(&self) -> Duration {
         (1..self.max_attempts).map(|i| self.retry_delay(i)).sum()
+    }
+
+    /// How long a published outbox row is kept (zero: deleted once published).
+    pub fn outbox_keep_published(&self) -> Duration {
+        Duration::from_secs(u64::from(self.outbox_keep_published_hours) * 3_600)
     }
 
     /// `inbox_retention_hours` as a duration.
@@ -489,6 +509,10 @@ mod tests {
         assert!(bad(|c| c.inbox_purge_batch = 100_001).starts_with("amqp.inbox_purge_batch:"));
         assert!(
             bad(|c| c.inbox_purge_interval_ms = 999).starts_with("amqp.inbox_purge_interval_ms:")
+        );
+        assert!(
+            bad(|c| c.outbox_keep_published_hours = 8_761)
+                .starts_with("amqp.outbox_keep_published_hours:")
         );
         assert!(
             bad(|c| c.inbox_purge_interval_ms = 86_400_001)

@@ -79,7 +79,10 @@ pub async fn start_with<H: Handler + Clone>(
 
     let relay = OutboxRelay::new(db, Publisher::with_delay_queues(&broker, delay_queues))?
         .with_failpoints(failpoints.clone())
-        .with_options(relay);
+        .with_options(RelayOptions {
+            retention: config.outbox_keep_published(),
+            ..relay
+        });
     let s = stop.clone();
     runner.spawn(async move { relay.run(s()).await });
     for t in topologies {

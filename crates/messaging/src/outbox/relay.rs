@@ -55,7 +55,8 @@ pub struct RelayOptions {
     /// batch, each batch a transaction of its own; a few milliseconds more per event make the
     /// batches several times larger.
     pub gather: Duration,
-    /// Published rows older than this are deleted (checked every 10 minutes).
+    /// Published rows older than this are deleted (checked every 10 minutes); zero deletes
+    /// each row in the transaction that publishes it (`amqp.outbox_keep_published_hours`).
     pub retention: Duration,
     /// Foreground work this relay gives way to: while the foreground is busy it publishes only
     /// once the oldest due row has waited the yield's `max_lag` (then from the oldest on), so the
@@ -343,14 +344,19 @@ impl OutboxRelay {
         }
         self.failpoints.hit(FP_BEFORE_MARK).await?;
         if !sent.is_empty() {
-            sqlx::query(
+            // Deleted outright unless published rows are kept: an update would write a new
+            // version of every row (and of its index entries) only for the purge to delete it.
+            let mark = if self.options.retention.is_zero() {
+                "DELETE FROM outbox WHERE id = ANY($1)"
+            } else {
                 "UPDATE outbox SET published_at = now(), attempts = attempts + 1, last_error = NULL \
-                 WHERE id = ANY($1)",
-            )
-            .bind(&sent)
-            .execute(&mut *tx)
-            .await
-            .context("mark outbox rows published")?;
+                 WHERE id = ANY($1)"
+            };
+            sqlx::query(mark)
+                .bind(&sent)
+                .execute(&mut *tx)
+                .await
+                .context("mark outbox rows published")?;
         }
         if !refused_ids.is_empty() {
             sqlx::query(

@@ -467,3 +467,50 @@ async fn relays_of_two_replicas_over_one_outbox_publish_every_row_exactly_once()
         200
     );
 }
+
+#[tokio::test]
+async fn a_relay_keeping_no_published_row_deletes_each_in_the_transaction_that_publishes_it() {
+    let (_tdb, db) = database().await;
+    let amqp = Amqp::new(config()).await;
+    let t = amqp.topology("deleting", &[keys::ORDER_CREATED]).await;
+    let received = Recorder::default();
+    let seen = received.clone();
+    let consumer = Consumer::new(&amqp.broker, t.clone(), move |m: Incoming| {
+        seen.push(m.envelope.correlation_id.clone());
+        async { Ok(()) }
+    });
+    let consumer = Running::spawn(|s| consumer.run(s));
+    let mut expected = BTreeSet::new();
+    for i in 0..30 {
+        let txn = db.begin().await.unwrap();
+        outbox::enqueue(&txn, &order_created(&format!("d{i}")))
+            .await
+            .unwrap();
+        txn.commit().await.unwrap();
+        expected.insert(format!("d{i}"));
+    }
+    let options = RelayOptions {
+        batch_size: 8,
+        retention: Duration::ZERO,
+        ..RelayOptions::default()
+    };
+    let relay = OutboxRelay::new(&db, Publisher::new(&amqp.broker))
+        .unwrap()
+        .with_options(options);
+    let relay = Running::spawn(|s| relay.run(s));
+    eventually(WAIT, "every row to arrive", || async {
+        (received.len() >= expected.len()).then_some(())
+    })
+    .await
+    .unwrap();
+    relay.stop().await;
+    consumer.stop().await;
+    let got = received.all();
+    assert_eq!(got.len(), expected.len(), "a row twice: {got:?}");
+    assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), expected);
+    assert_eq!(
+        scalar(&db, "SELECT count(*) AS n FROM outbox").await,
+        0,
+        "published rows are gone"
+    );
+}

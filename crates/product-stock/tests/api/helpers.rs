@@ -67,6 +67,8 @@ pub fn test_settings(db: &TestDatabase) -> Settings {
     s.amqp.exchange = unique_name("fs_test_ex");
     s.amqp.queue_prefix = format!("{}.", unique_name("fs_test_q"));
     s.amqp.queue_expires_ms = 60_000;
+    // The tests read what the service sent from its outbox.
+    s.amqp.outbox_keep_published_hours = 24;
     // Quorum queues are covered by the messaging tests; dozens of parallel tests declaring
     // Raft groups would only slow the broker down.
     s.amqp.queue_type = flashsale_messaging::QueueType::Classic;
