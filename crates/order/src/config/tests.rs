@@ -1,5 +1,19 @@
 use super::*;
 
+/// The settings from the files in `dir` (none there: the defaults) and the environment `vars`.
+fn load_with_env(dir: &std::path::Path, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+    let env = config::Environment::with_prefix("FLASHSALE")
+        .prefix_separator("_")
+        .separator("__")
+        .try_parsing(true)
+        .source(Some(
+            vars.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ));
+    flashsale_platform::config::load_from(SERVICE_KEY, &Settings::default(), dir, None, env)
+}
+
 #[test]
 fn bad_saga_values_name_their_key() {
     let cases: [Case; 33] = [
@@ -201,18 +215,7 @@ fn limits_load_from_file_and_environment_and_bad_ones_name_their_key() {
          webhook_secret = \"wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww\"\n",
     )
     .unwrap();
-    let load = |vars: &[(&str, &str)]| {
-        let env = config::Environment::with_prefix("FLASHSALE")
-            .prefix_separator("_")
-            .separator("__")
-            .try_parsing(true)
-            .source(Some(
-                vars.iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            ));
-        flashsale_platform::config::load_from(SERVICE_KEY, &Settings::default(), &dir, None, env)
-    };
+    let load = |vars: &[(&str, &str)]| load_with_env(&dir, vars);
     let s = load(&[("FLASHSALE_ORDER__LIMITS__PAY_ORDER_BURST", "4")]).unwrap();
     assert_eq!(
         (
@@ -345,19 +348,8 @@ fn bad_admission_values_name_their_key() {
 
 #[test]
 fn admission_bounds_load_from_the_environment_and_bad_ones_name_their_key() {
-    let load = |vars: &[(&str, &str)]| {
-        let env = config::Environment::with_prefix("FLASHSALE")
-            .prefix_separator("_")
-            .separator("__")
-            .try_parsing(true)
-            .source(Some(
-                vars.iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            ));
-        let dir = std::env::temp_dir().join("fs-order-admission-none");
-        flashsale_platform::config::load_from(SERVICE_KEY, &Settings::default(), &dir, None, env)
-    };
+    let dir = std::env::temp_dir().join("fs-order-admission-none");
+    let load = |vars: &[(&str, &str)]| load_with_env(&dir, vars);
     let secrets = [
         ("FLASHSALE_ORDER__PAYMENT__API_KEY", "k".repeat(32)),
         ("FLASHSALE_ORDER__PAYMENT__WEBHOOK_SECRET", "w".repeat(32)),

@@ -189,7 +189,7 @@ pub async fn record_payments<C: ConnectionTrait>(
          COALESCE(i.checkout_url, p.checkout_url) AS p_checkout_url, \
          COALESCE(i.status, p.status) AS p_status \
          FROM orders o LEFT JOIN refunds r USING (order_id) \
-         LEFT JOIN (SELECT DISTINCT ON (order_id) * FROM ins) i ON i.order_id = o.order_id \
+         LEFT JOIN ins i ON i.order_id = o.order_id \
          LEFT JOIN provider_payments p ON p.order_id = o.order_id \
          WHERE o.order_id = ANY($2::uuid[])"
     );

@@ -568,3 +568,42 @@ pub fn signed(ev: &PaymentEvent, secret: &str, timestamp: i64) -> NotifyPaymentR
 pub fn signed_now(ev: &PaymentEvent) -> NotifyPaymentRequest {
     signed(ev, DEV_WEBHOOK_SECRET, chrono::Utc::now().timestamp())
 }
+
+/// `user`'s order (one unit of `SKU` at 100 cents), confirmed by `saga`: awaiting payment.
+pub async fn confirmed_order(
+    conn: &sea_orm::DatabaseConnection,
+    saga: &flashsale_order::app::Saga,
+    user: &str,
+) -> uuid::Uuid {
+    let p = flashsale_order::domain::PlaceOrder::new(user, "k", "SKU", 1, 10).unwrap();
+    flashsale_order::app::write_pending(
+        conn,
+        &p,
+        100,
+        flashsale_order::domain::Policy::ReserveThenCommit,
+    )
+    .await
+    .unwrap();
+    let order = p.order_id();
+    let env = flashsale_messaging::envelope::new(
+        flashsale_proto::events::v1::envelope::Payload::StockReserved(
+            flashsale_proto::events::v1::StockReserved {
+                order_id: order.to_string(),
+                sku: "SKU".into(),
+                quantity: 1,
+                deduction_policy: 1,
+            },
+        ),
+        order.to_string(),
+        "",
+        "product-stock",
+    );
+    let item = flashsale_order::app::Reserved {
+        consumer: "order.saga-events".into(),
+        env,
+        order_id: order.to_string(),
+        trace: Default::default(),
+    };
+    assert!(saga.confirm_reserved(vec![item]).await[0].is_ok());
+    order
+}

@@ -8,13 +8,13 @@ use chrono::Utc;
 use flashsale_contract::payment::sign;
 use flashsale_messaging::envelope;
 use flashsale_order::{
-    app::{Completed, Payments, Reserved, Saga, SignedNotice, write_pending},
+    app::{Completed, Payments, Saga, SignedNotice},
     config::SagaSettings,
-    domain::{OrderError, PlaceOrder, Policy, ProviderPayment},
+    domain::{OrderError, ProviderPayment},
     infra::payment_store,
 };
 use flashsale_proto::{
-    events::v1::{Envelope, OutboundCompleted, StockReserved, envelope::Payload},
+    events::v1::{Envelope, OutboundCompleted, envelope::Payload},
     payment::v1::{PaymentEvent, PaymentEventType},
 };
 use flashsale_test_support::TestDatabase;
@@ -56,29 +56,7 @@ async fn setup() -> Setup {
 
 /// An order awaiting payment with a payment started at the provider: (order, payment id).
 async fn awaiting(s: &Setup, user: &str) -> (Uuid, String) {
-    let p = PlaceOrder::new(user, "k", "SKU", 1, 10).unwrap();
-    write_pending(&s.conn, &p, 100, Policy::ReserveThenCommit)
-        .await
-        .unwrap();
-    let order = p.order_id();
-    let env = envelope::new(
-        Payload::StockReserved(StockReserved {
-            order_id: order.to_string(),
-            sku: "SKU".into(),
-            quantity: 1,
-            deduction_policy: 1,
-        }),
-        order.to_string(),
-        "",
-        "product-stock",
-    );
-    let item = Reserved {
-        consumer: CONSUMER.into(),
-        env,
-        order_id: order.to_string(),
-        trace: Default::default(),
-    };
-    assert!(s.saga.confirm_reserved(vec![item]).await[0].is_ok());
+    let order = crate::helpers::confirmed_order(&s.conn, &s.saga, user).await;
     let payment = format!("pay_{}", Uuid::new_v4().simple());
     payment_store::insert_payment(
         &s.conn,

@@ -9,9 +9,8 @@ use std::{
     time::Duration,
 };
 
-use flashsale_messaging::envelope;
 use flashsale_order::{
-    app::{Checkout, PayCall, Reserved, Saga, write_pending},
+    app::{Checkout, PayCall, Saga, write_pending},
     config::SagaSettings,
     domain::{
         NewPayment, OrderError, PaymentAtProvider, PaymentProvider, PlaceOrder, Policy,
@@ -19,11 +18,10 @@ use flashsale_order::{
     },
 };
 use flashsale_platform::auth::{Caller, Role};
-use flashsale_proto::events::v1::{StockReserved, envelope::Payload};
 use sea_orm::{ConnectionTrait as _, DatabaseConnection};
 use uuid::Uuid;
 
-use crate::helpers::migrated_orders_db;
+use crate::helpers::{confirmed_order, migrated_orders_db};
 
 /// A provider that creates one payment per order and counts its calls per order.
 #[derive(Default)]
@@ -50,34 +48,6 @@ impl PaymentProvider for CountingProvider {
     async fn payment(&self, _: &str) -> Result<PaymentAtProvider, ProviderError> {
         Err(ProviderError::Refused("not in this test".into()))
     }
-}
-
-/// `user`'s order, confirmed (awaiting payment).
-async fn awaiting(conn: &DatabaseConnection, saga: &Saga, user: &str) -> Uuid {
-    let p = PlaceOrder::new(user, "k", "SKU", 1, 10).unwrap();
-    write_pending(conn, &p, 100, Policy::ReserveThenCommit)
-        .await
-        .unwrap();
-    let order = p.order_id();
-    let env = envelope::new(
-        Payload::StockReserved(StockReserved {
-            order_id: order.to_string(),
-            sku: "SKU".into(),
-            quantity: 1,
-            deduction_policy: 1,
-        }),
-        order.to_string(),
-        "",
-        "product-stock",
-    );
-    let item = Reserved {
-        consumer: "order.saga-events".into(),
-        env,
-        order_id: order.to_string(),
-        trace: Default::default(),
-    };
-    assert!(saga.confirm_reserved(vec![item]).await[0].is_ok());
-    order
 }
 
 fn call(user: &str, order_id: Uuid, amount_cents: i64) -> PayCall {
@@ -112,7 +82,7 @@ async fn pay_orders_arriving_together_are_started_in_one_batch_and_each_answered
     let checkout = Checkout::new(conn.clone(), provider.clone(), "EUR", "http://order/notify");
     let mut orders = Vec::new();
     for i in 0..20 {
-        orders.push(awaiting(&conn, &saga, &format!("u{i}")).await);
+        orders.push(confirmed_order(&conn, &saga, &format!("u{i}")).await);
     }
     let pending = PlaceOrder::new("late", "k", "SKU", 1, 10).unwrap();
     write_pending(&conn, &pending, 100, Policy::ReserveThenCommit)
@@ -183,8 +153,8 @@ async fn pay_orders_arriving_together_are_started_in_one_batch_and_each_answered
     assert!(provider.calls.lock().unwrap().values().all(|n| *n == 1));
 
     // An order past its deadline in a batch: cancelled under its lock, the others started.
-    let overdue = awaiting(&conn, &saga, "slow").await;
-    let fresh = awaiting(&conn, &saga, "quick").await;
+    let overdue = confirmed_order(&conn, &saga, "slow").await;
+    let fresh = confirmed_order(&conn, &saga, "quick").await;
     conn.execute_unprepared(&format!(
         "UPDATE orders SET payment_deadline = now() - interval '1 second' WHERE order_id = '{overdue}'"
     ))
