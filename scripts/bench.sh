@@ -11,7 +11,9 @@
 #                    `sustained` is BENCH_SUSTAIN_RATE buyers a second (default 500) for
 #                    BENCH_SUSTAIN_SECS (default 60), every winner paying as soon as confirmed,
 #                    with the order service's admission bounds at BENCH_SUSTAIN_MAX_BACKLOG
-#                    (default 1000) orders waiting for the saga and as many waiting to ship
+#                    (default 1000) orders waiting for the saga and as many waiting to ship;
+#                    BENCH_SUSTAIN_ROUNDS (default 1) sales of their own one after the other,
+#                    reported in sustained.json, sustained-2.json, …
 #   BENCH_ARGS="--requests 20000" scripts/bench.sh flood     smaller runs
 #   BENCH_MODES=naive,platform scripts/bench.sh big-sale     some modes only
 # Each run keeps its reports in a directory of its own, $FLASHSALE_BENCH_DIR/<UTC time>-<commit>
@@ -424,7 +426,7 @@ main() {
             pid_args+=(--service-pid "$svc=$(<"$RUN_DIR/$svc.pid")" --service-pid "$svc-2=$(<"$RUN_DIR/$svc-2.pid")")
         done
     fi
-    local s modes failed=() sale_services=false sustain_bounds=false sale_args=()
+    local s modes failed=() sale_services=false sustain_bounds=false sale_args=() rounds round report
     for s in "${scenarios[@]}"; do
         log "scenario $s"
         case "$s" in
@@ -452,23 +454,33 @@ main() {
                     sale_services=true
                 fi
                 sale_args=(--products 4 --pay 1 --never-pay 0 --pay-late 0 --quiet --json)
+                rounds=1
                 if [[ "$s" == sale ]]; then
                     sale_args+=(--buyers 40000 --stock 8000 --per-user-limit 1 --max-duration-secs 900)
                 else
+                    rounds="${BENCH_SUSTAIN_ROUNDS:-1}"
+                    [[ "$rounds" =~ ^[1-9][0-9]?$ ]] || die "BENCH_SUSTAIN_ROUNDS must be 1..99 (got '$rounds')"
+                    # One unit per buyer, as in a real sale: the per-user check then has a limit
+                    # to hold.
                     sale_args+=(--arrival-rate "${BENCH_SUSTAIN_RATE:-500}" --sustain-secs "${BENCH_SUSTAIN_SECS:-60}"
-                        --stock 10000000 --per-user-limit 0 --max-duration-secs 900
+                        --stock 10000000 --per-user-limit 1 --max-duration-secs 900
                         --order-database-url "$probe/flashsale_bench_svc_orders"
                         --product-database-url "$probe/flashsale_bench_product"
                         --outbound-database-url "$probe/flashsale_bench_outbound"
                         --amqp-url "${FLASHSALE_BENCH_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
                         --queue-prefix "$run_tag.")
                 fi
-                # shellcheck disable=SC2086 # SALE_ARGS is a list of options
-                "$CLI" sale "${sale_args[@]}" ${SALE_ARGS:-} >"$OUT/$s.json" &
-                BENCH_PID=$!
-                wait "$BENCH_PID" || failed+=("$s")
-                BENCH_PID=""
-                cat "$OUT/$s.json"
+                for ((round = 1; round <= rounds; round++)); do
+                    report="$OUT/$s.json"
+                    ((round == 1)) || report="$OUT/$s-$round.json"
+                    ((rounds == 1)) || log "$s: round $round of $rounds"
+                    # shellcheck disable=SC2086 # SALE_ARGS is a list of options
+                    "$CLI" sale "${sale_args[@]}" ${SALE_ARGS:-} >"$report" &
+                    BENCH_PID=$!
+                    wait "$BENCH_PID" || failed+=("$s round $round")
+                    BENCH_PID=""
+                    cat "$report"
+                done
                 continue
                 ;;
         esac

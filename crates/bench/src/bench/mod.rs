@@ -8,7 +8,8 @@
 //! write ceiling (`insert-batch`), and open-loop latency curves at fixed arrival rates for the
 //! platform and the naive design (`open-loop-platform`, `open-loop-naive`, see openloop.rs),
 //! and what `WAIT` after every gate batch would cost on a Redis Cluster (`cluster-wait`, see
-//! cluster_wait.rs).
+//! cluster_wait.rs); the platform across concurrencies (`platform-sweep`, see
+//! platform_sweep.rs).
 
 mod amqp_version;
 mod baselines;
@@ -21,6 +22,7 @@ mod measure;
 pub(crate) mod meta;
 mod openloop;
 mod platform;
+mod platform_sweep;
 mod refusals;
 mod report;
 mod saga;
@@ -82,6 +84,9 @@ pub enum Mode {
     /// The gate's reservation batches on a private Redis Cluster, plain and each followed by
     /// `WAIT 1 <ms>` (a replica has the holds), alternated: what waiting for a replica costs.
     ClusterWait,
+    /// The platform at each concurrency of --platform-concurrency, short runs of the sweep's
+    /// shape, each saga followed and each product read back: opt-in.
+    PlatformSweep,
 }
 
 #[derive(clap::Args)]
@@ -132,6 +137,8 @@ pub struct Args {
     max_idle_wait_secs: u64,
     #[command(flatten)]
     sweep: sweep::SweepArgs,
+    #[command(flatten)]
+    platform_sweep: platform_sweep::PlatformSweepArgs,
     #[command(flatten)]
     open_loop: openloop::OpenLoopArgs,
     #[command(flatten)]
@@ -265,6 +272,7 @@ impl Args {
         );
         self.db_pool()?;
         self.sweep.validate()?;
+        self.platform_sweep.validate()?;
         self.open_loop.validate()?;
         self.insert_batch.validate()?;
         self.cluster_wait.validate()?;
@@ -354,6 +362,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut sweeps: Vec<sweep::Sweep> = Vec::new();
     let mut curves: Vec<openloop::Curve> = Vec::new();
     let mut waits: Vec<cluster_wait::Report> = Vec::new();
+    let mut platform_sweeps: Vec<platform_sweep::Report> = Vec::new();
     for (round, mode) in (1..=args.rounds).flat_map(|r| args.modes.iter().map(move |m| (r, m))) {
         // A product (and gate keys) of its own per mode and round: a sale sells out once.
         let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_uppercase();
@@ -383,6 +392,38 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         if *mode == Mode::ClusterWait {
             waits.push(cluster_wait::run(&args.cluster_wait, round, load.deadline).await?);
+            continue;
+        }
+        if *mode == Mode::PlatformSweep {
+            let target = platform_sweep::Target {
+                product_stock_url: &args.product_stock_url,
+                order_urls: &args.order_url,
+                stock_buckets: args.stock_buckets.unwrap_or(0),
+                secret: &args.secret,
+                admin: &admin,
+                ticketing,
+                follow_db: args.follow_db().await?,
+            };
+            let idle_bound = Duration::from_secs(args.max_idle_wait_secs);
+            let r = platform_sweep::run(
+                &args.platform_sweep,
+                &target,
+                &load,
+                args.sweep.sweep_requests,
+                limit,
+                round,
+                || async {
+                    procstat::wait_idle(&services, idle_bound).await;
+                },
+            )
+            .await?;
+            for c in r.checks.iter().filter(|c| !c.pass) {
+                eprintln!(
+                    "bench: {mode:?}: invariant FAILED: {}: {}",
+                    c.name, c.detail
+                );
+            }
+            platform_sweeps.push(r);
             continue;
         }
         let batches_before = batches::scrape(&metrics_urls).await;
@@ -497,8 +538,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 ];
                 (m, None, checks)
             }
-            Mode::OpenLoopPlatform | Mode::OpenLoopNaive | Mode::ClusterWait => {
-                unreachable!("the open-loop and cluster-wait modes run above")
+            Mode::OpenLoopPlatform
+            | Mode::OpenLoopNaive
+            | Mode::ClusterWait
+            | Mode::PlatformSweep => {
+                unreachable!("the open-loop, cluster-wait and platform-sweep modes run above")
             }
             Mode::Platform => {
                 let (m, saga) = platform::flood(
@@ -627,12 +671,17 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let passed = invariants::all_pass(results.iter().flat_map(|r| r.checks.iter()))
         && curves.iter().all(openloop::Curve::passed)
-        && waits.iter().all(cluster_wait::Report::all_reserved);
+        && waits.iter().all(cluster_wait::Report::all_reserved)
+        && platform_sweeps.iter().all(platform_sweep::Report::passed);
     if args.json {
         let mut v = report::json(&figures, &results);
         v["naive_sweep"] = sweeps.iter().map(sweep::Sweep::to_json).collect();
         v["open_loop"] = curves.iter().map(openloop::Curve::to_json).collect();
         v["cluster_wait"] = waits.iter().map(cluster_wait::Report::to_json).collect();
+        v["platform_sweep"] = platform_sweeps
+            .iter()
+            .map(platform_sweep::Report::to_json)
+            .collect();
         // Every check of the run: the modes', the open-loop points' and the waits'.
         v["passed"] = serde_json::json!(passed);
         let rendered = serde_json::to_string_pretty(&v).context("render report")?;
@@ -642,6 +691,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         sweeps.iter().for_each(sweep::Sweep::print_text);
         curves.iter().for_each(openloop::Curve::print_text);
         waits.iter().for_each(cluster_wait::Report::print_text);
+        platform_sweeps
+            .iter()
+            .for_each(platform_sweep::Report::print_text);
     }
     if passed {
         Ok(ExitCode::SUCCESS)

@@ -83,6 +83,11 @@ pub struct OpenLoopArgs {
     /// earlier in the same run, else naive.
     #[arg(long, value_enum)]
     pub open_loop_naive_variant: Option<NaiveVariant>,
+    /// Extra rates tried around the knee once the list is done: between the highest rate that
+    /// met the objective and the next one that missed it, rates ×1.25 apart (at most this
+    /// many, 0..=8; 0 tries none).
+    #[arg(long, default_value_t = 3)]
+    pub open_loop_knee_points: usize,
 }
 
 impl OpenLoopArgs {
@@ -117,6 +122,11 @@ impl OpenLoopArgs {
             (1..=100_000).contains(&self.open_loop_max_in_flight),
             "--open-loop-max-in-flight must be 1..=100000 (got {})",
             self.open_loop_max_in_flight
+        );
+        anyhow::ensure!(
+            self.open_loop_knee_points <= MAX_KNEE_POINTS,
+            "--open-loop-knee-points must be 0..={MAX_KNEE_POINTS} (got {})",
+            self.open_loop_knee_points
         );
         if let Some(p) = self.open_loop_naive_pool {
             anyhow::ensure!(
@@ -377,6 +387,43 @@ fn histogram() -> anyhow::Result<Histogram<u64>> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).map_err(|e| anyhow::anyhow!("histogram: {e}"))
 }
 
+/// Most extra rates tried around the knee.
+pub const MAX_KNEE_POINTS: usize = 8;
+/// The step between the knee's extra rates.
+pub const KNEE_STEP: f64 = 1.25;
+
+/// The rates to try between the highest rate that met the objective and the lowest one above
+/// it that missed (the knee): ×[`KNEE_STEP`] apart from the lower one, each clearly below the
+/// upper one (under its ÷1.1) and not tried yet, at most `max`. None when no rate met the
+/// objective, none missed it above the best, or the grid is already that fine there.
+pub fn knee_rates(points: &[RatePoint], slo_ms: u64, max: usize) -> Vec<u32> {
+    let Some(lo) = max_rate_within(points, slo_ms) else {
+        return Vec::new();
+    };
+    let Some(hi) = points
+        .iter()
+        .filter(|p| p.offered_rate > lo && !p.meets(slo_ms))
+        .map(|p| p.offered_rate)
+        .min()
+    else {
+        return Vec::new();
+    };
+    let tried = |r: u32| points.iter().any(|p| p.offered_rate == r);
+    let mut out = Vec::new();
+    let mut r = f64::from(lo);
+    while out.len() < max {
+        r *= KNEE_STEP;
+        let rate = r.round() as u32;
+        if f64::from(rate) * 1.1 > f64::from(hi) {
+            break;
+        }
+        if !tried(rate) {
+            out.push(rate);
+        }
+    }
+    out
+}
+
 /// The highest offered rate that met the objective.
 pub fn max_rate_within(points: &[RatePoint], slo_ms: u64) -> Option<u32> {
     points
@@ -522,6 +569,44 @@ impl Between<'_> {
     }
 }
 
+/// The rates of one curve in the order they run: the list, then the knee's extra rates (found
+/// once, from the list's points; those within the bound on one point's calls).
+struct Rates {
+    queue: std::collections::VecDeque<u32>,
+    refined: bool,
+    knee_points: usize,
+    slo_ms: u64,
+    max_rate: u32,
+}
+
+impl Rates {
+    fn new(args: &OpenLoopArgs) -> Self {
+        let secs = args.open_loop_secs.max(1);
+        Self {
+            queue: args.open_loop_rates.iter().copied().collect(),
+            refined: false,
+            knee_points: args.open_loop_knee_points,
+            slo_ms: args.slo_ms,
+            max_rate: u32::try_from(MAX_POINT_REQUESTS / secs)
+                .unwrap_or(MAX_RATE)
+                .min(MAX_RATE),
+        }
+    }
+
+    fn next(&mut self, done: &[RatePoint]) -> Option<u32> {
+        if self.queue.is_empty() && !self.refined {
+            self.refined = true;
+            let knee = knee_rates(done, self.slo_ms, self.knee_points);
+            if !knee.is_empty() {
+                eprintln!("bench: open loop: around the knee, {knee:?}/s");
+            }
+            self.queue
+                .extend(knee.into_iter().filter(|&r| r <= self.max_rate));
+        }
+        self.queue.pop_front()
+    }
+}
+
 /// `checks` of the point at `rate`, their details naming it.
 fn at_rate(rate: u32, checks: Vec<Check>) -> Vec<Check> {
     checks
@@ -554,9 +639,10 @@ pub async fn platform(
     let mut stock_client = ProductStockServiceClient::new(
         connect(target.product_stock_url, Duration::from_secs(10)).await?,
     );
-    let mut points = Vec::new();
+    let mut points: Vec<RatePoint> = Vec::new();
     let mut checks = Vec::new();
-    for &rate in &args.open_loop_rates {
+    let mut rates = Rates::new(args);
+    while let Some(rate) = rates.next(&points) {
         between.wait().await;
         let plan = args.plan(rate);
         let n = plan.requests();
@@ -644,9 +730,10 @@ pub async fn naive(
     let pool_size = u32::try_from(pool.clamp(1, MAX_POOL)).unwrap_or(1);
     let db = Arc::new(baselines::bench_db(postgres_url, naive_db, pool_size).await?);
     let limit = i64::from(per_user_limit);
-    let mut points = Vec::new();
+    let mut points: Vec<RatePoint> = Vec::new();
     let mut checks = Vec::new();
-    for &rate in &args.open_loop_rates {
+    let mut rates = Rates::new(args);
+    while let Some(rate) = rates.next(&points) {
         between.wait().await;
         let plan = args.plan(rate);
         let n = plan.requests();
@@ -918,6 +1005,35 @@ mod tests {
     }
 
     #[test]
+    fn the_knee_is_tried_at_steps_of_a_quarter_between_the_last_met_and_the_first_missed() {
+        let grid = [
+            point_with(500, 5, 0),
+            point_with(1000, 9, 0),
+            point_with(2000, 30, 0),
+            point_with(4000, 400, 0),
+        ];
+        // 2000 met 50 ms, 4000 missed: 2500, 3125 (3906 is within a tenth of 4000).
+        assert_eq!(knee_rates(&grid, 50, 8), vec![2500, 3125]);
+        assert_eq!(knee_rates(&grid, 50, 1), vec![2500]);
+        assert_eq!(knee_rates(&grid, 50, 0), Vec::<u32>::new());
+        // A rate that missed because of errors is a miss too.
+        let errored = [point_with(1000, 5, 0), point_with(2000, 5, 3)];
+        assert_eq!(knee_rates(&errored, 50, 8), vec![1250, 1563]);
+        // No knee: every rate met it, none did, or the grid is already fine there.
+        assert!(knee_rates(&grid[..3], 50, 8).is_empty());
+        assert!(knee_rates(&grid[3..], 50, 8).is_empty());
+        let fine = [point_with(1000, 5, 0), point_with(1100, 80, 0)];
+        assert!(knee_rates(&fine, 50, 8).is_empty());
+        // Rates already tried are not tried again.
+        let tried = [
+            point_with(1000, 5, 0),
+            point_with(1250, 80, 0),
+            point_with(2000, 80, 0),
+        ];
+        assert!(knee_rates(&tried, 50, 8).is_empty());
+    }
+
+    #[test]
     fn the_highest_rate_within_the_objective_is_reported() {
         let points = vec![
             point_with(500, 5, 0),
@@ -975,6 +1091,8 @@ mod tests {
         assert!(
             refused(&["--open-loop-naive-variant", "fast"]).contains("--open-loop-naive-variant")
         );
+        assert!(refused(&["--open-loop-knee-points", "9"]).contains("--open-loop-knee-points"));
+        assert!(refused(&["--open-loop-knee-points=-1"]).contains("--open-loop-knee-points"));
         let ok = Cli::try_parse_from([
             "t",
             "--open-loop-rates",

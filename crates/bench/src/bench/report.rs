@@ -130,6 +130,7 @@ pub fn json(f: &Figures<'_>, results: &[ModeReport]) -> Value {
         "passed": results.iter().all(|r| r.checks.iter().all(|c| c.pass)),
         "modes": results.iter().map(ModeReport::to_json).collect::<Vec<_>>(),
         "ratios": median_ratios(&by_round(results)),
+        "ratios_spread": spread_ratios(&by_round(results)),
         "ratios_by_round": by_round(results),
     })
 }
@@ -256,10 +257,13 @@ pub fn print_text(f: &Figures<'_>, results: &[ModeReport]) {
     for (name, value) in median_ratios(&rounds).as_object().into_iter().flatten() {
         if rounds.len() > 1 {
             let each: Vec<String> = rounds.iter().map(|r| r[name].to_string()).collect();
+            let spread = &spread_ratios(&rounds)[name.as_str()];
             println!(
-                "{name:<45} {value} (median of {} rounds: {})",
+                "{name:<45} {value} (median of {} rounds: {}; spread {} to {})",
                 rounds.len(),
-                each.join(", ")
+                each.join(", "),
+                spread["min"],
+                spread["max"]
             );
         } else {
             println!("{name:<45} {value}");
@@ -300,6 +304,28 @@ fn median_ratios(rounds: &[Value]) -> Value {
             n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
         };
         out.insert(name.clone(), json!(round(median)));
+    }
+    out.into()
+}
+
+/// Each ratio's lowest and highest value over the rounds that have it: how far one round
+/// alone could have been from the median.
+fn spread_ratios(rounds: &[Value]) -> Value {
+    let mut out = serde_json::Map::new();
+    for r in rounds.iter().filter_map(Value::as_object) {
+        for (name, v) in r {
+            let Some(v) = v.as_f64() else { continue };
+            let e = out
+                .entry(name.clone())
+                .or_insert_with(|| json!({"min": v, "max": v, "rounds": 0}));
+            let (lo, hi) = (
+                e["min"].as_f64().unwrap_or(v),
+                e["max"].as_f64().unwrap_or(v),
+            );
+            e["min"] = json!(round(lo.min(v)));
+            e["max"] = json!(round(hi.max(v)));
+            e["rounds"] = json!(e["rounds"].as_u64().unwrap_or(0) + 1);
+        }
     }
     out.into()
 }
@@ -353,6 +379,29 @@ fn ratios(results: &[&ModeReport]) -> Value {
                 format!("platform/{key} accepted per second"),
                 json!(round(p.accepted_per_sec() / b.accepted_per_sec().max(1e-9))),
             );
+            // To the same durable state: the naive order is in its database when answered,
+            // the platform's once the saga confirmed it.
+            if let Some(saga) = pr.saga.as_ref().filter(|s| s.confirmed > 0) {
+                out.insert(
+                    format!("platform confirmed/{key} accepted per second"),
+                    json!(round(
+                        saga.confirmed_per_sec() / b.accepted_per_sec().max(1e-9)
+                    )),
+                );
+                let naive_pg = found
+                    .and_then(|r| group_secs(r.cpu.requests.as_ref(), POSTGRES))
+                    .filter(|_| b.accepted > 0)
+                    .map(|secs| secs / b.accepted as f64);
+                let platform_pg = group_secs(pr.cpu.intake.as_ref(), POSTGRES)
+                    .zip(group_secs(pr.cpu.saga.as_ref(), POSTGRES))
+                    .map(|(intake, rest)| (intake + rest) / saga.confirmed as f64);
+                if let Some((pl, nv)) = platform_pg.zip(naive_pg).filter(|(_, nv)| *nv > 0.0) {
+                    out.insert(
+                        format!("platform/{key} postgresql cpu per durable order"),
+                        json!(round(pl / nv)),
+                    );
+                }
+            }
             out.insert(
                 format!("platform/{key} accepted p99"),
                 json!(round(p.accepted_p(0.99) / b.accepted_p(0.99).max(1e-3))),
@@ -368,6 +417,14 @@ fn ratios(results: &[&ModeReport]) -> Value {
         }
     }
     out.into()
+}
+
+/// The CPU group of the PostgreSQL server's processes.
+const POSTGRES: &str = "postgresql";
+
+/// A group's CPU seconds over a window, when both were read.
+fn group_secs(usage: Option<&crate::cpustat::Usage>, group: &str) -> Option<f64> {
+    usage?.groups.iter().find(|(n, _)| n == group)?.1
 }
 
 fn round(x: f64) -> f64 {
@@ -460,6 +517,84 @@ mod tests {
         assert!(none.saga.is_none() && none.intake.is_some());
     }
 
+    /// A mode of `accepted` orders, the last accepted after `secs`, with PostgreSQL's CPU
+    /// seconds in each window given.
+    async fn mode(name: &str, accepted: usize, secs: u64, pg: [Option<f64>; 3]) -> ModeReport {
+        let mut m = drive(name, accepted, 1, Duration::from_secs(10), |_| async {
+            Outcome::Accepted
+        })
+        .await
+        .unwrap();
+        m.last_accept = Some(Duration::from_secs(secs));
+        let usage = |s: Option<f64>| {
+            s.map(|s| Usage {
+                secs: 1.0,
+                groups: vec![(POSTGRES.into(), Some(s))],
+                machine: None,
+            })
+        };
+        ModeReport {
+            round: 1,
+            m,
+            saga: None,
+            memory: Vec::new(),
+            idle: None,
+            cpu: Cpu {
+                requests: usage(pg[0]),
+                intake: usage(pg[1]),
+                saga: usage(pg[2]),
+            },
+            batches: Vec::new(),
+            checks: Vec::new(),
+            refusals: None,
+            dbwork: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_platform_is_also_compared_with_naive_once_its_orders_are_confirmed() {
+        // Naive: 100 accepted in 1 s, 0.04 s of PostgreSQL (0.4 ms each, durable when answered).
+        let naive = mode(
+            "naive best of sweep (naive-fn)",
+            100,
+            1,
+            [Some(0.04), None, None],
+        )
+        .await;
+        // Platform: 100 answered in 1 s; confirmed 4 s after the first accept; PostgreSQL
+        // 0.01 s during the intake and 0.05 s after it: 0.6 ms per confirmed order.
+        let mut platform = mode(
+            "platform (CreateOrder)",
+            100,
+            1,
+            [None, Some(0.01), Some(0.05)],
+        )
+        .await;
+        platform.saga = Some(Saga {
+            followed: 100,
+            confirmed: 100,
+            cancelled: 0,
+            unconfirmed: 0,
+            confirm: Some(Duration::from_secs(4)),
+            bound_hit: false,
+        });
+        let r = ratios(&[&naive, &platform]);
+        assert_eq!(r["platform/naive accepted per second"], 1.0);
+        assert_eq!(r["platform confirmed/naive accepted per second"], 0.25);
+        assert_eq!(r["platform/naive postgresql cpu per durable order"], 1.5);
+        // Without a followed saga there is no durable comparison.
+        platform.saga = None;
+        let r = ratios(&[&naive, &platform]);
+        assert!(
+            r.get("platform confirmed/naive accepted per second")
+                .is_none()
+        );
+        assert!(
+            r.get("platform/naive postgresql cpu per durable order")
+                .is_none()
+        );
+    }
+
     #[test]
     fn the_ratios_of_several_rounds_are_their_medians() {
         let rounds = vec![
@@ -473,5 +608,14 @@ mod tests {
         );
         assert_eq!(median_ratios(&rounds[..1]), rounds[0]);
         assert_eq!(median_ratios(&[]), json!({}));
+        assert_eq!(
+            spread_ratios(&rounds),
+            json!({
+                "a": {"min": 1.0, "max": 3.0, "rounds": 3},
+                "b": {"min": 10.0, "max": 30.0, "rounds": 3},
+                "c": {"min": 3.0, "max": 4.0, "rounds": 2},
+            })
+        );
+        assert_eq!(spread_ratios(&[]), json!({}));
     }
 }

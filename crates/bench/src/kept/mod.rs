@@ -1,9 +1,12 @@
 //! `flashsale bench-report`: turns the kept results of one benchmark run (the JSON reports
 //! `scripts/bench.sh` writes, one per scenario) into the generated part of
 //! `docs/benchmarks.md` — where and on what it ran, each scenario's table, the ratios, the cost
-//! per order, the invariant checks — and into SVG charts beside it. The document's own text
-//! (method, limits) stays as written; only what lies between its two markers is replaced.
+//! per order, the invariant checks — and into SVG charts beside it, and the README's headline.
+//! The documents' own text (method, limits) stays as written; only what lies between their
+//! markers is replaced, and every figure the text quotes must be one a kept report carries
+//! (figures.rs).
 
+mod figures;
 mod render;
 mod runs;
 pub mod svg;
@@ -32,6 +35,10 @@ pub struct Args {
     /// The document whose generated part is replaced.
     #[arg(long, default_value = "docs/benchmarks.md")]
     doc: PathBuf,
+    /// The README whose headline (between its two headline markers) is replaced; its figures
+    /// outside the headline must trace to a kept report too.
+    #[arg(long, default_value = "README.md")]
+    readme: PathBuf,
     /// Where the charts go (as SVG files), and how the document links them (relative to it).
     #[arg(long, default_value = "docs/bench")]
     charts: PathBuf,
@@ -57,9 +64,34 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let markdown = format!("{}\n\n{}", out.markdown.trim_end(), runs::table(&runs));
     let new_doc =
         splice(&doc, &markdown).with_context(|| format!("--doc {}", args.doc.display()))?;
+    let readme = std::fs::read_to_string(&args.readme)
+        .with_context(|| format!("--readme: cannot read {}", args.readme.display()))?;
+    let new_readme = figures::splice_between(
+        &readme,
+        figures::HEADLINE_BEGIN,
+        figures::HEADLINE_END,
+        &figures::headline(&kept),
+    )
+    .with_context(|| format!("--readme {}", args.readme.display()))?;
     let mut stale = Vec::new();
     if new_doc != doc {
         stale.push(args.doc.display().to_string());
+    }
+    if new_readme != readme {
+        stale.push(args.readme.display().to_string());
+    }
+    // Every figure quoted in prose is one a kept report carries.
+    let numbers = figures::kept_numbers(&kept, &args.runs)?;
+    let untraced: Vec<String> = [(&args.doc, &new_doc), (&args.readme, &new_readme)]
+        .into_iter()
+        .flat_map(|(path, text)| {
+            figures::untraced(text, &numbers)
+                .into_iter()
+                .map(move |u| format!("{}:{}: {}", path.display(), u.line, u.figure))
+        })
+        .collect();
+    for u in &untraced {
+        eprintln!("bench-report: a figure no kept report carries: {u}");
     }
     for (file, svg) in &out.charts {
         let path = args.charts.join(file);
@@ -68,14 +100,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     if args.check {
-        if stale.is_empty() {
+        if stale.is_empty() && untraced.is_empty() {
             println!("bench-report: the document and the charts match the kept results");
             return Ok(ExitCode::SUCCESS);
         }
-        eprintln!(
-            "bench-report: not what the kept results make: {} (run scripts/bench-report.sh)",
-            stale.join(", ")
-        );
+        if !stale.is_empty() {
+            eprintln!(
+                "bench-report: not what the kept results make: {} (run scripts/bench-report.sh)",
+                stale.join(", ")
+            );
+        }
         return Ok(ExitCode::FAILURE);
     }
     std::fs::create_dir_all(&args.charts)
@@ -85,6 +119,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         std::fs::write(&path, svg).with_context(|| format!("write {}", path.display()))?;
     }
     std::fs::write(&args.doc, new_doc).with_context(|| format!("write {}", args.doc.display()))?;
+    std::fs::write(&args.readme, new_readme)
+        .with_context(|| format!("write {}", args.readme.display()))?;
     println!(
         "bench-report: {} from {} report(s) in {}, {} chart(s) in {}",
         args.doc.display(),
@@ -93,7 +129,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         out.charts.len(),
         args.charts.display()
     );
-    Ok(ExitCode::SUCCESS)
+    if untraced.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "bench-report: {} figure(s) to trace or remove",
+            untraced.len()
+        );
+        Ok(ExitCode::FAILURE)
+    }
 }
 
 /// Every `*.json` in `dir`, by name; a file that is not a JSON object is an error naming it.

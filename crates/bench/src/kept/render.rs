@@ -35,13 +35,13 @@ pub fn order_key(name: &str) -> (usize, String) {
 
 const DASH: &str = "–";
 
-fn num(v: &Value, places: usize) -> String {
+pub(super) fn num(v: &Value, places: usize) -> String {
     v.as_f64()
         .map_or_else(|| DASH.to_owned(), |x| group(x, places))
 }
 
 /// `12345.6` → `12,346` (places 0) or `12,345.60` (places 2).
-fn group(x: f64, places: usize) -> String {
+pub(super) fn group(x: f64, places: usize) -> String {
     let s = format!("{:.*}", places, x.abs());
     let (int, frac) = s
         .split_once('.')
@@ -77,11 +77,21 @@ pub fn render(kept: &[Kept], chart_dir: &str) -> Rendered {
     if let Some(first) = kept.first() {
         where_it_ran(&mut md, &first.report["meta"]);
     }
+    let rounds: Vec<&Kept> = kept
+        .iter()
+        .filter(|k| k.report["mode"] == "sustained")
+        .collect();
     for k in kept {
         if k.report["modes"].is_array() {
             bench(&mut md, &mut charts, k, chart_dir);
         } else if k.report["mode"] == "sustained" {
-            sustained(&mut md, &mut charts, k, chart_dir);
+            // Several rounds: one table of them all, then the first in full.
+            if rounds.first().is_some_and(|f| f.name == k.name) {
+                if rounds.len() > 1 {
+                    sustained_rounds(&mut md, &rounds);
+                }
+                sustained(&mut md, &mut charts, k, chart_dir);
+            }
         } else if k.report["invariants"].is_array() {
             sale(&mut md, k);
         } else {
@@ -200,15 +210,27 @@ fn bench(md: &mut String, charts: &mut Vec<(String, String)>, k: &Kept, chart_di
     }
     md.push('\n');
     if let Some(ratios) = r["ratios"].as_object().filter(|o| !o.is_empty()) {
-        let _ = writeln!(md, "| ratio (platform ÷ mode) | value |\n|---|--:|");
+        let _ = writeln!(
+            md,
+            "| ratio (platform ÷ mode) | median | lowest | highest | rounds |\n|---|--:|--:|--:|--:|"
+        );
         for (name, v) in ratios {
-            let _ = writeln!(md, "| {name} | {} |", num(v, 2));
+            let spread = &r["ratios_spread"][name.as_str()];
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {} | {} |",
+                num(v, 2),
+                num(&spread["min"], 2),
+                num(&spread["max"], 2),
+                num(&spread["rounds"], 0)
+            );
         }
         md.push('\n');
     }
     cost(md, &modes);
     refusals(md, &modes);
     sweeps(md, &r["naive_sweep"]);
+    platform_sweeps(md, &r["platform_sweep"]);
     open_loop(md, charts, k, chart_dir);
     let failed: Vec<String> = modes
         .iter()
@@ -275,6 +297,39 @@ fn sweeps(md: &mut String, sweeps: &Value) {
                 num(&p["accepted_per_s"], 0),
                 num(&p["p50_ms"], 1),
                 num(&p["p99_ms"], 1),
+                num(&p["errors"], 0)
+            );
+        }
+        md.push('\n');
+    }
+}
+
+/// Every point of each platform sweep (the platform across concurrencies).
+fn platform_sweeps(md: &mut String, sweeps: &Value) {
+    for sw in sweeps.as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "Platform across concurrencies (round {}): {} requests from {} buyers for {} units \
+             per point, each saga followed to the end and each product read back. {}\n",
+            num(&sw["round"], 0),
+            num(&sw["requests_per_point"], 0),
+            num(&sw["buyers_per_point"], 0),
+            num(&sw["stock_per_point"], 0),
+            verdict(sw["passed"].as_bool())
+        );
+        let _ = writeln!(
+            md,
+            "| in flight | accepted/s | p50 ms | p99 ms | confirmed/s | errors |\n|--:|--:|--:|--:|--:|--:|"
+        );
+        for p in sw["points"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} |",
+                num(&p["concurrency"], 0),
+                num(&p["accepted_per_s"], 0),
+                num(&p["p50_ms"], 1),
+                num(&p["p99_ms"], 1),
+                num(&p["confirmed_per_s"], 0),
                 num(&p["errors"], 0)
             );
         }
@@ -524,6 +579,82 @@ fn sustained(md: &mut String, charts: &mut Vec<(String, String)>, k: &Kept, char
     }
 }
 
+/// A column of a table of reports: its heading, its value in a report, its decimals.
+type Column<'a> = (&'a str, &'a dyn Fn(&Value) -> Value, usize);
+
+/// The sustained sales of one kept run side by side, with the median of each column.
+fn sustained_rounds(md: &mut String, rounds: &[&Kept]) {
+    let columns: [Column<'_>; 8] = [
+        ("new buyers/s", &|r| r["arrivalRate"].clone(), 0),
+        ("accepted/s", &|r| r["acceptedPerSec"].clone(), 0),
+        ("shipped/s", &|r| r["shippedPerSec"].clone(), 0),
+        ("refused OVERLOADED", &|r| r["overloaded"].clone(), 0),
+        (
+            "refusal p99 ms",
+            &|r| r["latency"]["createOrderOverloaded"]["p99Ms"].clone(),
+            1,
+        ),
+        (
+            "accepted p99 ms",
+            &|r| r["latency"]["createOrderAccepted"]["p99Ms"].clone(),
+            1,
+        ),
+        ("backlog at the end", &|r| r["backlogEnd"].clone(), 0),
+        ("order RSS MiB", &order_peak_mib, 1),
+    ];
+    let _ = writeln!(
+        md,
+        "### Sustained sale, {} rounds\n\nEach round a sale of its own on the same services; the \
+         first round is shown in full below.\n",
+        rounds.len()
+    );
+    let head: Vec<&str> = columns.iter().map(|(h, _, _)| *h).collect();
+    let _ = writeln!(
+        md,
+        "| report | {} | checks |\n|---|{}---|",
+        head.join(" | "),
+        "--:|".repeat(columns.len())
+    );
+    for k in rounds {
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|(_, f, places)| num(&f(&k.report), *places))
+            .collect();
+        let verdict = match k.report["pass"].as_bool() {
+            Some(true) => "pass",
+            Some(false) => "**FAIL**",
+            None => DASH,
+        };
+        let _ = writeln!(md, "| `{}` | {} | {verdict} |", k.name, cells.join(" | "));
+    }
+    let medians: Vec<String> = columns
+        .iter()
+        .map(|(_, f, places)| {
+            let mut v: Vec<f64> = rounds
+                .iter()
+                .filter_map(|k| f(&k.report).as_f64())
+                .collect();
+            v.sort_by(f64::total_cmp);
+            match v.len() {
+                0 => DASH.to_owned(),
+                n if n % 2 == 1 => group(v[n / 2], *places),
+                n => group((v[n / 2 - 1] + v[n / 2]) / 2.0, *places),
+            }
+        })
+        .collect();
+    let _ = writeln!(md, "| median | {} | |\n", medians.join(" | "));
+}
+
+/// The order service's peak resident memory in a sale report, MiB.
+pub(super) fn order_peak_mib(r: &Value) -> Value {
+    r["memory"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["service"] == "order")
+        .map_or(Value::Null, |m| m["peak_rss_mib"].clone())
+}
+
 fn verdict(pass: Option<bool>) -> &'static str {
     match pass {
         Some(true) => "Every check passed.",
@@ -745,7 +876,7 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("| platform/naive accepted per second | 7.50 |"),
+            md.contains("| platform/naive accepted per second | 7.50 | – | – | – |"),
             "{md}"
         );
         assert!(
@@ -835,6 +966,70 @@ mod tests {
         let rates = &out.charts[2].1;
         assert_eq!(rates.matches("<polyline").count(), 4);
         assert!(out.charts[0].1.contains("SLO 50 ms"));
+    }
+
+    #[test]
+    fn rounds_show_their_spread_and_the_platform_sweep_and_sustained_rounds_their_tables() {
+        let mut bench = report();
+        bench["rounds"] = json!(3);
+        bench["ratios"] = json!({"platform confirmed/naive accepted per second": 0.8});
+        bench["ratios_spread"] = json!({"platform confirmed/naive accepted per second": {"min": 0.7, "max": 0.95, "rounds": 3}});
+        bench["platform_sweep"] = json!([{"round": 2, "requests_per_point": 4000, "buyers_per_point": 4000,
+            "stock_per_point": 2000, "passed": false,
+            "points": [{"concurrency": 16, "accepted_per_s": 3000.4, "p50_ms": 2.0, "p99_ms": 9.26,
+                        "confirmed_per_s": 1500.0, "errors": 0}]}]);
+        let round = |rate: u64, shipped: f64, p99: f64, pass: bool| {
+            json!({"mode": "sustained", "arrivalRate": rate, "acceptedPerSec": 800.0, "shippedPerSec": shipped,
+                "overloaded": 100, "latency": {"createOrderOverloaded": {"p99Ms": p99}, "createOrderAccepted": {"p99Ms": 40.0}},
+                "backlogEnd": 900.0, "pass": pass, "memory": [{"service": "order", "peak_rss_mib": 50.0}], "timeline": []})
+        };
+        let kept = vec![
+            Kept {
+                name: "big-sale".into(),
+                report: bench,
+            },
+            Kept {
+                name: "sustained".into(),
+                report: round(1600, 700.0, 30.0, true),
+            },
+            Kept {
+                name: "sustained-2".into(),
+                report: round(1600, 760.0, 20.0, true),
+            },
+            Kept {
+                name: "sustained-3".into(),
+                report: round(1600, 720.0, 140.0, false),
+            },
+        ];
+        let md = render(&kept, "bench").markdown;
+        assert!(
+            md.contains(
+                "| platform confirmed/naive accepted per second | 0.80 | 0.70 | 0.95 | 3 |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("Platform across concurrencies (round 2)"),
+            "{md}"
+        );
+        assert!(md.contains("**The run failed a check**"), "{md}");
+        assert!(
+            md.contains("| 16 | 3,000 | 2.0 | 9.3 | 1,500 | 0 |"),
+            "{md}"
+        );
+        assert!(md.contains("### Sustained sale, 3 rounds"), "{md}");
+        assert!(
+            md.contains(
+                "| `sustained-3` | 1,600 | 800 | 720 | 100 | 140.0 | 40.0 | 900 | 50.0 | **FAIL** |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| median | 1,600 | 800 | 720 | 100 | 30.0 | 40.0 | 900 | 50.0 | |"),
+            "{md}"
+        );
+        // The first round in full, the others only in the table.
+        assert_eq!(md.matches("### Sustained sale: `").count(), 1, "{md}");
     }
 
     #[test]
