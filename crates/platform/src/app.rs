@@ -236,6 +236,7 @@ impl Foundation {
         let db = crate::db::connect(database).await?;
         crate::db::migrate::<M>(&db, service).await?;
         let runner = Runner::bind(grpc, metrics).await?;
+        crate::metrics::record_build_info(service);
         Ok(Self {
             db,
             auth: crate::auth::AuthInterceptor::new(verifier),

@@ -19,8 +19,8 @@ use tonic::{
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
-    decode::DecodeStatusLayer, settings::GrpcSettings, shed::ShedLayer, tls::GrpcTlsSettings,
-    trace::TraceContextLayer,
+    decode::DecodeStatusLayer, rpc_metrics::RpcMetricsLayer, settings::GrpcSettings,
+    shed::ShedLayer, tls::GrpcTlsSettings, trace::TraceContextLayer,
 };
 
 /// Binds the configured address (port 0 picks a free port, as tests do).
@@ -165,6 +165,7 @@ pub async fn serve(
     builder
         .timeout(Duration::from_millis(settings.request_timeout_ms))
         .layer(TraceContextLayer)
+        .layer(RpcMetricsLayer)
         .layer(ShedLayer::new(settings.max_concurrent_requests))
         .layer(DecodeStatusLayer)
         .add_routes(routes)

@@ -1,10 +1,15 @@
 //! Prometheus `/metrics`. The recorder is process-global (installed once); each service instance
-//! serves the rendered text on its own `metrics.addr`, so tests can run several in one process.
+//! serves the rendered text on its own `metrics.addr`, so tests can run several in one process
+//! (the exporter's own listener serves one address per process). Histograms are rendered with
+//! explicit buckets — latencies in seconds ([`SECONDS_BUCKETS`]), batch sizes
+//! ([`SIZE_BUCKETS`]) — so replicas' histograms can be summed; a thread drains the samples
+//! recorded since into them every [`UPKEEP`], so a service nobody scrapes holds no growing list
+//! of samples.
 
-use std::{net::SocketAddr, sync::OnceLock};
+use std::{net::SocketAddr, sync::OnceLock, time::Duration};
 
 use anyhow::Context as _;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::TcpListener,
@@ -12,17 +17,54 @@ use tokio::{
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
+/// Buckets of every histogram whose name ends in `_seconds`: 100 µs to 10 s.
+pub const SECONDS_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+/// Buckets of every histogram whose name ends in `_size` (calls per batch).
+pub const SIZE_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+/// How often the samples recorded since are drained into the histograms.
+pub const UPKEEP: Duration = Duration::from_secs(5);
+
 /// The global Prometheus recorder, installed on first use (once, even when several services
-/// start at the same moment in one test process).
+/// start at the same moment in one test process), with its upkeep thread.
 pub fn handle() -> anyhow::Result<PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("_size".into()), &SIZE_BUCKETS)
+                })
+                .ok()?
+                .build_recorder();
             let h = recorder.handle();
-            metrics::set_global_recorder(recorder).ok().map(|()| h)
+            metrics::set_global_recorder(recorder).ok()?;
+            let upkeep = h.clone();
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP);
+                        upkeep.run_upkeep();
+                    }
+                })
+                .ok()?;
+            Some(h)
         })
         .clone()
         .context("a metrics recorder from elsewhere is already installed")
+}
+
+/// `flashsale_build_info{service, version}` = 1: which build each replica runs.
+pub fn record_build_info(service: &'static str) {
+    metrics::describe_gauge!(
+        "flashsale_build_info",
+        "Always 1; its labels name the service and the version of the build it runs."
+    );
+    metrics::gauge!("flashsale_build_info", "service" => service, "version" => env!("CARGO_PKG_VERSION"))
+        .set(1.0);
 }
 
 /// Binds the metrics listener.

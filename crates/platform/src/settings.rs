@@ -305,7 +305,8 @@ impl Validate for AuthSettings {
 pub struct TelemetrySettings {
     /// `pretty` or `json`.
     pub log_format: String,
-    /// OTLP/gRPC collector, e.g. `http://otel-collector:4317`; empty = no export.
+    /// OTLP/gRPC collector, e.g. `http://otel-collector:4317`; empty = the endpoint of
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`, else no export.
     pub otlp_endpoint: String,
 }
 

@@ -1,6 +1,13 @@
 //! Logs and traces: `tracing` with an `EnvFilter` from `RUST_LOG` (default `info,sqlx=warn`), pretty or
 //! JSON output, optional OTLP/gRPC span export, and the W3C trace-context propagator installed
 //! globally so gRPC calls and AMQP messages carry `traceparent`.
+//!
+//! The standard OpenTelemetry variables apply: `OTEL_SERVICE_NAME` names the service in its
+//! spans (default: the service's own name); `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` turns export on where `telemetry.otlp_endpoint` is empty (the
+//! setting wins where both are given); `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` pick
+//! the sampler (default: every trace, or as the caller's `traceparent` says); and
+//! `OTEL_SDK_DISABLED=true` exports nothing.
 
 use anyhow::Context as _;
 use opentelemetry::trace::TracerProvider as _;
@@ -32,32 +39,50 @@ pub fn init(settings: &TelemetrySettings, service: &'static str) -> anyhow::Resu
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
 
-    let provider = if settings.otlp_endpoint.is_empty() {
-        // Spans still get ids, so trace context is propagated even without export.
-        SdkTracerProvider::builder()
-            .with_resource(Resource::builder().with_service_name(service).build())
-            .build()
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    // The resource's own detectors read OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
+    let resource = if env("OTEL_SERVICE_NAME").is_some() {
+        Resource::builder().build()
     } else {
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(settings.otlp_endpoint.clone())
-            .build()
-            .context("build OTLP span exporter")?;
-        SdkTracerProvider::builder()
-            .with_resource(Resource::builder().with_service_name(service).build())
-            .with_batch_exporter(exporter)
-            .build()
+        Resource::builder().with_service_name(service).build()
+    };
+    let export = match export_to(settings, &env) {
+        Export::Nowhere => None,
+        Export::Setting(endpoint) => Some(
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint)
+                .build(),
+        ),
+        // The exporter reads the endpoint from the environment itself.
+        Export::Environment => Some(
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .build(),
+        ),
+    };
+    // Spans get ids even without export, so trace context is propagated; the sampler comes
+    // from OTEL_TRACES_SAMPLER where it is set.
+    let builder = SdkTracerProvider::builder().with_resource(resource);
+    let provider = match export {
+        None => builder.build(),
+        Some(exporter) => builder
+            .with_batch_exporter(exporter.context("build OTLP span exporter")?)
+            .build(),
     };
     let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer(service));
     opentelemetry::global::set_tracer_provider(provider.clone());
 
     let registry = tracing_subscriber::registry().with(filter).with(otel);
     let result = if settings.log_format == "json" {
+        // One JSON line per event, with its spans' fields and its trace (json_log.rs).
+        let format = crate::json_log::JsonLog::new();
         registry
+            .with(format.dispatch_layer())
             .with(
                 tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_current_span(true),
+                    .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                    .event_format(format),
             )
             .try_init()
     } else {
@@ -67,4 +92,87 @@ pub fn init(settings: &TelemetrySettings, service: &'static str) -> anyhow::Resu
     Ok(TelemetryGuard {
         provider: Some(provider),
     })
+}
+
+/// Where spans go.
+#[derive(Debug, PartialEq, Eq)]
+enum Export {
+    Nowhere,
+    /// `telemetry.otlp_endpoint`.
+    Setting(String),
+    /// The endpoint the standard variables name.
+    Environment,
+}
+
+/// The setting first, then the standard variables; nothing when `OTEL_SDK_DISABLED` is true.
+fn export_to(settings: &TelemetrySettings, env: &dyn Fn(&str) -> Option<String>) -> Export {
+    if env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return Export::Nowhere;
+    }
+    if !settings.otlp_endpoint.is_empty() {
+        return Export::Setting(settings.otlp_endpoint.clone());
+    }
+    if env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
+        || env("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+    {
+        return Export::Environment;
+    }
+    Export::Nowhere
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(endpoint: &str) -> TelemetrySettings {
+        TelemetrySettings {
+            otlp_endpoint: endpoint.into(),
+            ..Default::default()
+        }
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, v)| k == name && !v.trim().is_empty())
+                .map(|(_, v)| v.clone())
+        }
+    }
+
+    #[test]
+    fn spans_go_where_the_setting_or_else_the_standard_variables_say() {
+        assert_eq!(export_to(&settings(""), &vars(&[])), Export::Nowhere);
+        let endpoint = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")];
+        assert_eq!(
+            export_to(&settings(""), &vars(&endpoint)),
+            Export::Environment
+        );
+        let traces = [("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4317")];
+        assert_eq!(
+            export_to(&settings(""), &vars(&traces)),
+            Export::Environment
+        );
+        assert_eq!(
+            export_to(&settings("http://set:4317"), &vars(&endpoint)),
+            Export::Setting("http://set:4317".into())
+        );
+        // Empty variables count as unset; the SDK switch turns everything off.
+        let empty = [("OTEL_EXPORTER_OTLP_ENDPOINT", " ")];
+        assert_eq!(export_to(&settings(""), &vars(&empty)), Export::Nowhere);
+        let off = [("OTEL_SDK_DISABLED", "TRUE"), endpoint[0]];
+        assert_eq!(
+            export_to(&settings("http://set:4317"), &vars(&off)),
+            Export::Nowhere
+        );
+        let not_off = [("OTEL_SDK_DISABLED", "false"), endpoint[0]];
+        assert_eq!(
+            export_to(&settings(""), &vars(&not_off)),
+            Export::Environment
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! W3C trace context across gRPC: servers continue the caller's trace (a span per request whose
-//! parent is the incoming `traceparent`), clients inject the current span's context.
+//! parent is the incoming `traceparent`, named by its method, with OpenTelemetry's RPC
+//! attributes), clients inject the current span's context.
 
 use std::task::{Context, Poll};
 
@@ -69,9 +70,9 @@ pub struct TraceContextService<S> {
     inner: S,
 }
 
-impl<S, B> tower::Service<http::Request<B>> for TraceContextService<S>
+impl<S, B, R> tower::Service<http::Request<B>> for TraceContextService<S>
 where
-    S: tower::Service<http::Request<B>>,
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -87,9 +88,31 @@ where
         let parent = opentelemetry::global::get_text_map_propagator(|p| {
             p.extract(&HeaderExtractor(req.headers()))
         });
-        let span = tracing::info_span!("grpc", rpc = %req.uri().path());
+        // Named `pkg.Service/Method`, as OpenTelemetry's RPC conventions name a server span.
+        let method = crate::rpc_metrics::method_of(req.uri().path());
+        let (service, name) = method.split_once('/').unwrap_or(("unknown", "unknown"));
+        let span = tracing::info_span!(
+            "grpc",
+            otel.name = %method,
+            otel.kind = "server",
+            rpc.system = "grpc",
+            rpc.service = %service,
+            rpc.method = %name,
+            rpc.grpc.status_code = tracing::field::Empty,
+        );
         let _ = span.set_parent(parent);
         let fut = self.inner.call(req);
-        Box::pin(fut.instrument(span))
+        let answered = span.clone();
+        Box::pin(
+            async move {
+                let result = fut.await;
+                if let Ok(response) = &result {
+                    let code = crate::rpc_metrics::status_number(response.headers());
+                    answered.record("rpc.grpc.status_code", code);
+                }
+                result
+            }
+            .instrument(span),
+        )
     }
 }

@@ -53,7 +53,19 @@ pub struct Kept {
     pub report: Value,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+/// What the kept results make of the pages, and how the pages on disk differ from it.
+struct Pages {
+    kept: usize,
+    doc: String,
+    readme: String,
+    charts: Vec<(String, String)>,
+    /// The files on disk that are not what the kept results make.
+    stale: Vec<String>,
+    /// The figures in prose that trace to no kept run (`path:line: figure (why)`).
+    untraced: Vec<String>,
+}
+
+fn pages(args: &Args) -> anyhow::Result<Pages> {
     let kept = read_results(&args.results)?;
     let doc = std::fs::read_to_string(&args.doc)
         .with_context(|| format!("--doc: cannot read {}", args.doc.display()))?;
@@ -80,64 +92,101 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if new_readme != readme {
         stale.push(args.readme.display().to_string());
     }
-    // Every figure quoted in prose is one a kept report carries.
-    let numbers = figures::kept_numbers(&kept, &args.runs)?;
-    let untraced: Vec<String> = [(&args.doc, &new_doc), (&args.readme, &new_readme)]
-        .into_iter()
-        .flat_map(|(path, text)| {
-            figures::untraced(text, &numbers)
-                .into_iter()
-                .map(move |u| format!("{}:{}: {}", path.display(), u.line, u.figure))
-        })
-        .collect();
-    for u in &untraced {
-        eprintln!("bench-report: a figure no kept report carries: {u}");
-    }
     for (file, svg) in &out.charts {
         let path = args.charts.join(file);
         if std::fs::read_to_string(&path).ok().as_deref() != Some(svg.as_str()) {
             stale.push(path.display().to_string());
         }
     }
+    // Every figure quoted in prose is one the kept run it names carries. The README's figures
+    // are its Figures section (the rest of it states settings); the runs named are paths from
+    // the repository's root, where the README is.
+    let root = args.readme.parent().unwrap_or(Path::new(""));
+    let readme_figures = figures::only_section(&new_readme, "## Figures");
+    let untraced = untraced_figures(
+        root,
+        &[(&args.doc, &new_doc), (&args.readme, &readme_figures)],
+    );
+    Ok(Pages {
+        kept: kept.len(),
+        doc: new_doc,
+        readme: new_readme,
+        charts: out.charts,
+        stale,
+        untraced,
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let p = pages(&args)?;
+    for u in &p.untraced {
+        eprintln!("bench-report: a figure no kept report carries: {u}");
+    }
     if args.check {
-        if stale.is_empty() && untraced.is_empty() {
-            println!("bench-report: the document and the charts match the kept results");
+        if p.stale.is_empty() && p.untraced.is_empty() {
+            println!("bench-report: the pages and the charts match the kept results");
             return Ok(ExitCode::SUCCESS);
         }
-        if !stale.is_empty() {
+        if !p.stale.is_empty() {
             eprintln!(
                 "bench-report: not what the kept results make: {} (run scripts/bench-report.sh)",
-                stale.join(", ")
+                p.stale.join(", ")
             );
         }
         return Ok(ExitCode::FAILURE);
     }
     std::fs::create_dir_all(&args.charts)
         .with_context(|| format!("--charts: cannot create {}", args.charts.display()))?;
-    for (file, svg) in &out.charts {
+    for (file, svg) in &p.charts {
         let path = args.charts.join(file);
         std::fs::write(&path, svg).with_context(|| format!("write {}", path.display()))?;
     }
-    std::fs::write(&args.doc, new_doc).with_context(|| format!("write {}", args.doc.display()))?;
-    std::fs::write(&args.readme, new_readme)
+    std::fs::write(&args.doc, &p.doc).with_context(|| format!("write {}", args.doc.display()))?;
+    std::fs::write(&args.readme, &p.readme)
         .with_context(|| format!("write {}", args.readme.display()))?;
     println!(
-        "bench-report: {} from {} report(s) in {}, {} chart(s) in {}",
+        "bench-report: {} and {} from {} report(s) in {}, {} chart(s) in {}",
         args.doc.display(),
-        kept.len(),
+        args.readme.display(),
+        p.kept,
         args.results.display(),
-        out.charts.len(),
+        p.charts.len(),
         args.charts.display()
     );
-    if untraced.is_empty() {
+    if p.untraced.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
         eprintln!(
             "bench-report: {} figure(s) to trace or remove",
-            untraced.len()
+            p.untraced.len()
         );
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// Each figure of `docs` (path, text) that does not trace to the kept run its prose names,
+/// as `path:line: figure (why)`; the runs' paths are read below `root`.
+pub fn untraced_figures(root: &Path, docs: &[(&Path, &str)]) -> Vec<String> {
+    let mut numbers = |run: &str| {
+        anyhow::ensure!(
+            run.starts_with("docs/bench/") && !run.contains(".."),
+            "{run} is not a kept run under docs/bench/"
+        );
+        figures::run_numbers(&root.join(run))
+    };
+    let mut out = Vec::new();
+    for (path, text) in docs {
+        for u in figures::untraced(text, &mut numbers) {
+            out.push(format!(
+                "{}:{}: {} ({})",
+                path.display(),
+                u.line,
+                u.figure,
+                u.why
+            ));
+        }
+    }
+    out
 }
 
 /// Every `*.json` in `dir`, by name; a file that is not a JSON object is an error naming it.
@@ -206,6 +255,34 @@ fn relative_dir(doc: &Path, charts: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The check CI runs: the repository's benchmark page, its charts and the README's
+    /// headline are what its kept results make, and every figure in their prose traces to the
+    /// kept run it names.
+    #[test]
+    fn the_repositorys_pages_are_what_its_kept_results_make() -> anyhow::Result<()> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let args = Args {
+            results: root.join("docs/bench/results"),
+            runs: root.join("docs/bench/runs"),
+            doc: root.join("docs/benchmarks.md"),
+            readme: root.join("README.md"),
+            charts: root.join("docs/bench"),
+            check: true,
+        };
+        let p = pages(&args)?;
+        assert!(
+            p.stale.is_empty(),
+            "not what the kept results make (run scripts/bench-report.sh): {:?}",
+            p.stale
+        );
+        assert!(
+            p.untraced.is_empty(),
+            "figures that trace to no kept run:\n{}",
+            p.untraced.join("\n")
+        );
+        Ok(())
+    }
 
     #[test]
     fn only_the_generated_part_is_replaced() -> anyhow::Result<()> {

@@ -1,0 +1,87 @@
+//! Every call is counted and timed by method and status code at `/metrics`, with a histogram
+//! of explicit buckets; the build is named.
+
+use flashsale_proto::order::v1::GetOrderRequest;
+use tonic::Code;
+
+use crate::helpers::{as_user, spawn_stack};
+
+const CREATE: &str = "flashsale.order.v1.OrderService/CreateOrder";
+const GET: &str = "flashsale.order.v1.OrderService/GetOrder";
+
+/// The value of the sample whose line starts with `name` and holds every label of `labels`.
+fn sample(metrics: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test]
+async fn calls_are_counted_and_timed_by_method_and_status_code() {
+    let app = spawn_stack(|_| {}).await;
+    app.product("WINE", 10, 1).await;
+    app.order("alice", "k1", "WINE", 1).await.unwrap();
+    let refused = app.order("alice", "k2", "WINE", 1).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    let bad = app
+        .client()
+        .await
+        .get_order(as_user(
+            "alice",
+            GetOrderRequest {
+                order_id: "not-an-id".into(),
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    let (_, metrics) = flashsale_test_support::grpc::http_get(app.metrics_port, "/metrics")
+        .await
+        .unwrap();
+    let requests = "flashsale_rpc_server_requests_total";
+    let method = |m: &str| format!("method=\"{m}\"");
+    let code = |c: &str| format!("code=\"{c}\"");
+    for (m, c) in [
+        (CREATE, "OK"),
+        (CREATE, "FAILED_PRECONDITION"),
+        (GET, "INVALID_ARGUMENT"),
+    ] {
+        assert_eq!(
+            sample(&metrics, requests, &[&method(m), &code(c)]),
+            Some(1.0),
+            "{m} {c} not counted once:\n{metrics}"
+        );
+        // The latency histogram has buckets (summed across replicas), the last one all calls.
+        let duration = "flashsale_rpc_server_duration_seconds";
+        let le = |b: &str| format!("le=\"{b}\"");
+        assert_eq!(
+            sample(
+                &metrics,
+                &format!("{duration}_bucket"),
+                &[&method(m), &code(c), &le("+Inf")]
+            ),
+            Some(1.0),
+            "{m} {c} has no +Inf bucket:\n{metrics}"
+        );
+        assert!(
+            sample(
+                &metrics,
+                &format!("{duration}_bucket"),
+                &[&method(m), &code(c), &le("10")]
+            )
+            .is_some(),
+            "{m} {c} has no 10 s bucket"
+        );
+    }
+    assert!(
+        metrics.contains("# TYPE flashsale_rpc_server_duration_seconds histogram"),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "flashsale_build_info", &["service=\"order\""]),
+        Some(1.0),
+        "{metrics}"
+    );
+}
