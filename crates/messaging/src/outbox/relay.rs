@@ -31,6 +31,14 @@ pub const FP_AFTER_PUBLISH: &str = "outbox.relay.after_publish";
 pub const FP_BEFORE_MARK: &str = "outbox.relay.before_mark";
 
 const PURGE_EVERY: Duration = Duration::from_secs(600);
+/// How often the relay reads its outbox's backlog into the gauges.
+const BACKLOG_EVERY: Duration = Duration::from_secs(5);
+/// Unpublished rows of this service's outbox.
+pub const BACKLOG_ROWS: &str = "flashsale_outbox_backlog_rows";
+/// How long the oldest unpublished row has waited, seconds (0 when none waits).
+pub const OLDEST_AGE_SECONDS: &str = "flashsale_outbox_oldest_age_seconds";
+/// From an event's commit (its row's `created_at`) to the broker's confirm of it, seconds.
+pub const PUBLISH_DELAY_SECONDS: &str = "flashsale_outbox_publish_delay_seconds";
 /// How long shutdown lets the batch in flight finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -142,6 +150,7 @@ impl OutboxRelay {
         let mut backoff = Backoff::reconnect();
         let mut failed_wait = backoff.step();
         let mut last_purge = tokio::time::Instant::now();
+        let mut last_backlog: Option<tokio::time::Instant> = None;
         let mut yielder = self
             .options
             .yield_to
@@ -224,6 +233,12 @@ impl OutboxRelay {
                     }
                 }
             }
+            if last_backlog.is_none_or(|t| t.elapsed() >= BACKLOG_EVERY) {
+                last_backlog = Some(tokio::time::Instant::now());
+                if let Err(e) = self.backlog().await {
+                    debug!(error = %e, "cannot read the outbox's backlog");
+                }
+            }
             if last_purge.elapsed() >= PURGE_EVERY {
                 last_purge = tokio::time::Instant::now();
                 self.purge().await;
@@ -285,8 +300,13 @@ impl OutboxRelay {
         let mut ids = Vec::with_capacity(rows.len());
         let mut msgs = Vec::with_capacity(rows.len());
         let mut traces = Vec::with_capacity(rows.len());
+        let mut created = Vec::with_capacity(rows.len());
         for row in &rows {
             ids.push(row.try_get::<i64, _>("id").context("read outbox id")?);
+            created.push(
+                row.try_get::<chrono::DateTime<chrono::Utc>, _>("created_at")
+                    .context("read outbox created_at")?,
+            );
             let (msg, trace) = self.message(row).context("read outbox row")?;
             msgs.push(msg);
             traces.push(trace);
@@ -314,7 +334,15 @@ impl OutboxRelay {
         for ((group, msg), res) in plan.iter().zip(&outgoing).zip(results) {
             let group_ids = group.iter().map(|&i| ids[i]);
             match res {
-                Ok(()) => sent.extend(group_ids),
+                Ok(()) => {
+                    // From the event's commit to the broker's confirm.
+                    let now = chrono::Utc::now();
+                    for &i in group {
+                        let delay = (now - created[i]).to_std().unwrap_or_default();
+                        metrics::histogram!(PUBLISH_DELAY_SECONDS).record(delay.as_secs_f64());
+                    }
+                    sent.extend(group_ids);
+                }
                 Err(PublishError::Unroutable {
                     ref routing_key, ..
                 }) if crate::envelope::keys::NOTIFICATIONS.contains(&routing_key.as_str()) => {
@@ -382,6 +410,25 @@ impl OutboxRelay {
             );
         }
         Ok(rows.len())
+    }
+
+    /// The unpublished rows and how long the oldest of them has waited (zero when there is
+    /// none), also exported as `flashsale_outbox_backlog_rows` and
+    /// `flashsale_outbox_oldest_age_seconds` (one outbox per service database: a dashboard
+    /// takes `max` over a service's replicas).
+    pub async fn backlog(&self) -> anyhow::Result<(i64, Duration)> {
+        let (rows, secs): (i64, Option<f64>) = sqlx::query_as(
+            "SELECT COUNT(*), EXTRACT(EPOCH FROM now() - MIN(created_at))::float8 FROM outbox \
+             WHERE published_at IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .context("read the outbox's backlog")?;
+        let age =
+            Duration::try_from_secs_f64(secs.unwrap_or(0.0).max(0.0)).unwrap_or(Duration::MAX);
+        metrics::gauge!(BACKLOG_ROWS).set(rows as f64);
+        metrics::gauge!(OLDEST_AGE_SECONDS).set(age.as_secs_f64());
+        Ok((rows, age))
     }
 
     /// How long the oldest due unpublished row has waited (`None`: there is none, or it could

@@ -514,3 +514,38 @@ async fn a_relay_keeping_no_published_row_deletes_each_in_the_transaction_that_p
         "published rows are gone"
     );
 }
+
+#[tokio::test]
+async fn the_backlog_counts_the_unpublished_rows_and_the_oldest_ones_wait() {
+    let (_tdb, db) = database().await;
+    let amqp = Amqp::new(config()).await;
+    // A queue bound to the rows' key, so that the broker routes them.
+    let _t = amqp.topology("backlog", &[keys::ORDER_CREATED]).await;
+    let relay = OutboxRelay::new(&db, Publisher::new(&amqp.broker)).unwrap();
+    let (rows, age) = relay.backlog().await.unwrap();
+    assert_eq!(
+        (rows, age),
+        (0, Duration::ZERO),
+        "an empty outbox waits for nothing"
+    );
+    let txn = db.begin().await.unwrap();
+    let envs: Vec<_> = (0..3).map(|i| order_created(&format!("b-{i}"))).collect();
+    outbox::enqueue_many(&txn, &envs).await.unwrap();
+    txn.commit().await.unwrap();
+    // The oldest row is made to have waited a minute.
+    db.execute_unprepared(
+        "UPDATE outbox SET created_at = now() - interval '60 seconds' \
+         WHERE id = (SELECT MIN(id) FROM outbox)",
+    )
+    .await
+    .unwrap();
+    let (rows, age) = relay.backlog().await.unwrap();
+    assert_eq!(rows, 3);
+    assert!(
+        (Duration::from_secs(59)..Duration::from_secs(120)).contains(&age),
+        "{age:?}"
+    );
+    // Published, the rows are no longer waiting.
+    assert_eq!(relay.relay_batch().await.unwrap(), 3);
+    assert_eq!(relay.backlog().await.unwrap(), (0, Duration::ZERO));
+}
