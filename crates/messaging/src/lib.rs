@@ -25,6 +25,7 @@ pub mod dead_letter;
 pub mod envelope;
 pub mod headers;
 pub mod inbox;
+pub mod metrics;
 pub mod migration;
 pub mod outbox;
 pub mod publisher;

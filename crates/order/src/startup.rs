@@ -61,6 +61,8 @@ pub async fn build(settings: Settings) -> anyhow::Result<Application> {
 
 pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::Result<Application> {
     let mut f = Foundation::of::<Order>(&settings).await?;
+    crate::app::describe_metrics();
+    flashsale_messaging::metrics::describe();
     let token = ServiceToken::for_service(&settings.auth, Order::NAME)?;
     let stock = GrpcStock::new(
         &settings.upstream,

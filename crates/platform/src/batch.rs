@@ -64,6 +64,11 @@ where
     E: std::fmt::Display,
 {
     if items.len() > 1 {
+        metrics::describe_histogram!(metrics.size, "Items applied together in one statement.");
+        metrics::describe_counter!(
+            metrics.fallbacks,
+            "Batches that could not be applied together and were applied item by item."
+        );
         match together(items).await {
             Ok(Some(answers)) => {
                 metrics::histogram!(metrics.size).record(items.len() as f64);

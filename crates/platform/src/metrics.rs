@@ -41,6 +41,7 @@ pub fn handle() -> anyhow::Result<PrometheusHandle> {
                 .build_recorder();
             let h = recorder.handle();
             metrics::set_global_recorder(recorder).ok()?;
+            describe();
             let upkeep = h.clone();
             std::thread::Builder::new()
                 .name("metrics-upkeep".into())
@@ -55,6 +56,48 @@ pub fn handle() -> anyhow::Result<PrometheusHandle> {
         })
         .clone()
         .context("a metrics recorder from elsewhere is already installed")
+}
+
+/// The help text of the families every service exports (the services and the messaging layer
+/// describe their own).
+fn describe() {
+    use metrics::{describe_counter, describe_histogram};
+    describe_counter!(
+        crate::rpc_metrics::REQUESTS,
+        "gRPC calls answered, by method and status code."
+    );
+    describe_histogram!(
+        crate::rpc_metrics::DURATION,
+        "gRPC calls from arrival to their answer's headers, seconds, by method and status code."
+    );
+    describe_histogram!(
+        crate::batch::BATCH_SIZE,
+        "Calls gathered in one batch, by batcher."
+    );
+    describe_histogram!(
+        crate::batch::BATCH_WAIT_SECONDS,
+        "How long a batch's oldest call waited for the batch to start, seconds, by batcher."
+    );
+    describe_histogram!(
+        crate::batch::BATCH_RUN_SECONDS,
+        "How long a batch ran, seconds, by batcher."
+    );
+    describe_counter!(
+        crate::shed::SHED_TOTAL,
+        "gRPC calls refused at once because grpc.max_concurrent_requests were in flight."
+    );
+    describe_counter!(
+        crate::peer::BODY_TIMEOUT_TOTAL,
+        "Calls whose body did not arrive within its deadline."
+    );
+    describe_counter!(
+        crate::limit::RATE_LIMITED_TOTAL,
+        "Calls refused by a per-caller rate limit, by RPC."
+    );
+    describe_counter!(
+        "flashsale_singleton_skips_total",
+        "Rounds of a one-replica-at-a-time job skipped because another replica held its lease, by job."
+    );
 }
 
 /// `flashsale_build_info{service, version}` = 1: which build each replica runs.

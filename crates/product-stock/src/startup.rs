@@ -72,6 +72,8 @@ pub async fn build_with_orders(
     orders: Arc<dyn OrderPort>,
 ) -> anyhow::Result<Application> {
     let mut f = Foundation::of::<ProductStock>(&settings).await?;
+    crate::app::describe_metrics();
+    flashsale_messaging::metrics::describe();
     // Every new connection first checks that Redis did not come back from a stale snapshot
     // (docs/architecture.md#operations).
     let pool = RedisGate::pool(&settings.redis, &settings.redis.key_prefix)?;

@@ -9,7 +9,10 @@ use std::time::Duration;
 use flashsale_proto::events::v1::Envelope;
 use sea_orm::{ConnectionTrait, DbErr, Statement};
 
-pub use relay::{FP_AFTER_PUBLISH, FP_BEFORE_MARK, OutboxRelay, RelayOptions};
+pub use relay::{
+    BACKLOG_ROWS, FP_AFTER_PUBLISH, FP_BEFORE_MARK, OLDEST_AGE_SECONDS, OutboxRelay,
+    PUBLISH_DELAY_SECONDS, RelayOptions,
+};
 
 use crate::{envelope, topology::DelayQueue, trace};
 

@@ -21,6 +21,7 @@ use crate::{
 mod admission;
 mod checkout;
 mod intake;
+mod metric_help;
 mod notify_batch;
 mod page;
 mod payments;
@@ -34,6 +35,7 @@ mod sold_out;
 mod stuck;
 
 pub use admission::{Admission, BACKLOG_GAUGE};
+pub use metric_help::describe as describe_metrics;
 pub use checkout::{Checkout, PAY_MAX_BATCH, PayBatcher, PayCall, Started, pay_batcher};
 pub use intake::{
     FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, WRITE_FALLBACKS,

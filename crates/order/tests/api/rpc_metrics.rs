@@ -1,5 +1,5 @@
 //! Every call is counted and timed by method and status code at `/metrics`, with a histogram
-//! of explicit buckets; the build is named.
+//! of explicit buckets; the build is named; every family a sale moves has its help text.
 
 use flashsale_proto::order::v1::GetOrderRequest;
 use tonic::Code;
@@ -84,4 +84,36 @@ async fn calls_are_counted_and_timed_by_method_and_status_code() {
         Some(1.0),
         "{metrics}"
     );
+}
+
+#[tokio::test]
+async fn every_family_a_sale_moves_has_its_help_text() {
+    let app = spawn_stack(|_| {}).await;
+    app.product("HELP", 1, 1).await;
+    let o = app.order("alice", "k1", "HELP", 1).await.unwrap();
+    app.order("bob", "k2", "HELP", 1).await.unwrap_err();
+    app.wait_status(
+        "alice",
+        &o.order_id,
+        flashsale_proto::order::v1::OrderStatus::AwaitingPayment,
+    )
+    .await;
+    let (_, metrics) = flashsale_test_support::grpc::http_get(app.metrics_port, "/metrics")
+        .await
+        .unwrap();
+    let families: Vec<&str> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(families.len() >= 10, "{metrics}");
+    let undescribed: Vec<&&str> = families
+        .iter()
+        .filter(|f| {
+            !metrics
+                .lines()
+                .any(|l| l.starts_with(&format!("# HELP {f} ")))
+        })
+        .collect();
+    assert!(undescribed.is_empty(), "no help text: {undescribed:?}");
 }

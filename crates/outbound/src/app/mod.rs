@@ -26,9 +26,11 @@ use crate::{
     },
 };
 
+mod metric_help;
 mod paid_batch;
 mod query;
 
+pub use metric_help::describe as describe_metrics;
 pub use paid_batch::{MAX_BATCH as PAID_MAX_BATCH, Paid, PaidBatcher, paid_batcher};
 
 /// The shipment an `order.paid` asks for, checked.

@@ -13,6 +13,7 @@ use crate::{domain::StockError, infra::gate::GateError};
 
 mod catalog;
 mod commit_batch;
+mod metric_help;
 mod reconcile;
 mod reservations;
 mod saga;
@@ -20,6 +21,7 @@ mod saga_batch;
 mod terms;
 
 pub use catalog::Catalog;
+pub use metric_help::describe as describe_metrics;
 pub use commit_batch::{CommitBatcher, Committed, commit_batcher};
 pub use reconcile::{DriftReport, HOLD_SWEEP, Reconciler, Settled};
 pub use reservations::{Reservations, Reserved};
