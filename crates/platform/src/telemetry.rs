@@ -13,7 +13,8 @@ use anyhow::Context as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
-use tracing_subscriber::{EnvFilter, layer::SubscriberExt as _, util::SubscriberInitExt as _};
+pub use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
 
 use crate::settings::TelemetrySettings;
 
@@ -35,9 +36,23 @@ impl Drop for TelemetryGuard {
 
 /// Installs the global subscriber and propagator. Call once, from `main`, inside the runtime.
 pub fn init(settings: &TelemetrySettings, service: &'static str) -> anyhow::Result<TelemetryGuard> {
-    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    init_to(settings, service, filter, std::io::stdout)
+}
+
+/// [`init`] with the events `filter` lets through written to `writer` (a test reads what the
+/// services log).
+pub fn init_to<W>(
+    settings: &TelemetrySettings,
+    service: &'static str,
+    filter: EnvFilter,
+    writer: W,
+) -> anyhow::Result<TelemetryGuard>
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
 
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     // The resource's own detectors read OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
@@ -82,11 +97,14 @@ pub fn init(settings: &TelemetrySettings, service: &'static str) -> anyhow::Resu
             .with(
                 tracing_subscriber::fmt::layer()
                     .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
-                    .event_format(format),
+                    .event_format(format)
+                    .with_writer(writer),
             )
             .try_init()
     } else {
-        registry.with(tracing_subscriber::fmt::layer()).try_init()
+        registry
+            .with(tracing_subscriber::fmt::layer().with_writer(writer))
+            .try_init()
     };
     result.context("install tracing subscriber")?;
     Ok(TelemetryGuard {

@@ -9,6 +9,7 @@ mod bench;
 mod dlq;
 mod full_stack;
 mod helpers;
+mod logs;
 mod order;
 mod product;
 mod sale;
