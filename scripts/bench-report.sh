@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Keeps a benchmark run's reports and regenerates docs/benchmarks.md's tables and charts from
-# them (the part between its two "generated" markers; the charts go to docs/bench/*.svg).
+# them (the part between its two "generated" markers; the charts go to docs/bench/*.svg) and
+# the README's headline (between its two "headline" markers). It fails when a figure quoted in
+# the prose of either does not trace to the kept run its section names
+# (`<!-- figures from docs/bench/runs/<run> -->`); the test suite runs the same check.
 #   scripts/bench-report.sh .run/bench/latest   keep that run (its JSON reports replace those in
 #                                               docs/bench/results, and a copy stays for good in
 #                                               docs/bench/runs/<UTC time>-<commit>, failing or
 #                                               not), then regenerate
 #   scripts/bench-report.sh                     regenerate from docs/bench/results as it is
-#   scripts/bench-report.sh --check             exit non-zero when the document or a chart is
-#                                               not what docs/bench/results makes
+#   scripts/bench-report.sh --check             exit non-zero when the document, the headline
+#                                               or a chart is not what docs/bench/results
+#                                               makes, or a figure does not trace
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCRIPT=bench-report

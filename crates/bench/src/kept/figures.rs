@@ -428,7 +428,7 @@ pub fn headline(kept: &[Kept]) -> String {
             "- **Sustained overload** (`{}.json`, {} round(s), medians): {} new buyers a second \
              for {} s, every winner paying; {} shipped a second, the rest refused with \
              `OVERLOADED` (refusal p99 {}), the order service's memory at most {} MiB; \
-             {passed} of {} round(s) passed every check.\n",
+             {passed} of {} round(s) passed every check{}.\n",
             first.name,
             sustained.len(),
             render::num(&r["arrivalRate"], 0),
@@ -448,6 +448,7 @@ pub fn headline(kept: &[Kept]) -> String {
                 1
             ),
             sustained.len(),
+            failed_checks(&sustained),
         ));
         if sustained.iter().all(|k| k.report["dbWork"].is_object()) {
             md.push_str(&format!(
@@ -459,6 +460,23 @@ pub fn headline(kept: &[Kept]) -> String {
         }
     }
     md
+}
+
+/// ` (failed: …)` naming each check a round failed, once; empty when none failed.
+fn failed_checks(rounds: &[&Kept]) -> String {
+    let mut names: Vec<&str> = rounds
+        .iter()
+        .flat_map(|k| k.report["checks"].as_array().into_iter().flatten())
+        .filter(|c| c["pass"].as_bool() == Some(false))
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(" (failed: {})", names.join("; "))
+    }
 }
 
 /// `doc` with what lies between `begin` and `end` replaced by `generated`.
@@ -591,6 +609,8 @@ mod tests {
             "dbWork": {"statementsPerOrder": 1.78, "commitsPerOrder": 1.12}});
         let second = json!({"mode": "sustained", "arrivalRate": 1600, "sustainSecs": 30, "shippedPerSec": 800.0,
             "latency": {"createOrderOverloaded": {"p99Ms": 150.0}}, "pass": false,
+            "checks": [{"name": "OVERLOADED refusals answered at once", "pass": false},
+                       {"name": "gate equals database", "pass": true}],
             "memory": [{"service": "order", "peak_rss_mib": 60.0}],
             "dbWork": {"statementsPerOrder": 1.78, "commitsPerOrder": 1.2}});
         let kept = vec![
@@ -624,7 +644,12 @@ mod tests {
                 && md.contains("at most 60.0 MiB"),
             "{md}"
         );
-        assert!(md.contains("1 of 2 round(s) passed"), "{md}");
+        assert!(
+            md.contains(
+                "1 of 2 round(s) passed every check (failed: OVERLOADED refusals answered at once)."
+            ),
+            "{md}"
+        );
         assert!(
             md.contains("1.78 statements and 1.16 (1.12 to 1.20) commits"),
             "{md}"

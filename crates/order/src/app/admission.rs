@@ -3,18 +3,18 @@
 //! the platform cannot finish. Two backlogs are bounded: the orders waiting for the saga
 //! (PENDING) and the paid orders waiting to ship (PAID). Both are counted in the database every
 //! `admission.check_interval_ms` (so every replica sees every replica's orders); to the first
-//! are added the orders this replica is still writing and those it wrote since the count
-//! began, so a burst cannot run past the bound for a whole interval.
+//! are added the orders this replica is still writing and those it wrote that no count has
+//! seen yet, so a burst cannot run past the bound for a whole interval, and no order is counted
+//! twice.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    collections::HashSet,
+    sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
-use sea_orm::DatabaseConnection;
+use sea_orm::{AccessMode, DatabaseConnection, IsolationLevel, TransactionTrait};
+use uuid::Uuid;
 
 use crate::{config::AdmissionSettings, domain::OrderError, infra::db};
 
@@ -32,17 +32,41 @@ struct Inner {
     bounds: Bounds,
     every: Duration,
     retry_after: Duration,
+    tally: Mutex<Tally>,
+}
+
+/// The last count and this replica's orders no count has seen yet, under one lock.
+#[derive(Default)]
+struct Tally {
     /// PENDING orders at the last count.
-    unconfirmed: AtomicU64,
+    unconfirmed: u64,
     /// PAID orders at the last count.
-    unshipped: AtomicU64,
+    unshipped: u64,
     /// Orders the gate granted on this replica whose write has not ended.
-    writing: AtomicU64,
-    /// Orders whose write ended on this replica and that no stored count has seen yet: counted
-    /// into the unconfirmed backlog until a count that began after their write is stored (an
-    /// order written during a count may be seen twice, and one whose write failed counts until
-    /// the next count, which errs on the side of refusing).
-    admitted: AtomicU64,
+    writing: HashSet<Uuid>,
+    /// Of `writing`, those a stored count already saw written (committed before its snapshot).
+    writing_seen: HashSet<Uuid>,
+    /// Orders whose write ended on this replica and that no stored count has seen: counted
+    /// until a count sees them, or, for a write that failed, until the next count.
+    ended: HashSet<Uuid>,
+}
+
+impl Tally {
+    /// The unconfirmed backlog a new order finds: the last count and, once each, the orders
+    /// it did not see.
+    fn unconfirmed(&self) -> u64 {
+        let unseen = self.writing.len().saturating_sub(self.writing_seen.len()) + self.ended.len();
+        self.unconfirmed + unseen as u64
+    }
+}
+
+impl Inner {
+    fn tally(&self) -> MutexGuard<'_, Tally> {
+        // A panic elsewhere while holding it leaves a tally that is still whole.
+        self.tally
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The two bounds; 0 is no bound.
@@ -84,10 +108,7 @@ impl Admission {
                 },
                 every: Duration::from_millis(settings.check_interval_ms),
                 retry_after: Duration::from_millis(settings.retry_after_ms),
-                unconfirmed: AtomicU64::new(0),
-                unshipped: AtomicU64::new(0),
-                writing: AtomicU64::new(0),
-                admitted: AtomicU64::new(0),
+                tally: Mutex::new(Tally::default()),
             }),
         }
     }
@@ -96,10 +117,10 @@ impl Admission {
     /// when a backlog is at its bound.
     pub fn admit(&self) -> Result<(), OrderError> {
         let i = &self.inner;
-        let unconfirmed = i.unconfirmed.load(Ordering::Relaxed)
-            + i.writing.load(Ordering::Relaxed)
-            + i.admitted.load(Ordering::Relaxed);
-        let unshipped = i.unshipped.load(Ordering::Relaxed);
+        let (unconfirmed, unshipped) = {
+            let t = i.tally();
+            (t.unconfirmed(), t.unshipped)
+        };
         let Some(full) = i.bounds.full(unconfirmed, unshipped) else {
             return Ok(());
         };
@@ -118,28 +139,59 @@ impl Admission {
         })
     }
 
-    /// The gate granted units to an order let through: it counts toward the unconfirmed
-    /// backlog while the returned guard lives (hold it over the order's write), then until the
-    /// next count.
-    pub fn granted(&self) -> Writing {
-        self.inner.writing.fetch_add(1, Ordering::Relaxed);
-        Writing(self.inner.clone())
+    /// The gate granted units to order `order_id`, let through: it counts toward the
+    /// unconfirmed backlog while the returned guard lives (hold it over the order's write),
+    /// then until a count sees it.
+    pub fn granted(&self, order_id: Uuid) -> Writing {
+        self.inner.tally().writing.insert(order_id);
+        Writing(self.inner.clone(), order_id)
     }
 
-    /// Counts both backlogs in the database (each read up to its bound); the orders written
-    /// before it began stop counting apart once it is stored.
+    /// Counts both backlogs in the database (each read up to its bound), then stores the count
+    /// and takes the orders it saw out of the tally, each order counted once.
     pub async fn count(&self) -> Result<(), OrderError> {
         let i = &self.inner;
-        // The orders written before the count began are in it: they leave the tally only once
-        // the count is stored, so that until then they still count beside the previous count
-        // (an order may be counted twice for a moment, never not at all).
-        let before = i.admitted.load(Ordering::Relaxed);
+        // Which of this replica's unseen orders the count sees written is read in its own
+        // snapshot: those are in the count and stop counting apart. Those whose write ended
+        // before the count began and that it does not see were never written.
+        let ended_before: HashSet<Uuid> = i.tally().ended.clone();
         let cap = |b: u64| if b == 0 { 0 } else { b.saturating_add(1) };
+        let txn = i
+            .db
+            .begin_with_config(
+                Some(IsolationLevel::RepeatableRead),
+                Some(AccessMode::ReadOnly),
+            )
+            .await?;
         let (unconfirmed, unshipped) =
-            db::count_backlog(&i.db, cap(i.bounds.unconfirmed), cap(i.bounds.unshipped)).await?;
-        i.unconfirmed.store(unconfirmed, Ordering::Relaxed);
-        i.unshipped.store(unshipped, Ordering::Relaxed);
-        i.admitted.fetch_sub(before, Ordering::Relaxed);
+            db::count_backlog(&txn, cap(i.bounds.unconfirmed), cap(i.bounds.unshipped)).await?;
+        let unseen: Vec<Uuid> = {
+            let t = i.tally();
+            t.writing
+                .iter()
+                .filter(|id| !t.writing_seen.contains(*id))
+                .chain(t.ended.iter())
+                .copied()
+                .collect()
+        };
+        let seen: HashSet<Uuid> = db::existing_orders(&txn, &unseen)
+            .await?
+            .into_iter()
+            .collect();
+        txn.commit().await?;
+        {
+            let mut t = i.tally();
+            t.unconfirmed = unconfirmed;
+            t.unshipped = unshipped;
+            t.ended
+                .retain(|id| !seen.contains(id) && !ended_before.contains(id));
+            let still_writing: Vec<Uuid> = seen
+                .iter()
+                .filter(|id| t.writing.contains(*id))
+                .copied()
+                .collect();
+            t.writing_seen.extend(still_writing);
+        }
         metrics::gauge!(BACKLOG_GAUGE, "backlog" => "unconfirmed").set(unconfirmed as f64);
         metrics::gauge!(BACKLOG_GAUGE, "backlog" => "unshipped").set(unshipped as f64);
         Ok(())
@@ -165,12 +217,16 @@ impl Admission {
 }
 
 /// An order being written, counted in the unconfirmed backlog ([`Admission::granted`]).
-pub struct Writing(Arc<Inner>);
+pub struct Writing(Arc<Inner>, Uuid);
 
 impl Drop for Writing {
     fn drop(&mut self) {
-        self.0.admitted.fetch_add(1, Ordering::Relaxed);
-        self.0.writing.fetch_sub(1, Ordering::Relaxed);
+        let mut t = self.0.tally();
+        t.writing.remove(&self.1);
+        // Seen by a count already: it is in the count, not to be counted again.
+        if !t.writing_seen.remove(&self.1) {
+            t.ended.insert(self.1);
+        }
     }
 }
 

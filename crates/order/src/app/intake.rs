@@ -179,7 +179,7 @@ impl Intake {
             }
             Err(e) => return Err(e),
         };
-        let _writing = (!granted.replayed).then(|| self.admission.granted());
+        let _writing = (!granted.replayed).then(|| self.admission.granted(order_id));
         self.intake.mark();
         match self.persist(&p, order_id, &granted, deadline).await {
             Ok(Written {

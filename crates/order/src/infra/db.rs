@@ -14,7 +14,10 @@ use crate::domain::{
 
 mod reads;
 
-pub use reads::{StuckRow, count_backlog, count_stuck, list, overdue, pending_by_sku, stuck, waiting_events};
+pub use reads::{
+    StuckRow, count_backlog, count_stuck, existing_orders, list, overdue, pending_by_sku, stuck,
+    waiting_events,
+};
 
 pub(crate) fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
     Statement::from_sql_and_values(DbBackend::Postgres, sql, values)

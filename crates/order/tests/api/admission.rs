@@ -144,11 +144,41 @@ async fn each_backlog_is_counted_in_the_database_and_refuses_at_its_own_bound() 
     a.admit().unwrap();
     // An order being written counts before any count sees it, and after its write until the
     // next count does.
-    let writing = a.granted();
+    let writing = a.granted(uuid::Uuid::new_v4());
     overloaded(a.admit());
     drop(writing);
     overloaded(a.admit());
     exec("UPDATE orders SET status = 'SHIPPED' WHERE status = 'PENDING'").await;
+    a.count().await.unwrap();
+    a.admit().unwrap();
+
+    // An order a count sees written while its write is still ending counts once, in the
+    // count, and not again in the tally when its write ends.
+    let place = PlaceOrder::new("g", "r", "ADM", 1, 10).unwrap();
+    let writing = a.granted(place.order_id());
+    flashsale_order::app::write_pending(&conn, &place, 100, Policy::ReserveThenCommit)
+        .await
+        .unwrap();
+    a.count().await.unwrap();
+    drop(writing);
+    a.admit().unwrap();
+    // A write that ended unseen counts until a count sees it, then once.
+    let place = PlaceOrder::new("h", "r", "ADM", 1, 10).unwrap();
+    let writing = a.granted(place.order_id());
+    flashsale_order::app::write_pending(&conn, &place, 100, Policy::ReserveThenCommit)
+        .await
+        .unwrap();
+    drop(writing);
+    overloaded(a.admit());
+    a.count().await.unwrap();
+    overloaded(a.admit());
+    exec("UPDATE orders SET status = 'SHIPPED' WHERE status = 'PENDING'").await;
+    a.count().await.unwrap();
+    a.admit().unwrap();
+    // A write that never happened counts only until the next count.
+    drop(a.granted(uuid::Uuid::new_v4()));
+    drop(a.granted(uuid::Uuid::new_v4()));
+    overloaded(a.admit());
     a.count().await.unwrap();
     a.admit().unwrap();
 
@@ -158,8 +188,8 @@ async fn each_backlog_is_counted_in_the_database_and_refuses_at_its_own_bound() 
     a.count().await.unwrap();
     write("d").await;
     write("e").await;
-    drop(a.granted());
-    drop(a.granted());
+    drop(a.granted(uuid::Uuid::new_v4()));
+    drop(a.granted(uuid::Uuid::new_v4()));
     overloaded(a.admit());
     {
         use sea_orm::{ConnectionTrait as _, TransactionTrait as _};

@@ -118,6 +118,28 @@ pub async fn count_backlog<C: ConnectionTrait>(
     Ok(row.map_or((0, 0), |r| (n(r.pending), n(r.paid))))
 }
 
+/// Which of `ids` are orders (in the connection's snapshot: admission control asks it in the
+/// transaction that counted the backlog, for the orders written while the count ran).
+pub async fn existing_orders<C: ConnectionTrait>(
+    c: &C,
+    ids: &[Uuid],
+) -> Result<Vec<Uuid>, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        order_id: Uuid,
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = Row::find_by_statement(stmt(
+        "SELECT order_id FROM orders WHERE order_id = ANY($1)",
+        [ids.to_vec().into()],
+    ))
+    .all(c)
+    .await?;
+    Ok(rows.into_iter().map(|r| r.order_id).collect())
+}
+
 /// Up to `limit` stuck orders (as [`count_stuck`] counts them) after the `(since, order_id)`
 /// cursor, longest stuck first.
 pub async fn stuck<C: ConnectionTrait>(
