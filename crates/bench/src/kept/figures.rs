@@ -370,12 +370,7 @@ pub fn headline(kept: &[Kept]) -> String {
                 .filter(|m| m["mode"].as_str().is_some_and(|n| n.starts_with(prefix)))
                 .filter_map(key)
                 .collect();
-            v.sort_by(f64::total_cmp);
-            match v.len() {
-                0 => "–".into(),
-                n if n % 2 == 1 => render::group(v[n / 2], 0),
-                n => render::group((v[n / 2 - 1] + v[n / 2]) / 2.0, 0),
-            }
+            render::median(&mut v).map_or_else(|| "–".into(), |m| render::group(m, 0))
         };
         let rounds = r["rounds"].as_u64().unwrap_or(1);
         md.push_str(&format!(
@@ -406,11 +401,8 @@ pub fn headline(kept: &[Kept]) -> String {
         // Over the rounds: the median, and the lowest and highest where there are several.
         let over = |f: &dyn Fn(&Value) -> Option<f64>, places: usize, unit: &str| {
             let mut v: Vec<f64> = sustained.iter().filter_map(|k| f(&k.report)).collect();
-            v.sort_by(f64::total_cmp);
-            let median = match v.len() {
-                0 => return "–".to_owned(),
-                n if n % 2 == 1 => v[n / 2],
-                n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+            let Some(median) = render::median(&mut v) else {
+                return "–".to_owned();
             };
             let (lo, hi) = (v[0], v[v.len() - 1]);
             if lo < hi {

@@ -634,15 +634,21 @@ fn sustained_rounds(md: &mut String, rounds: &[&Kept]) {
                 .iter()
                 .filter_map(|k| f(&k.report).as_f64())
                 .collect();
-            v.sort_by(f64::total_cmp);
-            match v.len() {
-                0 => DASH.to_owned(),
-                n if n % 2 == 1 => group(v[n / 2], *places),
-                n => group((v[n / 2 - 1] + v[n / 2]) / 2.0, *places),
-            }
+            median(&mut v).map_or_else(|| DASH.to_owned(), |m| group(m, *places))
         })
         .collect();
     let _ = writeln!(md, "| median | {} | |\n", medians.join(" | "));
+}
+
+/// The median of `v` (the mean of the middle two for an even count), sorting it; `None` when
+/// it is empty.
+pub(super) fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 /// The order service's peak resident memory in a sale report, MiB.
