@@ -11,6 +11,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use opentelemetry::{
     Context,
     propagation::{Extractor, Injector},
+    trace::TraceContextExt as _,
 };
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
@@ -35,6 +36,39 @@ pub fn extract(headers: Option<&FieldTable>) -> Context {
         }
         None => Context::new(),
     }
+}
+
+/// Whether `headers` carry a trace that is recorded (a `traceparent` whose sampled flag is
+/// set): work done for it is worth keeping in it, even at the cost of batching it less.
+pub fn is_sampled(headers: &BTreeMap<String, String>) -> bool {
+    headers
+        .get(TRACEPARENT)
+        .and_then(|tp| tp.rsplit('-').next())
+        .and_then(|flags| u8::from_str_radix(flags, 16).ok())
+        .is_some_and(|flags| flags & 1 == 1)
+}
+
+/// A span continuing the trace of `headers` (captured with [`current_headers`] where some work
+/// was caused), for work a batch does on behalf of one of its callers: what the work calls or
+/// writes then carries that caller's trace, not the batch's. Without headers it is a child of
+/// the current span.
+pub fn on_behalf_of(headers: &BTreeMap<String, String>) -> tracing::Span {
+    let span = tracing::info_span!("on_behalf_of", otel.name = "on behalf of");
+    if !headers.is_empty() {
+        let parent =
+            opentelemetry::global::get_text_map_propagator(|p| p.extract(&MapExtractor(headers)));
+        // Without an OpenTelemetry layer there is no parent to set; the span still logs.
+        let _ = span.set_parent(parent);
+        // Linked to the batch it runs in.
+        span.add_link(
+            tracing::Span::current()
+                .context()
+                .span()
+                .span_context()
+                .clone(),
+        );
+    }
+    span
 }
 
 /// Copies string `headers` into an AMQP header table as long strings; keys longer than an AMQP
@@ -66,6 +100,20 @@ struct MapInjector(BTreeMap<String, String>);
 impl Injector for MapInjector {
     fn set(&mut self, key: &str, value: String) {
         self.0.insert(key.to_ascii_lowercase(), value);
+    }
+}
+
+// === impl MapExtractor ===
+
+struct MapExtractor<'a>(&'a BTreeMap<String, String>);
+
+impl Extractor for MapExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
     }
 }
 
@@ -119,6 +167,17 @@ mod tests {
         assert_eq!(ex.get("b"), Some("y"));
         assert_eq!(ex.get("c"), None);
         assert_eq!(ex.keys(), vec!["a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_trace_is_sampled_when_its_traceparent_says_so() {
+        let tp = |v: &str| BTreeMap::from([(TRACEPARENT.to_owned(), v.to_owned())]);
+        let id = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331";
+        assert!(is_sampled(&tp(&format!("{id}-01"))));
+        assert!(is_sampled(&tp(&format!("{id}-03"))));
+        assert!(!is_sampled(&tp(&format!("{id}-00"))));
+        assert!(!is_sampled(&tp(&format!("{id}-zz"))));
+        assert!(!is_sampled(&BTreeMap::new()));
     }
 
     #[test]

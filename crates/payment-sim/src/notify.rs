@@ -75,6 +75,20 @@ struct Signed {
     timestamp: i64,
 }
 
+/// W3C trace context headers (`traceparent`, `tracestate`) as a request carried them.
+pub(crate) type TraceHeaders = Vec<(
+    &'static str,
+    tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+)>;
+
+/// The W3C trace context headers of a request, to send with what it causes later.
+pub(crate) fn trace_headers(metadata: &tonic::metadata::MetadataMap) -> TraceHeaders {
+    ["traceparent", "tracestate"]
+        .into_iter()
+        .filter_map(|k| metadata.get(k).map(|v| (k, v.clone())))
+        .collect()
+}
+
 impl Notifier {
     pub(crate) fn new(config: Arc<SimConfig>) -> Self {
         Self {
@@ -139,7 +153,9 @@ impl Notifier {
     }
 
     /// The buyer paid `payment`: its notifications go to `url`.
-    pub(crate) fn payment_succeeded(&self, payment: &Payment, url: &str) {
+    /// Each carries `trace`, the trace context CreatePayment came with, as a provider that
+    /// forwards W3C trace context does.
+    pub(crate) fn payment_succeeded(&self, payment: &Payment, url: &str, trace: TraceHeaders) {
         let mut events = Vec::new();
         if self.roll(self.config.attempt_failed_fraction) {
             events.push(event(payment, PaymentEventType::AttemptFailed));
@@ -152,16 +168,16 @@ impl Notifier {
         for (i, ev) in events.into_iter().enumerate() {
             self.counters.events.fetch_add(1, Ordering::Relaxed);
             let twice = self.roll(self.config.duplicate_fraction);
-            let (me, url) = (self.clone(), url.to_owned());
+            let (me, url, trace) = (self.clone(), url.to_owned(), trace.clone());
             let wait = base + ORDER_GAP * u32::try_from(i).unwrap_or(u32::MAX);
             tokio::spawn(async move {
                 tokio::time::sleep(wait).await;
-                me.deliver(&url, ev.encode_to_vec(), twice).await;
+                me.deliver(&url, ev.encode_to_vec(), &trace, twice).await;
             });
         }
     }
 
-    async fn deliver(&self, url: &str, payload: Vec<u8>, twice: bool) {
+    async fn deliver(&self, url: &str, payload: Vec<u8>, trace: &TraceHeaders, twice: bool) {
         let cfg = &self.config;
         let mut wait = cfg.retry_base;
         if cfg.drop_notifications {
@@ -177,11 +193,11 @@ impl Notifier {
             };
             if attempt <= cfg.delivery_failures {
                 self.counters.lost.fetch_add(1, Ordering::Relaxed);
-            } else if self.send(url, &signed).await {
+            } else if self.send(url, &signed, trace).await {
                 if twice {
                     tokio::time::sleep(ORDER_GAP + self.jitter()).await;
                     self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                    self.send(url, &signed).await;
+                    self.send(url, &signed, trace).await;
                 }
                 return;
             }
@@ -192,14 +208,18 @@ impl Notifier {
         tracing::warn!(url, "notification abandoned after every delivery failed");
     }
 
-    async fn send(&self, url: &str, s: &Signed) -> bool {
+    async fn send(&self, url: &str, s: &Signed, trace: &TraceHeaders) -> bool {
+        let mut request = tonic::Request::new(NotifyPaymentRequest {
+            payload: s.payload.clone(),
+            signature: s.signature.clone(),
+            timestamp: s.timestamp,
+        });
+        for (k, v) in trace {
+            request.metadata_mut().insert(*k, v.clone());
+        }
         let result = match self.client(url) {
             Ok(mut c) => c
-                .notify_payment(NotifyPaymentRequest {
-                    payload: s.payload.clone(),
-                    signature: s.signature.clone(),
-                    timestamp: s.timestamp,
-                })
+                .notify_payment(request)
                 .await
                 .map(drop)
                 .map_err(|st| format!("{:?}: {}", st.code(), st.message())),

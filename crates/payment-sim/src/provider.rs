@@ -16,7 +16,10 @@ use flashsale_proto::payment::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::{SimConfig, notify::Notifier};
+use crate::{
+    SimConfig,
+    notify::{Notifier, TraceHeaders},
+};
 
 /// Longest merchant reference, refund id and payment id accepted.
 const ID_MAX_LEN: usize = 64;
@@ -27,6 +30,9 @@ struct State {
     /// Payment id by merchant reference (CreatePayment's idempotency).
     by_reference: HashMap<String, String>,
     notify_urls: HashMap<String, String>,
+    /// The W3C trace context headers CreatePayment came with, per payment: its notifications
+    /// carry them, so the merchant's handling of them continues the trace that created it.
+    traces: HashMap<String, TraceHeaders>,
     /// Per refund id: its payment, calls so far, and whether it was paid.
     refunds: HashMap<String, (String, u32, bool)>,
 }
@@ -122,6 +128,7 @@ impl PaymentProviderService for Simulator {
         req: Request<CreatePaymentRequest>,
     ) -> Result<Response<CreatePaymentResponse>, Status> {
         self.merchant(&req)?;
+        let trace = crate::notify::trace_headers(req.metadata());
         let r = req.into_inner();
         let mut bad = Vec::new();
         check_id(&mut bad, "merchant_reference", &r.merchant_reference);
@@ -163,6 +170,7 @@ impl PaymentProviderService for Simulator {
         };
         state.by_reference.insert(r.merchant_reference, id.clone());
         state.notify_urls.insert(id.clone(), r.notify_url);
+        state.traces.insert(id.clone(), trace);
         state.payments.insert(id, payment.clone());
         tracing::info!(payment_id = %payment.payment_id, reference = %payment.merchant_reference, "payment created");
         Ok(Response::new(CreatePaymentResponse {
@@ -258,9 +266,10 @@ impl PaymentProviderService for Simulator {
         let mut bad = Vec::new();
         check_id(&mut bad, "payment_id", &r.payment_id);
         invalid(bad)?;
-        let (payment, notify_url, first) = {
+        let (payment, notify_url, trace, first) = {
             let mut state = self.state()?;
             let url = state.notify_urls.get(&r.payment_id).cloned();
+            let trace = state.traces.get(&r.payment_id).cloned().unwrap_or_default();
             let Some(p) = state.payments.get_mut(&r.payment_id) else {
                 return Err(ApiError::NotFound(format!("no payment {}", r.payment_id)).into());
             };
@@ -268,11 +277,12 @@ impl PaymentProviderService for Simulator {
             if first {
                 p.status = PaymentStatus::Succeeded as i32;
             }
-            (p.clone(), url.unwrap_or_default(), first)
+            (p.clone(), url.unwrap_or_default(), trace, first)
         };
         if first {
             tracing::info!(payment_id = %payment.payment_id, "buyer paid");
-            self.notifier.payment_succeeded(&payment, &notify_url);
+            self.notifier
+                .payment_succeeded(&payment, &notify_url, trace);
         }
         Ok(Response::new(PayCheckoutResponse {
             payment: Some(payment),

@@ -4,13 +4,21 @@
 //! form the next batch (up to `max_batch`, optionally waiting `max_wait` for more, else for one
 //! turn of the scheduler), so batches grow with the load and a lone call under no load runs at
 //! once. The services' batchers and why each is sized as it is: docs/architecture.md#batchers.
+//!
+//! Each batch runs in a span of its own, `batch <name>`, linked to the span of every call it
+//! serves (OpenTelemetry span links): a request's trace shows which batch did its work, and
+//! the batch's span which requests it served. What a batch writes on behalf of one call (its
+//! events) carries that call's own trace context, captured by the caller into its key.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
+use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 use tokio::{
     sync::{Semaphore, mpsc, oneshot},
     time::Instant,
 };
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// The metric names of one kind of [`together_or_each`] batch.
 #[derive(Clone, Copy, Debug)]
@@ -112,8 +120,38 @@ pub enum BatchError {
     Stopped,
 }
 
-/// One call waiting for its batch: its key, where its answer goes, and when it was queued.
-type Job<K, V> = (K, oneshot::Sender<Result<V, BatchError>>, Instant);
+/// One call waiting for its batch: its key, where its answer goes, when it was queued, and
+/// the caller's span (to link the batch's span to).
+type Job<K, V> = (
+    K,
+    oneshot::Sender<Result<V, BatchError>>,
+    Instant,
+    SpanContext,
+);
+
+/// The span a batch runs in: named `batch <name>`, linked to each valid caller span.
+fn batch_span(name: &'static str, callers: &[SpanContext]) -> tracing::Span {
+    let span = tracing::info_span!(
+        "batch",
+        otel.name = %format_args!("batch {name}"),
+        otel.kind = "internal",
+        batch.name = name,
+        batch.size = callers.len(),
+    );
+    for caller in callers.iter().filter(|c| c.is_valid()) {
+        span.add_link(caller.clone());
+    }
+    span
+}
+
+/// The current span's context, to link a batch to its caller.
+fn caller_context() -> SpanContext {
+    tracing::Span::current()
+        .context()
+        .span()
+        .span_context()
+        .clone()
+}
 
 /// The metrics every [`Batcher`] records per batch, labelled `batch` with its name: how many
 /// calls it served, how long its oldest call had waited for it to start, and how long it ran.
@@ -228,10 +266,11 @@ impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
                 tokio::spawn(async move {
                     let started = Instant::now();
                     let oldest = jobs.iter().map(|j| j.2).min().unwrap_or(started);
+                    let callers: Vec<SpanContext> = jobs.iter().map(|j| j.3.clone()).collect();
                     let (keys, replies): (Vec<K>, Vec<_>) =
-                        jobs.into_iter().map(|(k, r, _)| (k, r)).unzip();
+                        jobs.into_iter().map(|(k, r, _, _)| (k, r)).unzip();
                     let n = keys.len();
-                    let out = run(keys).await;
+                    let out = run(keys).instrument(batch_span(name, &callers)).await;
                     let ran = started.elapsed();
                     match out {
                         Ok(values) if values.len() == n => {
@@ -272,7 +311,7 @@ impl<K: Send + 'static, V: Send + 'static> Batcher<K, V> {
     pub async fn call(&self, key: K) -> Result<V, BatchError> {
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send((key, reply, Instant::now()))
+            .send((key, reply, Instant::now(), caller_context()))
             .await
             .map_err(|_| BatchError::Stopped)?;
         answer.await.map_err(|_| BatchError::Stopped)?
@@ -330,7 +369,9 @@ mod tests {
         // One runtime thread: the worker takes call 1 before the task of call 2 has run, so
         // only the scheduler turn lets call 2 join call 1's batch.
         let (reply, first) = oneshot::channel();
-        b.tx.send((1, reply, Instant::now())).await.unwrap();
+        b.tx.send((1, reply, Instant::now(), SpanContext::empty_context()))
+            .await
+            .unwrap();
         let second = tokio::spawn({
             let b = b.clone();
             async move { b.call(2).await }
@@ -381,7 +422,9 @@ mod tests {
         let mut rest = Vec::new();
         for i in 1..=3u32 {
             let (reply, answer) = oneshot::channel();
-            b.tx.send((i, reply, Instant::now())).await.unwrap();
+            b.tx.send((i, reply, Instant::now(), SpanContext::empty_context()))
+                .await
+                .unwrap();
             rest.push(answer);
             if i == 1 {
                 tokio::time::sleep(Duration::from_millis(40)).await;
@@ -404,6 +447,66 @@ mod tests {
         // The second batch's oldest call waited for the whole hold (~120 ms), its newest ~80.
         assert!(get("flashsale_batch_wait_seconds_sum") >= 0.11, "{text}");
         assert!(get("flashsale_batch_run_seconds_sum") >= 0.11, "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_batch_runs_in_a_span_of_its_own_linked_to_each_of_its_callers() {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+
+        let exporter = opentelemetry_sdk::trace::InMemorySpanExporter::default();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        // One runtime thread: the worker's tasks see this thread's subscriber.
+        let _default = tracing::subscriber::set_default(subscriber);
+        let b = Batcher::spawn(
+            "test_linked",
+            3,
+            Duration::from_secs(5),
+            1,
+            |keys: Vec<u32>| async move { Ok::<_, String>(keys) },
+        );
+        let calls = (0..3u32).map(|i| {
+            let b = b.clone();
+            async move { b.call(i).await }.instrument(tracing::info_span!("caller", i))
+        });
+        for (i, answer) in futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(answer.unwrap() as usize, i);
+        }
+        provider.force_flush().unwrap();
+        let spans = exporter.get_finished_spans().unwrap();
+        let callers: std::collections::HashSet<_> = spans
+            .iter()
+            .filter(|s| s.name == "caller")
+            .map(|s| (s.span_context.trace_id(), s.span_context.span_id()))
+            .collect();
+        assert_eq!(callers.len(), 3, "{spans:#?}");
+        let batches: Vec<_> = spans
+            .iter()
+            .filter(|s| s.name == "batch test_linked")
+            .collect();
+        assert_eq!(
+            batches.len(),
+            1,
+            "one batch for the three calls: {spans:#?}"
+        );
+        let linked: std::collections::HashSet<_> = batches[0]
+            .links
+            .links
+            .iter()
+            .map(|l| (l.span_context.trace_id(), l.span_context.span_id()))
+            .collect();
+        assert_eq!(linked, callers);
+        // A trace of its own: no caller's trace is the batch's.
+        let batch_trace = batches[0].span_context.trace_id();
+        assert!(callers.iter().all(|(trace, _)| *trace != batch_trace));
     }
 
     #[tokio::test]

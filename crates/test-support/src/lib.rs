@@ -6,6 +6,7 @@ pub mod fixtures;
 pub mod foundation;
 pub mod generated;
 pub mod grpc;
+pub mod otlp;
 pub mod page_tokens;
 pub mod probe;
 pub mod rabbit_cluster;

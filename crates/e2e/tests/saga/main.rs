@@ -8,6 +8,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod traces;
+
 use std::time::Duration;
 
 use flashsale_e2e::Stack;

@@ -209,8 +209,19 @@ async fn handle<H: Handler>(ctx: &Ctx<H>, mut unit: Unit, delivered_with: &str) 
         )
         .await;
     };
+    // Named and attributed as OpenTelemetry's messaging conventions say: `process <type>`, a
+    // consumer span, child of the span that wrote the event.
     let span = tracing::info_span!(
         "consume",
+        otel.name = %format_args!("process {}", env.r#type),
+        otel.kind = "consumer",
+        messaging.system = "rabbitmq",
+        messaging.operation.type = "process",
+        messaging.operation.name = "process",
+        messaging.destination.name = %queue,
+        messaging.rabbitmq.destination.routing_key = %routing_key,
+        messaging.message.id = %message_id,
+        messaging.message.conversation_id = %env.correlation_id,
         queue = %queue,
         message_id = %message_id,
         r#type = %env.r#type,

@@ -27,6 +27,12 @@ struct Target<'a> {
 /// [`trace::current_headers`].
 pub type TraceHeaders = std::collections::BTreeMap<String, String>;
 
+/// The current span's trace context, to hand to whoever writes this caller's events later:
+/// [`trace::current_headers`].
+pub fn current_trace() -> TraceHeaders {
+    trace::current_headers()
+}
+
 /// Writes `env` to the outbox, to be published on the event exchange with its type as routing
 /// key. Call it inside the transaction that makes the state change; it captures the current
 /// span's trace context.
@@ -104,7 +110,7 @@ pub async fn enqueue_to<C: ConnectionTrait>(
 /// The outbox columns of events bound for the event exchange, as arrays, for a caller that
 /// writes them inside its own statement, together with the rows they report in one round trip
 /// ([`insert_keyed_sql`] is the insert; [`EventColumns::bind`] its parameters). Each carries the
-/// current span's trace context, as [`enqueue_many`].
+/// trace context of its own cause.
 #[derive(Clone, Debug, Default)]
 pub struct EventColumns {
     pub message_ids: Vec<uuid::Uuid>,
@@ -148,22 +154,18 @@ impl EventColumns {
         ]
     }
 
-    /// The columns of `envs` (each checked as [`enqueue`] would).
-    pub fn of(envs: &[Envelope]) -> Result<Self, DbErr> {
-        let current = serde_json::Value::Object(
-            trace::current_headers()
-                .into_iter()
-                .map(|(k, v)| (k, serde_json::Value::String(v)))
-                .collect(),
-        )
-        .to_string();
+    /// The columns of `envs`, each with the trace headers of its cause (each checked as
+    /// [`enqueue`] would).
+    pub fn of<'a>(
+        envs: impl IntoIterator<Item = (Envelope, &'a TraceHeaders)>,
+    ) -> Result<Self, DbErr> {
         let mut c = Self::default();
-        for env in envs {
-            let id = envelope::check(env).map_err(|e| DbErr::Custom(format!("outbox: {e}")))?;
+        for (env, headers) in envs {
+            let id = envelope::check(&env).map_err(|e| DbErr::Custom(format!("outbox: {e}")))?;
             c.message_ids.push(id);
             c.message_types.push(env.r#type.clone());
-            c.payloads.push(envelope::encode(env));
-            c.headers.push(current.clone());
+            c.payloads.push(envelope::encode(&env));
+            c.headers.push(headers_json(headers).to_string());
         }
         Ok(c)
     }
@@ -177,14 +179,7 @@ async fn insert<C: ConnectionTrait>(
     if rows.is_empty() {
         return Ok(());
     }
-    let to_json = |h: &TraceHeaders| {
-        serde_json::Value::Object(
-            h.iter()
-                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                .collect(),
-        )
-    };
-    let current = to_json(&trace::current_headers());
+    let current = headers_json(&trace::current_headers());
     let mut insert = flashsale_platform::db::MultiRow::new(
         "INSERT INTO outbox (message_id, exchange, routing_key, message_type, payload, headers) VALUES",
     );
@@ -196,11 +191,20 @@ async fn insert<C: ConnectionTrait>(
             target.routing_key.to_owned().into(),
             env.r#type.clone().into(),
             envelope::encode(env).into(),
-            own.map_or_else(|| current.clone(), to_json).into(),
+            own.map_or_else(|| current.clone(), headers_json).into(),
         ]);
     }
     conn.execute_raw(insert.finish("")).await?;
     Ok(())
+}
+
+/// Trace headers as the JSON object of the outbox's `headers` column.
+fn headers_json(h: &TraceHeaders) -> serde_json::Value {
+    serde_json::Value::Object(
+        h.iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect(),
+    )
 }
 
 /// Deletes rows published more than `older_than` ago; returns how many.

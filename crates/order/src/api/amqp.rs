@@ -104,6 +104,7 @@ pub async fn handle(saga: Saga, batchers: Batchers, msg: Incoming) -> Result<(),
                 consumer: q.to_owned(),
                 env: env.clone(),
                 order_id: ev.order_id.clone(),
+                trace: flashsale_messaging::trace::current_headers(),
             };
             match batchers.completed.call(item).await {
                 Ok(answer) => answer,

@@ -406,7 +406,11 @@ impl OrderService for OrderApi {
             StartPayment::new(&r.order_id, &r.payment_id, r.amount_cents).map_err(status)?;
         let started = self
             .pays
-            .call(PayCall { caller, pay: start })
+            .call(PayCall {
+                caller,
+                pay: start,
+                trace: flashsale_messaging::outbox::current_trace(),
+            })
             .await
             .map_err(|e| status(OrderError::Internal(anyhow::Error::new(e))))?
             .map_err(status)?;

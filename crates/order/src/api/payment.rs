@@ -42,6 +42,7 @@ impl PaymentNotificationService for PaymentNotifications {
             payload: r.payload,
             signature: r.signature,
             timestamp: r.timestamp,
+            trace: flashsale_messaging::outbox::current_trace(),
         };
         let applied = match self.notices.call(notice).await {
             Ok(answer) => answer,

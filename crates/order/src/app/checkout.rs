@@ -6,13 +6,14 @@
 use std::{collections::HashMap, sync::Arc};
 
 use chrono::Utc;
-use flashsale_messaging::{envelope, outbox};
+use flashsale_messaging::{envelope, outbox, trace};
 use flashsale_platform::{
     auth::{Caller, Role},
     batch::{BatchMetrics, Batcher, answered_together_or_each},
 };
 use flashsale_proto::events::v1::{Envelope, OrderPaid, OrderRefunded, envelope::Payload};
 use sea_orm::{DatabaseConnection, DatabaseTransaction, TransactionTrait as _};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use super::{PRODUCER, cancelled_event, reason_to_proto};
@@ -205,7 +206,10 @@ impl Checkout {
                 fallbacks: "flashsale_pay_order_batch_fallbacks_total",
             },
             |all| self.start_together(all),
-            |c| async move { Ok(self.start_payment(&c.caller, c.pay.clone()).await) },
+            |c| {
+                let started = self.start_payment(&c.caller, c.pay.clone());
+                async move { Ok(started.await) }.instrument(trace::on_behalf_of(&c.trace))
+            },
         )
         .await
         .into_iter()
@@ -234,11 +238,14 @@ impl Checkout {
             steps.push(step);
         }
         // The provider's calls at once; each answer or failure is its PayOrder's own.
-        let created = futures_util::future::join_all(steps.iter().map(|s| async move {
-            match s {
-                Ok(Step::Start(order)) => Some(self.create_at_provider(order).await),
-                _ => None,
+        let created = futures_util::future::join_all(steps.iter().zip(items).map(|(s, c)| {
+            async move {
+                match s {
+                    Ok(Step::Start(order)) => Some(self.create_at_provider(order).await),
+                    _ => None,
+                }
             }
+            .instrument(trace::on_behalf_of(&c.trace))
         }))
         .await;
         let to_record: Vec<(Uuid, ProviderPayment)> = steps
@@ -321,6 +328,8 @@ pub fn pay_batcher(checkout: Checkout) -> PayBatcher {
 pub struct PayCall {
     pub caller: Caller,
     pub pay: StartPayment,
+    /// The PayOrder's trace context: its call to the provider continues it.
+    pub trace: outbox::TraceHeaders,
 }
 
 /// What a PayOrder does next, once its order is read.

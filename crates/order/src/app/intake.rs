@@ -263,6 +263,7 @@ impl Intake {
                 policy: g.policy,
             },
             deadline,
+            trace: flashsale_messaging::outbox::current_trace(),
         };
         self.writes
             .call(write)

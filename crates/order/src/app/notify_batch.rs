@@ -11,9 +11,10 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::Utc;
 use flashsale_contract::payment::verify;
-use flashsale_messaging::outbox;
+use flashsale_messaging::{outbox, trace};
 use flashsale_platform::batch::{BatchMetrics, Batcher, answered_together_or_each};
 use sea_orm::TransactionTrait as _;
+use tracing::Instrument as _;
 
 use super::{
     checkout::paid_event,
@@ -60,7 +61,7 @@ impl Payments {
                 fallbacks: "flashsale_payment_notifications_batch_fallbacks_total",
             },
             |all| self.paid_together(all),
-            |n| self.notify(n),
+            |n| self.notify(n).instrument(trace::on_behalf_of(&n.trace)),
         )
         .await
     }
@@ -139,13 +140,14 @@ impl Payments {
             return Ok(None);
         }
         let mut envs = Vec::with_capacity(paid.len());
-        for (order_id, payment_id) in &paid {
+        for ((order_id, payment_id), n) in paid.iter().zip(items) {
             let (Some(order), Some(s)) = (by_id.get(order_id), stored.get(payment_id)) else {
                 return Ok(None);
             };
-            envs.push(paid_event(order, payment_id, s.payment.amount_cents));
+            let env = paid_event(order, payment_id, s.payment.amount_cents);
+            envs.push((env, n.trace.clone()));
         }
-        outbox::enqueue_many(&txn, &envs).await?;
+        outbox::enqueue_many_traced(&txn, &envs, None).await?;
         txn.commit().await?;
         let n = paid.len() as u64;
         metrics::counter!("flashsale_orders_paid_total").increment(n);

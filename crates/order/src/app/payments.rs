@@ -31,6 +31,8 @@ pub struct SignedNotice {
     pub payload: Vec<u8>,
     pub signature: String,
     pub timestamp: i64,
+    /// The notification's trace context: its `order.paid` continues it.
+    pub trace: flashsale_messaging::outbox::TraceHeaders,
 }
 
 /// What applying a notification did.

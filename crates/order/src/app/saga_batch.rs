@@ -5,10 +5,11 @@
 //! any error) rolls it back, and each delivery runs through [`Saga::on_stock_reserved`] on
 //! its own, which handles every case (docs/architecture.md#batchers).
 
-use flashsale_messaging::{envelope, inbox, outbox};
+use flashsale_messaging::{envelope, inbox, outbox, trace};
 use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
 use flashsale_proto::events::v1::Envelope;
 use sea_orm::TransactionTrait as _;
+use tracing::Instrument as _;
 
 use super::{Saga, saga::payment_timer};
 use crate::{
@@ -69,7 +70,10 @@ impl Saga {
                 fallbacks: "flashsale_stock_reserved_batch_fallbacks_total",
             },
             |all| self.confirm_reserved_together(all),
-            |r| self.on_stock_reserved(&r.consumer, &r.env, &r.order_id),
+            |r| {
+                self.on_stock_reserved(&r.consumer, &r.env, &r.order_id)
+                    .instrument(trace::on_behalf_of(&r.trace))
+            },
         )
         .await
     }
@@ -105,14 +109,24 @@ impl Saga {
         {
             return Ok(false);
         }
-        // One delayed timer for the whole batch (they share the deadline), linked to the first
-        // delivery; the deadline sweeper stands behind it as behind every timer.
-        let Some(first) = items.first() else {
-            return Ok(true);
-        };
-        let more = items[1..].iter().map(|r| r.order_id.clone()).collect();
-        let timer = payment_timer(&first.env, deadline, first.order_id.clone(), more);
-        let timers = [(timer, first.trace.clone())];
+        // The orders share the deadline: one delayed timer for those of the batch whose trace
+        // is not recorded, caused by the first of them, and one of its own for each order whose
+        // trace is (sampled), so that its timeout and cancellation stay in its trace. The
+        // deadline sweeper stands behind every timer.
+        let (traced, shared): (Vec<&Reserved>, Vec<&Reserved>) =
+            items.iter().partition(|r| trace::is_sampled(&r.trace));
+        let mut timers: Vec<_> = traced
+            .into_iter()
+            .map(|r| {
+                let timer = payment_timer(&r.env, deadline, r.order_id.clone(), Vec::new());
+                (timer, r.trace.clone())
+            })
+            .collect();
+        if let Some((first, rest)) = shared.split_first() {
+            let more = rest.iter().map(|r| r.order_id.clone()).collect();
+            let timer = payment_timer(&first.env, deadline, first.order_id.clone(), more);
+            timers.push((timer, first.trace.clone()));
+        }
         outbox::enqueue_many_traced(&txn, &timers, Some(&self.payment_timeout)).await?;
         self.failpoint(super::saga::FP_RESERVED_BEFORE_COMMIT)
             .await?;

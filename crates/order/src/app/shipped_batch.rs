@@ -5,10 +5,11 @@
 //! delivery runs through [`Saga::on_outbound_completed`] on its own, which handles every case
 //! (docs/architecture.md#batchers).
 
-use flashsale_messaging::{envelope, inbox};
+use flashsale_messaging::{envelope, inbox, outbox, trace};
 use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
 use flashsale_proto::events::v1::Envelope;
 use sea_orm::TransactionTrait as _;
+use tracing::Instrument as _;
 
 use super::{Saga, saga_batch::GATHER};
 use crate::{
@@ -22,6 +23,8 @@ pub struct Completed {
     pub consumer: String,
     pub env: Envelope,
     pub order_id: String,
+    /// The delivery's trace context: its one-by-one path continues it.
+    pub trace: outbox::TraceHeaders,
 }
 
 /// Most deliveries applied in one transaction.
@@ -53,7 +56,10 @@ impl Saga {
                 fallbacks: "flashsale_outbound_completed_batch_fallbacks_total",
             },
             |all| self.ship_together(all),
-            |c| self.on_outbound_completed(&c.consumer, &c.env, &c.order_id),
+            |c| {
+                self.on_outbound_completed(&c.consumer, &c.env, &c.order_id)
+                    .instrument(trace::on_behalf_of(&c.trace))
+            },
         )
         .await
     }

@@ -89,6 +89,7 @@ fn notice(order: Uuid, payment: &str, kind: PaymentEventType) -> SignedNotice {
         signature: sign(SECRET.as_bytes(), timestamp, &payload),
         payload,
         timestamp,
+        trace: Default::default(),
     }
 }
 
@@ -263,6 +264,7 @@ fn completed(order: Uuid) -> Completed {
         consumer: CONSUMER.into(),
         env,
         order_id: order.to_string(),
+        trace: Default::default(),
     }
 }
 

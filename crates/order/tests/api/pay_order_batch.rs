@@ -60,6 +60,7 @@ fn call(user: &str, order_id: Uuid, amount_cents: i64) -> PayCall {
             order_id,
             amount_cents,
         },
+        trace: Default::default(),
     }
 }
 

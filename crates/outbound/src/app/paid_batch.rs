@@ -13,11 +13,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use flashsale_messaging::outbox;
+use flashsale_messaging::{outbox, trace};
 use flashsale_platform::batch::{Batcher, EACH_CONCURRENCY};
 use flashsale_proto::events::v1::{Envelope, envelope::Payload};
 use sea_orm::TransactionTrait as _;
 use tokio::sync::Semaphore;
+use tracing::Instrument as _;
 
 use super::{
     FP_AFTER_COMMIT_BEFORE_WAREHOUSE, FP_ORDER_PAID_BEFORE_COMMIT, Shipping, count, new_shipment,
@@ -97,7 +98,11 @@ impl Shipping {
             let _permit = permits.acquire().await.ok();
             let p = &items[i];
             let answer = match &p.env.payload {
-                Some(Payload::OrderPaid(ev)) => self.on_order_paid(&p.env, ev).await.map(drop),
+                Some(Payload::OrderPaid(ev)) => self
+                    .on_order_paid(&p.env, ev)
+                    .instrument(trace::on_behalf_of(&p.trace))
+                    .await
+                    .map(drop),
                 _ => Err(OutboundError::invalid("payload", "not order.paid")),
             };
             (i, answer)
@@ -161,7 +166,19 @@ impl Shipping {
             .filter(|s| s.policy == Policy::ReserveThenCommit)
             .map(|s| s.order_id)
             .collect();
-        let commits = to_commit.iter().map(|id| self.stock.commit(*id));
+        // Each call on behalf of its order: product-stock's commit continues the order's trace.
+        let traces: HashMap<String, &outbox::TraceHeaders> = items
+            .iter()
+            .filter_map(|p| match &p.env.payload {
+                Some(Payload::OrderPaid(ev)) => Some((ev.order_id.clone(), &p.trace)),
+                _ => None,
+            })
+            .collect();
+        let no_trace = outbox::TraceHeaders::new();
+        let commits = to_commit.iter().map(|id| {
+            let trace = traces.get(&id.to_string()).copied().unwrap_or(&no_trace);
+            self.stock.commit(*id).instrument(trace::on_behalf_of(trace))
+        });
         if futures_util::future::join_all(commits)
             .await
             .iter()

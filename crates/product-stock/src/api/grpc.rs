@@ -374,7 +374,7 @@ impl ProductStockService for ProductStockApi {
         let order_id = parse_order_id(&req.get_ref().order_id).map_err(status)?;
         let (r, replayed) = self
             .commits
-            .call(order_id)
+            .call((order_id, flashsale_messaging::outbox::current_trace()))
             .await
             .map_err(|e| status(StockError::Internal(anyhow::Error::new(e))))?
             .map_err(status)?;

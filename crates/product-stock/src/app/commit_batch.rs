@@ -13,9 +13,10 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use flashsale_messaging::outbox;
+use flashsale_messaging::{outbox, trace};
 use flashsale_platform::batch::{BatchMetrics, Batcher, answered_together_or_each};
 use sea_orm::TransactionTrait as _;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use super::{StockSaga, saga::committed_event};
@@ -34,8 +35,12 @@ const BATCHES_IN_FLIGHT: usize = 2;
 /// before (a replay).
 pub type Committed = Result<(Reservation, bool), StockError>;
 
+/// One `CommitReservation` waiting for its batch: the order, and the call's trace context,
+/// which its `stock.committed` carries.
+pub type Commit = (Uuid, outbox::TraceHeaders);
+
 /// The batching worker of `CommitReservation`; cheap to clone.
-pub type CommitBatcher = Batcher<Uuid, Committed>;
+pub type CommitBatcher = Batcher<Commit, Committed>;
 
 /// Starts the worker. It waits for no one: the calls queued while the batch before ran form
 /// the next one, so a lone call is not delayed and a burst shares transactions.
@@ -46,7 +51,7 @@ pub fn commit_batcher(saga: StockSaga) -> CommitBatcher {
         std::time::Duration::ZERO,
         BATCHES_IN_FLIGHT,
         saga,
-        |saga, ids| async move { saga.commit_reservations(ids).await },
+        |saga, commits| async move { saga.commit_traced(commits).await },
     )
 }
 
@@ -54,14 +59,24 @@ impl StockSaga {
     /// Commits the reservations of `ids`; one answer per id, in order, each the answer
     /// [`StockSaga::commit_reservation`] gives.
     pub async fn commit_reservations(&self, ids: Vec<Uuid>) -> Vec<Committed> {
+        let trace = outbox::current_trace();
+        let commits = ids.into_iter().map(|id| (id, trace.clone())).collect();
+        self.commit_traced(commits).await
+    }
+
+    /// [`StockSaga::commit_reservations`], each commit with its own trace context.
+    pub async fn commit_traced(&self, commits: Vec<Commit>) -> Vec<Committed> {
         answered_together_or_each(
-            &ids,
+            &commits,
             BatchMetrics {
                 size: "flashsale_commit_reservation_batch_size",
                 fallbacks: "flashsale_commit_reservation_batch_fallbacks_total",
             },
             |all| self.commit_together(all),
-            |&id| self.commit_reservation(id),
+            |(id, trace)| {
+                self.commit_reservation(*id)
+                    .instrument(trace::on_behalf_of(trace))
+            },
         )
         .await
     }
@@ -70,8 +85,12 @@ impl StockSaga {
     /// the one-by-one path.
     async fn commit_together(
         &self,
-        ids: &[Uuid],
+        commits: &[Commit],
     ) -> Result<Option<Vec<(Reservation, bool)>>, StockError> {
+        let ids: Vec<Uuid> = commits.iter().map(|c| c.0).collect();
+        let ids = ids.as_slice();
+        let traces: std::collections::HashMap<Uuid, &outbox::TraceHeaders> =
+            commits.iter().map(|(id, t)| (*id, t)).collect();
         if ids.iter().collect::<HashSet<_>>().len() != ids.len() {
             return Ok(None);
         }
@@ -122,8 +141,13 @@ impl StockSaga {
                 })
                 .collect();
             db::ledger_many(&txn, "COMMIT", &ledger).await?;
-            let events: Vec<_> = reserved.map(committed_event).collect();
-            outbox::enqueue_many(&txn, &events).await?;
+            let events: Vec<_> = reserved
+                .map(|r| {
+                    let trace = traces.get(&r.order_id).map(|t| (*t).clone());
+                    (committed_event(r), trace.unwrap_or_default())
+                })
+                .collect();
+            outbox::enqueue_many_traced(&txn, &events, None).await?;
             // The hot rows last, so their locks are held only for the commit.
             for (sku, (on_hand, reserved)) in &moves {
                 if !db::move_stock(&txn, sku, *on_hand, *reserved).await? {

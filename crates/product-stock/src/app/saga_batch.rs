@@ -12,10 +12,11 @@
 
 use std::collections::BTreeMap;
 
-use flashsale_messaging::{envelope, inbox, outbox};
+use flashsale_messaging::{envelope, inbox, outbox, trace};
 use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
 use flashsale_proto::events::v1::{Envelope, OrderCreated};
 use sea_orm::TransactionTrait as _;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use super::{
@@ -81,7 +82,10 @@ impl StockSaga {
                 fallbacks: "flashsale_order_created_batch_fallbacks_total",
             },
             |all| self.persist_created_together(all),
-            |c| self.on_order_created(&c.consumer, &c.env, &c.ev),
+            |c| {
+                self.on_order_created(&c.consumer, &c.env, &c.ev)
+                    .instrument(trace::on_behalf_of(&c.trace))
+            },
         )
         .await
     }

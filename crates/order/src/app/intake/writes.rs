@@ -96,7 +96,8 @@ pub async fn write_pending_batch_with(
     writes: Vec<PendingWrite>,
     failpoints: &Failpoints,
 ) -> Result<Vec<Written>, OrderError> {
-    write_batch(db, &writes, None, failpoints).await
+    let traces = vec![outbox::current_trace(); writes.len()];
+    write_batch(db, &writes, &traces, None, failpoints).await
 }
 
 /// Counter: write batches the database refused as a whole, written again one order at a time.
@@ -113,7 +114,8 @@ pub async fn write_pending_batch_or_each(
     failpoints: &Failpoints,
 ) -> Vec<Result<Written, OrderError>> {
     let deadlines = vec![None; writes.len()];
-    write_batch_or_each(db, writes, deadlines, failpoints).await
+    let traces = vec![outbox::current_trace(); writes.len()];
+    write_batch_or_each(db, writes, traces, deadlines, failpoints).await
 }
 
 /// The intake's write queue: accepted orders gathered into write batches ([`write_queued`]),
@@ -132,12 +134,14 @@ pub(super) fn write_queue(
     )
 }
 
-/// One CreateOrder in the intake's write queue: its write and the instant past which it must
-/// not be written (its caller may have given up by then).
+/// One CreateOrder in the intake's write queue: its write, the instant past which it must
+/// not be written (its caller may have given up by then), and the CreateOrder's trace context,
+/// which its `order.created` carries.
 #[derive(Clone, Debug)]
 pub(super) struct QueuedWrite {
     pub(super) write: PendingWrite,
     pub(super) deadline: Instant,
+    pub(super) trace: outbox::TraceHeaders,
 }
 
 /// Counter: order writes dropped at their deadline, their holds kept for the buyers' retries;
@@ -162,6 +166,7 @@ async fn write_queued(
     let cutoff = Instant::now() + WRITE_MIN_LEFT;
     let mut answers: Vec<Option<Result<Written, OrderError>>> = Vec::with_capacity(queued.len());
     let (mut writes, mut deadlines, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    let mut traces = Vec::new();
     let mut dropped = Vec::new();
     for (i, q) in queued.into_iter().enumerate() {
         if q.deadline <= cutoff {
@@ -172,12 +177,13 @@ async fn write_queued(
             slots.push(i);
             deadlines.push(Some(q.deadline));
             writes.push(q.write);
+            traces.push(q.trace);
         }
     }
     expired("queued", &dropped);
     if !writes.is_empty() {
         let ids: Vec<uuid::Uuid> = writes.iter().map(|w| w.place.order_id()).collect();
-        let written = write_batch_or_each(db, writes, deadlines, failpoints).await;
+        let written = write_batch_or_each(db, writes, traces, deadlines, failpoints).await;
         let mut cut = Vec::new();
         for ((i, id), w) in slots.into_iter().zip(ids).zip(written) {
             if matches!(w, Err(OrderError::WriteExpired)) {
@@ -218,12 +224,13 @@ fn expired(stage: &'static str, orders: &[uuid::Uuid]) {
 async fn write_batch_or_each(
     db: &sea_orm::DatabaseConnection,
     writes: Vec<PendingWrite>,
+    traces: Vec<outbox::TraceHeaders>,
     deadlines: Vec<Option<Instant>>,
     failpoints: &Failpoints,
 ) -> Vec<Result<Written, OrderError>> {
     if writes.len() > 1 {
         let earliest = deadlines.iter().flatten().min().copied();
-        match write_batch(db, &writes, earliest, failpoints).await {
+        match write_batch(db, &writes, &traces, earliest, failpoints).await {
             Ok(answers) => return answers.into_iter().map(Ok).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, size = writes.len(), "write batch failed; writing its orders one by one");
@@ -231,10 +238,10 @@ async fn write_batch_or_each(
             }
         }
     }
-    futures_util::stream::iter(writes.into_iter().zip(deadlines))
-        .map(|(w, deadline)| async move {
-            let mut answer =
-                write_batch(db, std::slice::from_ref(&w), deadline, failpoints).await?;
+    futures_util::stream::iter(writes.into_iter().zip(traces).zip(deadlines))
+        .map(|((w, trace), deadline)| async move {
+            let (w, trace) = (std::slice::from_ref(&w), std::slice::from_ref(&trace));
+            let mut answer = write_batch(db, w, trace, deadline, failpoints).await?;
             answer
                 .pop()
                 .ok_or_else(|| OrderError::Internal(anyhow::anyhow!("a write got no answer")))
@@ -295,9 +302,11 @@ async fn roll_back(txn: sea_orm::DatabaseTransaction) {
     }
 }
 
+/// `traces[i]` is the trace context `writes[i]`'s event carries.
 async fn write_batch(
     db: &sea_orm::DatabaseConnection,
     writes: &[PendingWrite],
+    traces: &[outbox::TraceHeaders],
     deadline: Option<Instant>,
     failpoints: &Failpoints,
 ) -> Result<Vec<Written>, OrderError> {
@@ -310,7 +319,9 @@ async fn write_batch(
     // One event per distinct order, written only if that order is.
     let mut seen = std::collections::HashSet::new();
     let (mut event_orders, mut events) = (Vec::new(), Vec::new());
-    for (w, id) in writes.iter().zip(&ids) {
+    let no_trace = outbox::TraceHeaders::new();
+    let traces = traces.iter().chain(std::iter::repeat(&no_trace));
+    for ((w, id), trace) in writes.iter().zip(&ids).zip(traces) {
         if !seen.insert(*id) {
             continue;
         }
@@ -325,14 +336,10 @@ async fn write_batch(
             deduction_policy: w.policy.as_proto(),
         };
         event_orders.push(*id);
-        events.push(envelope::new(
-            Payload::OrderCreated(ev),
-            id.to_string(),
-            "",
-            PRODUCER,
-        ));
+        let env = envelope::new(Payload::OrderCreated(ev), id.to_string(), "", PRODUCER);
+        events.push((env, trace));
     }
-    let columns = outbox::EventColumns::of(&events)?;
+    let columns = outbox::EventColumns::of(events)?;
     let inserted = match deadline {
         Some(deadline) => insert_before(db, deadline, &rows, &event_orders, columns).await?,
         None => db::insert_orders_with_events(db, &rows, &event_orders, columns).await?,
