@@ -14,6 +14,14 @@
 #                    (default 1000) orders waiting for the saga and as many waiting to ship;
 #                    BENCH_SUSTAIN_ROUNDS (default 1) sales of their own one after the other,
 #                    reported in sustained.json, sustained-2.json, …
+#   scripts/bench.sh tracing         what tracing costs: the big sale's platform mode with the
+#                    services restarted with tracing off (OTEL_SDK_DISABLED=true), then with
+#                    spans sampled at BENCH_TRACE_SAMPLE (default 0.01) and exported to a
+#                    `flashsale trace-sink` on a free loopback port, the two in turn for
+#                    BENCH_TRACING_ROUNDS (default 3) rounds: tracing-off.json,
+#                    tracing-sampled.json, tracing-off-2.json, …, and tracing.json, the CPU per
+#                    accepted order of each and what tracing adds (`flashsale bench-report
+#                    --tracing-cost <run>`)
 #   BENCH_ARGS="--requests 20000" scripts/bench.sh flood     smaller runs
 #   BENCH_MODES=naive,platform scripts/bench.sh big-sale     some modes only
 # Each run keeps its reports in a directory of its own, $FLASHSALE_BENCH_DIR/<UTC time>-<commit>
@@ -72,6 +80,7 @@ CLUSTER_PIDS=()    # Redis Cluster nodes this run started
 CLUSTER_DIR=""     # their working directory
 SERVICES_UP=false  # scripts/up.sh ran
 BENCH_PID=""       # the bench, while it runs
+SINK_PID=""        # the trace sink, while it runs
 scenarios=("$@")
 ((${#scenarios[@]})) || scenarios=(flood big-sale ticketing)
 
@@ -281,6 +290,7 @@ cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     [[ -z "$BENCH_PID" ]] || stop_pids "$BENCH_PID"
+    [[ -z "$SINK_PID" ]] || stop_pids "$SINK_PID"
     if ((${#REPLICA_PIDS[@]})); then
         stop_pids "${REPLICA_PIDS[@]}"
         rm -f "$RUN_DIR"/*-2.pid
@@ -309,6 +319,49 @@ drop_bench_databases() { # server url
         psql "$1/postgres" -w -qc "drop database if exists \"$db\" with (force)" >/dev/null
     done
     ((${#dbs[@]} == 0)) || log "dropped ${#dbs[@]} bench database(s) of earlier runs"
+}
+
+# The tracing scenario (see the top): the platform mode of the big sale, tracing off and sampled
+# in turn, each after a restart of the services; then the comparison. Leaves the services
+# running without tracing settings.
+bench_tracing() { # bench options...
+    local rounds="${BENCH_TRACING_ROUNDS:-3}" sample="${BENCH_TRACE_SAMPLE:-0.01}" port round variant report
+    [[ "$rounds" =~ ^[1-9][0-9]?$ ]] || die "BENCH_TRACING_ROUNDS must be 1..99 (got '$rounds')"
+    [[ "$sample" =~ ^(0(\.[0-9]+)?|1(\.0+)?)$ ]] || die "BENCH_TRACE_SAMPLE must be a fraction from 0 to 1 (got '$sample')"
+    port="$(free_port)"
+    "$CLI" trace-sink --addr "127.0.0.1:$port" >"$OUT/trace-sink.json" &
+    SINK_PID=$!
+    local status=0
+    for ((round = 1; round <= rounds; round++)); do
+        for variant in off sampled; do
+            scripts/down.sh >/dev/null 2>&1 || true
+            if [[ "$variant" == off ]]; then
+                export OTEL_SDK_DISABLED=true
+                unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_TRACES_SAMPLER OTEL_TRACES_SAMPLER_ARG
+            else
+                unset OTEL_SDK_DISABLED
+                export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$port"
+                export OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG="$sample"
+            fi
+            log "tracing: round $round of $rounds, tracing $variant"
+            scripts/up.sh 9>&-
+            report="$OUT/tracing-$variant.json"
+            ((round == 1)) || report="$OUT/tracing-$variant-$round.json"
+            # shellcheck disable=SC2086 # BENCH_ARGS is a list of options
+            "$CLI" bench --scenario big-sale --modes platform "$@" ${BENCH_ARGS:-} --json >"$report" &
+            BENCH_PID=$!
+            wait "$BENCH_PID" || status=1
+            BENCH_PID=""
+        done
+    done
+    unset OTEL_SDK_DISABLED OTEL_EXPORTER_OTLP_ENDPOINT OTEL_TRACES_SAMPLER OTEL_TRACES_SAMPLER_ARG
+    scripts/down.sh >/dev/null 2>&1 || true
+    stop_pids "$SINK_PID"
+    SINK_PID=""
+    cat "$OUT/trace-sink.json"
+    "$CLI" bench-report --tracing-cost "$OUT" | tee "$OUT/tracing.json" || status=1
+    scripts/up.sh 9>&-
+    return "$status"
 }
 
 main() {
@@ -481,6 +534,11 @@ main() {
                     BENCH_PID=""
                     cat "$report"
                 done
+                continue
+                ;;
+            tracing)
+                ((REPLICAS == 1)) || die "the tracing scenario runs with one replica per service"
+                bench_tracing "${pid_args[@]+"${pid_args[@]}"}" || failed+=("$s")
                 continue
                 ;;
         esac

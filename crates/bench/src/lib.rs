@@ -10,3 +10,4 @@ mod cpustat;
 pub mod kept;
 mod procstat;
 pub mod sale;
+pub mod sink;

@@ -48,6 +48,9 @@ enum Command {
     Bench(Box<bench::Args>),
     /// Regenerate docs/benchmarks.md's tables and charts from the kept benchmark results.
     BenchReport(flashsale_bench::kept::Args),
+    /// Receive the services' OTLP trace exports until stopped, then print how many spans and
+    /// traces arrived (a collector stand-in for benchmarks and trials).
+    TraceSink(flashsale_bench::sink::Args),
     /// Parked messages of a service: list, replay, discard (admin).
     Dlq(dlq::Args),
     /// The gRPC contract as files for other tools (API gateways, grpcurl -protoset).
@@ -65,6 +68,7 @@ async fn main() -> ExitCode {
         Command::Sale(args) => sale::run(*args).await,
         Command::Bench(args) => bench::run(*args).await,
         Command::BenchReport(args) => flashsale_bench::kept::run(args),
+        Command::TraceSink(args) => flashsale_bench::sink::run(args).await,
         Command::Dlq(args) => dlq::run(args).await,
         Command::Contract(args) => contract::run(args),
     };

@@ -4,7 +4,9 @@
 //! explicit buckets — latencies in seconds ([`SECONDS_BUCKETS`]), batch sizes
 //! ([`SIZE_BUCKETS`]) — so replicas' histograms can be summed; a thread drains the samples
 //! recorded since into them every [`UPKEEP`], so a service nobody scrapes holds no growing list
-//! of samples.
+//! of samples. The same thread reads the process's CPU time and resident memory
+//! ([`PROCESS_CPU_SECONDS`], [`PROCESS_RESIDENT_BYTES`]), for the dashboards' per-service CPU and
+//! memory.
 
 use std::{net::SocketAddr, sync::OnceLock, time::Duration};
 
@@ -47,6 +49,7 @@ pub fn handle() -> anyhow::Result<PrometheusHandle> {
                 .name("metrics-upkeep".into())
                 .spawn(move || {
                     loop {
+                        record_process();
                         std::thread::sleep(UPKEEP);
                         upkeep.run_upkeep();
                     }
@@ -56,6 +59,51 @@ pub fn handle() -> anyhow::Result<PrometheusHandle> {
         })
         .clone()
         .context("a metrics recorder from elsewhere is already installed")
+}
+
+/// Gauge: CPU time the process has used, user and system, seconds (Prometheus's usual process
+/// metric; `rate()` of it is the cores the process keeps busy).
+pub const PROCESS_CPU_SECONDS: &str = "process_cpu_seconds_total";
+/// Gauge: the process's resident memory, bytes.
+pub const PROCESS_RESIDENT_BYTES: &str = "process_resident_memory_bytes";
+
+/// Clock ticks per second of `/proc/<pid>/stat`'s CPU times (Linux's `USER_HZ`, 100 on every
+/// architecture it runs on).
+const USER_HZ: f64 = 100.0;
+
+/// The process's CPU seconds and resident bytes, from `/proc/self` (`None` off Linux or when it
+/// cannot be read).
+pub fn process_usage() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let cpu = cpu_seconds(&stat)?;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let rss = resident_bytes(&status)?;
+    Some((cpu, rss))
+}
+
+/// utime + stime of a `/proc/<pid>/stat` line, seconds. The fields are counted after the
+/// command name's closing parenthesis (the name may hold spaces).
+fn cpu_seconds(stat: &str) -> Option<f64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3, utime 14 and stime 15 (1-based, as proc(5) counts).
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / USER_HZ)
+}
+
+/// `VmRSS` of a `/proc/<pid>/status`, bytes.
+fn resident_bytes(status: &str) -> Option<f64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024.0)
+}
+
+fn record_process() {
+    if let Some((cpu, rss)) = process_usage() {
+        metrics::gauge!(PROCESS_CPU_SECONDS).set(cpu);
+        metrics::gauge!(PROCESS_RESIDENT_BYTES).set(rss);
+    }
 }
 
 /// The help text of the families every service exports (the services and the messaging layer
@@ -93,6 +141,14 @@ fn describe() {
     describe_counter!(
         crate::limit::RATE_LIMITED_TOTAL,
         "Calls refused by a per-caller rate limit, by RPC."
+    );
+    metrics::describe_gauge!(
+        PROCESS_CPU_SECONDS,
+        "CPU time the process has used, user and system, seconds."
+    );
+    metrics::describe_gauge!(
+        PROCESS_RESIDENT_BYTES,
+        "Resident memory of the process, bytes."
     );
     describe_counter!(
         "flashsale_singleton_skips_total",
@@ -164,5 +220,39 @@ pub async fn serve(
             let _ = socket.write_all(response.as_bytes()).await;
             let _ = socket.shutdown().await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_is_read_after_the_command_name_even_with_spaces_and_parentheses() {
+        let stat = "4242 (flash (sale) x) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 130 0 0 20 0 9 0 100 0 0";
+        assert_eq!(cpu_seconds(stat), Some(3.8));
+        assert_eq!(cpu_seconds("4242 (no fields)"), None);
+        assert_eq!(cpu_seconds("no parenthesis at all"), None);
+    }
+
+    #[test]
+    fn resident_memory_is_vm_rss_in_bytes() {
+        let status = "Name:\tflashsale\nVmPeak:\t  9000 kB\nVmRSS:\t  2048 kB\n";
+        assert_eq!(resident_bytes(status), Some(2048.0 * 1024.0));
+        assert_eq!(resident_bytes("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn this_process_uses_some_memory_and_its_cpu_time_only_grows() {
+        let (cpu, rss) = process_usage().unwrap();
+        assert!(rss > 0.0);
+        // Burn a little CPU: the second reading is never below the first.
+        let mut x = 0u64;
+        for i in 0..5_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        std::hint::black_box(x);
+        let (again, _) = process_usage().unwrap();
+        assert!(again >= cpu, "{again} < {cpu}");
     }
 }

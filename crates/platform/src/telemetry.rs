@@ -6,13 +6,19 @@
 //! spans (default: the service's own name); `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` turns export on where `telemetry.otlp_endpoint` is empty (the
 //! setting wins where both are given); `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` pick
-//! the sampler (default: every trace, or as the caller's `traceparent` says); and
-//! `OTEL_SDK_DISABLED=true` exports nothing.
+//! the sampler (default: every trace, or as the caller's `traceparent` says, where spans are
+//! exported; where they are not, spans get ids, so trace context still propagates and logs name
+//! their trace, but only a trace the caller sampled is recorded); and `OTEL_SDK_DISABLED=true`
+//! turns tracing off: no span is exported, recorded or given ids.
 
 use anyhow::Context as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig as _;
-use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use opentelemetry_sdk::{
+    Resource,
+    propagation::TraceContextPropagator,
+    trace::{Sampler, SdkTracerProvider},
+};
 pub use tracing_subscriber::EnvFilter;
 use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
 
@@ -77,15 +83,23 @@ where
         ),
     };
     // Spans get ids even without export, so trace context is propagated; the sampler comes
-    // from OTEL_TRACES_SAMPLER where it is set.
+    // from OTEL_TRACES_SAMPLER where it is set. Without export, recording a trace of our own
+    // would be work thrown away: only a caller's sampled trace is.
     let builder = SdkTracerProvider::builder().with_resource(resource);
+    let builder = if export.is_none() && env("OTEL_TRACES_SAMPLER").is_none() {
+        builder.with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOff)))
+    } else {
+        builder
+    };
     let provider = match export {
         None => builder.build(),
         Some(exporter) => builder
             .with_batch_exporter(exporter.context("build OTLP span exporter")?)
             .build(),
     };
-    let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer(service));
+    let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    let otel =
+        (!disabled).then(|| tracing_opentelemetry::layer().with_tracer(provider.tracer(service)));
     opentelemetry::global::set_tracer_provider(provider.clone());
 
     let registry = tracing_subscriber::registry().with(filter).with(otel);

@@ -34,11 +34,22 @@ fn files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The `flashsale_…` names in `text` (a recording rule's `flashsale:…` is not one).
+/// How the services' metric families begin: their own, and the process's CPU and memory under
+/// Prometheus's usual names.
+const PREFIXES: [&str; 2] = ["flashsale_", "process_"];
+
+/// The metric names in `text`, by [`PREFIXES`] (a recording rule's `flashsale:…` is not one).
 fn metric_names(text: &str) -> BTreeSet<String> {
+    PREFIXES
+        .iter()
+        .flat_map(|prefix| names_from(text, prefix))
+        .collect()
+}
+
+fn names_from(text: &str, prefix: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let mut rest = text;
-    while let Some(i) = rest.find("flashsale_") {
+    while let Some(i) = rest.find(prefix) {
         let before = rest[..i].chars().next_back();
         let tail = &rest[i..];
         let end = tail
@@ -52,7 +63,8 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     out
 }
 
-/// The metric families the services can export: every `"flashsale_…"` string in their sources.
+/// The metric families the services can export: every string in their sources that begins as
+/// one of [`PREFIXES`].
 fn exported() -> BTreeSet<String> {
     let mut sources = Vec::new();
     let crates = workspace().join("crates");
@@ -73,7 +85,7 @@ fn exported() -> BTreeSet<String> {
                 .split('"')
                 .skip(1)
                 .step_by(2)
-                .filter(|s| s.starts_with("flashsale_"))
+                .filter(|s| PREFIXES.iter().any(|p| s.starts_with(p)))
                 .map(str::to_owned)
                 .collect::<Vec<_>>()
         })
@@ -159,7 +171,7 @@ fn every_dashboard_panel_has_a_query_and_fits_the_grid() {
             for t in targets {
                 let expr = t["expr"].as_str().unwrap_or("");
                 assert!(
-                    expr.contains("flashsale_")
+                    !metric_names(expr).is_empty()
                         && expr.matches('(').count() == expr.matches(')').count(),
                     "{title}: query {expr:?}"
                 );

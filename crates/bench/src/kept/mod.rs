@@ -10,6 +10,7 @@ mod figures;
 mod render;
 mod runs;
 pub mod svg;
+mod tracing_cost;
 
 use std::{
     path::{Path, PathBuf},
@@ -45,6 +46,10 @@ pub struct Args {
     /// Write nothing; exit non-zero when the document or a chart is not what the results make.
     #[arg(long)]
     check: bool,
+    /// Print what tracing costs from a run of `scripts/bench.sh tracing` (this run directory's
+    /// `tracing-off.json` and `tracing-sampled.json`), and do nothing else.
+    #[arg(long, value_name = "RUN_DIR")]
+    tracing_cost: Option<PathBuf>,
 }
 
 /// One kept JSON report, by file name (without `.json`).
@@ -118,6 +123,10 @@ fn pages(args: &Args) -> anyhow::Result<Pages> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(run) = &args.tracing_cost {
+        tracing_cost::print(run)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let p = pages(&args)?;
     for u in &p.untraced {
         eprintln!("bench-report: a figure no kept report carries: {u}");
@@ -269,6 +278,7 @@ mod tests {
             readme: root.join("README.md"),
             charts: root.join("docs/bench"),
             check: true,
+            tracing_cost: None,
         };
         let p = pages(&args)?;
         assert!(

@@ -15,3 +15,4 @@ mod product;
 mod sale;
 mod sale_deadlines;
 mod shipment;
+mod trace_sink;
