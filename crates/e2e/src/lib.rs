@@ -99,7 +99,8 @@ impl Drop for Stack {
 }
 
 impl Stack {
-    /// Starts product-stock, order and outbound with `extra` env vars (e.g. timeouts) and waits
+    /// Starts product-stock, order and outbound with `extra` env vars (each service its own
+    /// `FLASHSALE_<SERVICE>__…` settings, e.g. timeouts, and `RUST_LOG` for all) and waits
     /// until each is SERVING.
     pub async fn start(extra: &[(&str, &str)]) -> anyhow::Result<Self> {
         Self::start_with(extra, &[], None).await
@@ -304,8 +305,9 @@ async fn spawn(
         }
         None => None,
     };
+    // The service's own settings, and the log filter, which goes to every service.
     for (k, v) in extra {
-        if k.starts_with(&format!("FLASHSALE_{key}__")) {
+        if k.starts_with(&format!("FLASHSALE_{key}__")) || *k == "RUST_LOG" {
             cmd.env(k, v);
         }
     }

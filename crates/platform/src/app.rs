@@ -235,8 +235,13 @@ impl Foundation {
         let verifier = crate::auth::Verifier::from_settings(auth, service)?;
         let db = crate::db::connect(database).await?;
         crate::db::migrate::<M>(&db, service).await?;
-        let runner = Runner::bind(grpc, metrics).await?;
+        let mut runner = Runner::bind(grpc, metrics).await?;
         crate::metrics::record_build_info(service);
+        runner.spawn(crate::pools::watch_db(
+            service,
+            db.clone(),
+            runner.shutdown(),
+        ));
         Ok(Self {
             db,
             auth: crate::auth::AuthInterceptor::new(verifier),

@@ -20,6 +20,7 @@ pub mod lease;
 pub mod limit;
 pub mod metrics;
 pub mod peer;
+pub mod pools;
 pub mod pressure;
 pub mod redis;
 pub mod rpc_metrics;

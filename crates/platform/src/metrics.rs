@@ -1,8 +1,9 @@
 //! Prometheus `/metrics`. The recorder is process-global (installed once); each service instance
 //! serves the rendered text on its own `metrics.addr`, so tests can run several in one process
 //! (the exporter's own listener serves one address per process). Histograms are rendered with
-//! explicit buckets — latencies in seconds ([`SECONDS_BUCKETS`]), batch sizes
-//! ([`SIZE_BUCKETS`]) — so replicas' histograms can be summed; a thread drains the samples
+//! explicit buckets — latencies in seconds ([`SECONDS_BUCKETS`]), the steps of an order's saga
+//! ([`SAGA_BUCKETS`]), batch sizes ([`SIZE_BUCKETS`]) — so replicas' histograms can be summed;
+//! a thread drains the samples
 //! recorded since into them every [`UPKEEP`], so a service nobody scrapes holds no growing list
 //! of samples. The same thread reads the process's CPU time and resident memory
 //! ([`PROCESS_CPU_SECONDS`], [`PROCESS_RESIDENT_BYTES`]), for the dashboards' per-service CPU and
@@ -26,6 +27,11 @@ pub const SECONDS_BUCKETS: [f64; 16] = [
 ];
 /// Buckets of every histogram whose name ends in `_size` (calls per batch).
 pub const SIZE_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+/// Buckets of every histogram whose name ends in `_saga_seconds`: the steps of an order's life,
+/// which wait for the buyer to pay, 50 ms to an hour.
+pub const SAGA_BUCKETS: [f64; 15] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
 /// How often the samples recorded since are drained into the histograms.
 pub const UPKEEP: Duration = Duration::from_secs(5);
 
@@ -38,6 +44,11 @@ pub fn handle() -> anyhow::Result<PrometheusHandle> {
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Suffix("_size".into()), &SIZE_BUCKETS)
+                })
+                // Suffix matchers are tried in the order of their text: `_saga_seconds` before
+                // `_seconds`.
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("_saga_seconds".into()), &SAGA_BUCKETS)
                 })
                 .ok()?
                 .build_recorder();
@@ -150,6 +161,7 @@ fn describe() {
         PROCESS_RESIDENT_BYTES,
         "Resident memory of the process, bytes."
     );
+    crate::pools::describe();
     describe_counter!(
         "flashsale_singleton_skips_total",
         "Rounds of a one-replica-at-a-time job skipped because another replica held its lease, by job."

@@ -20,7 +20,11 @@ use opentelemetry_sdk::{
     trace::{Sampler, SdkTracerProvider},
 };
 pub use tracing_subscriber::EnvFilter;
-use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
+use tracing_subscriber::{Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
+
+/// The spans exported where spans are exported, whatever the log filter: every span at `info`
+/// and above (the services' own spans, per request, batch, event and call on behalf of one).
+pub const EXPORTED_SPANS: &str = "info";
 
 use crate::settings::TelemetrySettings;
 
@@ -91,33 +95,47 @@ where
     } else {
         builder
     };
+    let exported = export.is_some();
     let provider = match export {
         None => builder.build(),
         Some(exporter) => builder
             .with_batch_exporter(exporter.context("build OTLP span exporter")?)
             .build(),
     };
+    // The log level (RUST_LOG) filters what is logged, not what is traced: exported spans are
+    // the services' own, at `info` ([`EXPORTED_SPANS`]), whatever the logs show. Where nothing
+    // is exported, spans serve the logs and the trace context only, and follow the log filter.
+    let span_filter = if exported {
+        EnvFilter::new(EXPORTED_SPANS)
+    } else {
+        EnvFilter::new(filter.to_string())
+    };
     let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-    let otel =
-        (!disabled).then(|| tracing_opentelemetry::layer().with_tracer(provider.tracer(service)));
+    let otel = (!disabled).then(|| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer(service))
+            .with_filter(span_filter)
+    });
     opentelemetry::global::set_tracer_provider(provider.clone());
 
-    let registry = tracing_subscriber::registry().with(filter).with(otel);
+    let registry = tracing_subscriber::registry().with(otel);
     let result = if settings.log_format == "json" {
         // One JSON line per event, with its spans' fields and its trace (json_log.rs).
         let format = crate::json_log::JsonLog::new();
-        registry
-            .with(format.dispatch_layer())
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
-                    .event_format(format)
-                    .with_writer(writer),
-            )
-            .try_init()
+        let logs = format.dispatch_layer().and_then(
+            tracing_subscriber::fmt::layer()
+                .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                .event_format(format)
+                .with_writer(writer),
+        );
+        registry.with(logs.with_filter(filter)).try_init()
     } else {
         registry
-            .with(tracing_subscriber::fmt::layer().with_writer(writer))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(writer)
+                    .with_filter(filter),
+            )
             .try_init()
     };
     result.context("install tracing subscriber")?;

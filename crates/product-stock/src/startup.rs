@@ -77,6 +77,11 @@ pub async fn build_with_orders(
     // Every new connection first checks that Redis did not come back from a stale snapshot
     // (docs/architecture.md#operations).
     let pool = RedisGate::pool(&settings.redis, &settings.redis.key_prefix)?;
+    f.runner.spawn(flashsale_platform::pools::watch_redis(
+        ProductStock::NAME,
+        pool.clone(),
+        f.runner.shutdown(),
+    ));
     let record_ttl = Duration::from_secs(settings.stock.order_record_ttl_secs);
     let redis_gate = RedisGate::new(pool, settings.redis.key_prefix.clone(), record_ttl)
         .with_released_record_ttl(

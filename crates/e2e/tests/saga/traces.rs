@@ -188,6 +188,8 @@ async fn one_order_is_one_trace_from_create_order_to_shipped_or_cancelled() {
         // the order's own timer cancels it (the sweeper, which has no order's trace, waits).
         ("FLASHSALE_ORDER__SAGA__PAYMENT_TIMEOUT_MS", "4000"),
         ("FLASHSALE_ORDER__SAGA__SWEEP_INTERVAL_MS", "3600000"),
+        // What is logged does not decide what is traced.
+        ("RUST_LOG", "warn"),
     ];
     let stack = Stack::start(&extra).await.unwrap();
     let sku = format!("TRACE-{}", uuid::Uuid::new_v4().simple());

@@ -451,5 +451,6 @@ pub(super) async fn cancel_in(
     }
     outbox::enqueue(txn, &cancelled_event(order, order.status, reason, cause)).await?;
     metrics::counter!("flashsale_orders_cancelled_total", "reason" => reason.as_db()).increment(1);
+    super::saga::reached("cancelled", [order.created_at]);
     Ok(true)
 }

@@ -1,7 +1,7 @@
 //! The help text of every metric family the order service exports ([`describe`], once at
 //! start).
 
-use metrics::{describe_counter, describe_gauge};
+use metrics::{describe_counter, describe_gauge, describe_histogram};
 
 /// Describes the order service's metric families to the process's recorder.
 pub fn describe() {
@@ -11,6 +11,10 @@ pub fn describe() {
         "Buyers refused at CreateOrder, by reason (SOLD_OUT, SOLD_OUT_CACHED, USER_LIMIT_EXCEEDED, OVERLOADED, …)."
     );
     describe_counter!("flashsale_orders_paid_total", "Orders that became PAID.");
+    describe_histogram!(
+        super::saga::SAGA_SECONDS,
+        "Seconds from an order's acceptance to a step of its saga, by stage (confirmed, paid, shipped, cancelled)."
+    );
     describe_counter!(
         "flashsale_orders_cancelled_total",
         "Orders cancelled, by reason."

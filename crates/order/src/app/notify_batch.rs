@@ -151,6 +151,7 @@ impl Payments {
         txn.commit().await?;
         let n = paid.len() as u64;
         metrics::counter!("flashsale_orders_paid_total").increment(n);
+        super::saga::reached("paid", orders.iter().map(|o| o.created_at));
         metrics::counter!("flashsale_payment_notifications_total", "result" => "paid").increment(n);
         tracing::debug!(orders = n, "payment notifications applied together");
         Ok(Some(

@@ -154,6 +154,7 @@ impl Payments {
                         "order changed under its row lock"
                     )));
                 }
+                super::saga::reached("paid", [order.created_at]);
                 outbox::enqueue(
                     &txn,
                     &paid_event(&order, &p.provider_payment_id, p.amount_cents),

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use flashsale_contract::to_timestamp;
 use flashsale_messaging::{DelayQueue, envelope, inbox, outbox};
 use flashsale_platform::failpoint::Failpoints;
@@ -37,6 +37,19 @@ pub const FP_TIMEOUT_BEFORE_COMMIT: &str = "order.payment_timeout.before_commit"
 pub const FP_OUTBOUND_RESULT_BEFORE_COMMIT: &str = "order.outbound_result.before_commit";
 /// Most orders one payment-timeout message may name (a confirmation batch holds at most 128).
 pub const MAX_TIMER_ORDERS: usize = 1_000;
+
+/// Histogram: seconds from an order's acceptance to a step of its saga, by `stage`:
+/// `confirmed` (its stock persisted: AWAITING_PAYMENT), `paid`, `shipped` or `cancelled`.
+pub const SAGA_SECONDS: &str = "flashsale_order_saga_seconds";
+
+/// Records, for orders accepted at `created`, that they reached `stage` now ([`SAGA_SECONDS`]).
+pub(crate) fn reached(stage: &'static str, created: impl IntoIterator<Item = DateTime<Utc>>) {
+    let now = Utc::now();
+    let seconds = metrics::histogram!(SAGA_SECONDS, "stage" => stage);
+    for c in created {
+        seconds.record((now - c).num_microseconds().unwrap_or(i64::MAX).max(0) as f64 / 1e6);
+    }
+}
 
 /// The delayed payment timeout of `order_id` and `more_order_ids` (confirmed together, so
 /// sharing `deadline`), caused by the `stock.reserved` that confirmed the first.
@@ -139,14 +152,17 @@ impl Saga {
                 note: "stock.reserved",
                 ..Change::default()
             };
-            db::transition(
+            if db::transition(
                 &txn,
                 order.order_id,
                 Status::Pending,
                 Status::AwaitingPayment,
                 change,
             )
-            .await?;
+            .await?
+            {
+                reached("confirmed", [order.created_at]);
+            }
             let timer = payment_timer(env, deadline, order.order_id.to_string(), Vec::new());
             outbox::enqueue_delayed(&txn, &timer, &self.payment_timeout).await?;
         }
@@ -250,7 +266,9 @@ impl Saga {
                 note: "outbound.completed",
                 ..Change::default()
             };
-            db::transition(&txn, order.order_id, Status::Paid, Status::Shipped, change).await?;
+            if db::transition(&txn, order.order_id, Status::Paid, Status::Shipped, change).await? {
+                reached("shipped", [order.created_at]);
+            }
         }
         self.failpoint(FP_OUTBOUND_RESULT_BEFORE_COMMIT).await?;
         txn.commit().await?;

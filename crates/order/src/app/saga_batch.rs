@@ -102,11 +102,8 @@ impl Saga {
         if inbox::claim_many(&txn, consumer, &message_ids).await? != n {
             return Ok(false);
         }
-        if db::await_payment_many(&txn, &order_ids, deadline, "stock.reserved")
-            .await?
-            .len()
-            != n
-        {
+        let moved = db::await_payment_many(&txn, &order_ids, deadline, "stock.reserved").await?;
+        if moved.len() != n {
             return Ok(false);
         }
         // The orders share the deadline: one delayed timer for those of the batch whose trace
@@ -131,6 +128,7 @@ impl Saga {
         self.failpoint(super::saga::FP_RESERVED_BEFORE_COMMIT)
             .await?;
         txn.commit().await?;
+        super::saga::reached("confirmed", moved.iter().map(|m| m.created_at));
         Ok(true)
     }
 }

@@ -93,16 +93,14 @@ impl Saga {
         if inbox::claim_many(&txn, consumer, &message_ids).await? != n {
             return Ok(false);
         }
-        if db::ship_many(&txn, &distinct, "outbound.completed")
-            .await?
-            .len()
-            != n
-        {
+        let moved = db::ship_many(&txn, &distinct, "outbound.completed").await?;
+        if moved.len() != n {
             return Ok(false);
         }
         self.failpoint(super::saga::FP_OUTBOUND_RESULT_BEFORE_COMMIT)
             .await?;
         txn.commit().await?;
+        super::saga::reached("shipped", moved.iter().map(|m| m.created_at));
         Ok(true)
     }
 }

@@ -488,6 +488,13 @@ pub async fn transition<C: ConnectionTrait>(
     Ok(true)
 }
 
+/// An order a statement moved, and when it was accepted.
+#[derive(Clone, Copy, Debug, FromQueryResult)]
+pub struct Moved {
+    pub order_id: Uuid,
+    pub created_at: DateTime<Utc>,
+}
+
 /// PENDING → AWAITING_PAYMENT with `deadline` for many orders at once, with their history rows
 /// (`note` as reason); returns the orders that were PENDING and moved.
 pub async fn await_payment_many<C: ConnectionTrait>(
@@ -495,11 +502,7 @@ pub async fn await_payment_many<C: ConnectionTrait>(
     ids: &[Uuid],
     deadline: DateTime<Utc>,
     note: &str,
-) -> Result<Vec<Uuid>, OrderError> {
-    #[derive(FromQueryResult)]
-    struct Id {
-        order_id: Uuid,
-    }
+) -> Result<Vec<Moved>, OrderError> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -507,51 +510,36 @@ pub async fn await_payment_many<C: ConnectionTrait>(
     // placeholders): one round trip, prepared once per connection.
     let sql = "WITH moved AS ( \
             UPDATE orders SET status = 'AWAITING_PAYMENT', payment_deadline = $1, updated_at = now() \
-            WHERE status = 'PENDING' AND order_id = ANY($2) RETURNING order_id \
+            WHERE status = 'PENDING' AND order_id = ANY($2) RETURNING order_id, created_at \
         ), hist AS ( \
             INSERT INTO order_status_history (order_id, from_status, to_status, reason) \
             SELECT order_id, 'PENDING', 'AWAITING_PAYMENT', $3 FROM moved \
         ) \
-        SELECT order_id FROM moved";
+        SELECT order_id, created_at FROM moved";
     let values: Vec<Value> = vec![deadline.into(), ids.to_vec().into(), note.into()];
-    let moved: Vec<Uuid> = Id::find_by_statement(stmt(sql, values))
-        .all(c)
-        .await?
-        .into_iter()
-        .map(|r| r.order_id)
-        .collect();
-    Ok(moved)
+    Ok(Moved::find_by_statement(stmt(sql, values)).all(c).await?)
 }
 
 /// PAID → SHIPPED for every order of `ids` that is PAID, with their history rows, in one
-/// statement; the ids moved.
+/// statement; the orders moved.
 pub async fn ship_many<C: ConnectionTrait>(
     c: &C,
     ids: &[Uuid],
     note: &str,
-) -> Result<Vec<Uuid>, OrderError> {
-    #[derive(FromQueryResult)]
-    struct Id {
-        order_id: Uuid,
-    }
+) -> Result<Vec<Moved>, OrderError> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
     let sql = "WITH moved AS ( \
             UPDATE orders SET status = 'SHIPPED', updated_at = now() \
-            WHERE status = 'PAID' AND order_id = ANY($1) RETURNING order_id \
+            WHERE status = 'PAID' AND order_id = ANY($1) RETURNING order_id, created_at \
         ), hist AS ( \
             INSERT INTO order_status_history (order_id, from_status, to_status, reason) \
             SELECT order_id, 'PAID', 'SHIPPED', $2 FROM moved \
         ) \
-        SELECT order_id FROM moved";
+        SELECT order_id, created_at FROM moved";
     let values: Vec<Value> = vec![ids.to_vec().into(), note.into()];
-    Ok(Id::find_by_statement(stmt(sql, values))
-        .all(c)
-        .await?
-        .into_iter()
-        .map(|r| r.order_id)
-        .collect())
+    Ok(Moved::find_by_statement(stmt(sql, values)).all(c).await?)
 }
 
 /// AWAITING_PAYMENT → PAID for every `(order, provider payment)` whose order is still awaiting

@@ -1,5 +1,6 @@
 //! Every call is counted and timed by method and status code at `/metrics`, with a histogram
-//! of explicit buckets; the build is named; every family a sale moves has its help text.
+//! of explicit buckets; the build is named; every family a sale moves has its help text; each
+//! step of an order's saga is timed from its acceptance.
 
 use flashsale_proto::order::v1::GetOrderRequest;
 use tonic::Code;
@@ -116,4 +117,94 @@ async fn every_family_a_sale_moves_has_its_help_text() {
         })
         .collect();
     assert!(undescribed.is_empty(), "no help text: {undescribed:?}");
+}
+
+#[tokio::test]
+async fn each_step_of_an_orders_saga_is_timed_from_its_acceptance() {
+    use flashsale_proto::order::v1::{CancelOrderRequest, OrderStatus};
+    let app = spawn_stack(|_| {}).await;
+    app.product("STEPS", 10, 1).await;
+    let o = app.order("alice", "k1", "STEPS", 1).await.unwrap();
+    app.wait_status("alice", &o.order_id, OrderStatus::AwaitingPayment)
+        .await;
+    app.client()
+        .await
+        .cancel_order(as_user(
+            "alice",
+            CancelOrderRequest {
+                order_id: o.order_id.clone(),
+            },
+        ))
+        .await
+        .unwrap();
+    let (_, metrics) = flashsale_test_support::grpc::http_get(app.metrics_port, "/metrics")
+        .await
+        .unwrap();
+    let steps = "flashsale_order_saga_seconds";
+    for stage in ["confirmed", "cancelled"] {
+        let stage = format!("stage=\"{stage}\"");
+        assert_eq!(
+            sample(&metrics, &format!("{steps}_count"), &[&stage]),
+            Some(1.0),
+            "{stage} not timed once:\n{metrics}"
+        );
+        // Buckets up to an hour: a buyer may take minutes to pay.
+        assert_eq!(
+            sample(
+                &metrics,
+                &format!("{steps}_bucket"),
+                &[&stage, "le=\"3600\""]
+            ),
+            Some(1.0),
+            "{stage} has no one-hour bucket:\n{metrics}"
+        );
+    }
+    for stage in ["paid", "shipped"] {
+        let stage = format!("stage=\"{stage}\"");
+        assert_eq!(sample(&metrics, &format!("{steps}_count"), &[&stage]), None);
+    }
+}
+
+#[tokio::test]
+async fn the_database_pool_is_exported_with_its_bound() {
+    let app = spawn_stack(|_| {}).await;
+    app.product("POOL", 10, 1).await;
+    app.order("alice", "k1", "POOL", 1).await.unwrap();
+    let service = "service=\"order\"";
+    let metrics = flashsale_test_support::eventually(
+        std::time::Duration::from_secs(30),
+        "the pool gauges",
+        || async {
+            let (_, m) = flashsale_test_support::grpc::http_get(app.metrics_port, "/metrics")
+                .await
+                .ok()?;
+            sample(
+                &m,
+                "flashsale_db_pool_connections",
+                &[service, "state=\"idle\""],
+            )
+            .is_some()
+            .then_some(m)
+        },
+    )
+    .await
+    .unwrap();
+    // helpers.rs gives the service 8 connections; it has opened at least one.
+    assert_eq!(
+        sample(&metrics, "flashsale_db_pool_max_connections", &[service]),
+        Some(8.0),
+        "{metrics}"
+    );
+    let open: f64 = ["in_use", "idle"]
+        .iter()
+        .filter_map(|s| {
+            let state = format!("state=\"{s}\"");
+            sample(
+                &metrics,
+                "flashsale_db_pool_connections",
+                &[service, &state],
+            )
+        })
+        .sum();
+    assert!((1.0..=8.0).contains(&open), "{open} open:\n{metrics}");
 }

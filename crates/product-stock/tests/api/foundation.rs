@@ -1,5 +1,6 @@
 //! What every service promises, for the product-stock process: it migrates its database, serves
-//! health, reflection and metrics, guards its RPCs, refuses bad config and stops cleanly.
+//! health, reflection and metrics (with its pools' usage), guards its RPCs, refuses bad config
+//! and stops cleanly.
 
 use flashsale_platform::auth::Role;
 use flashsale_proto::product::v1::{
@@ -30,4 +31,56 @@ flashsale_test_support::foundation_tests! {
     refused: ("alice", Role::User),
     allowed: ("root", Role::Admin),
     allowed_outcome: Some(Code::InvalidArgument),
+}
+
+#[tokio::test]
+async fn the_database_and_redis_pools_are_exported_with_their_bounds() {
+    let app = crate::helpers::spawn_app().await;
+    let service = "service=\"product-stock\"";
+    let value = |m: &str, name: &str, labels: &[&str]| -> Option<f64> {
+        m.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter(|l| labels.iter().all(|want| l.contains(want)))
+            .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    let metrics = flashsale_test_support::eventually(
+        std::time::Duration::from_secs(30),
+        "the pool gauges",
+        || async {
+            let (_, m) = flashsale_test_support::grpc::http_get(app.metrics_port, "/metrics")
+                .await
+                .ok()?;
+            let both = value(&m, "flashsale_redis_pool_waiting", &[service]).is_some()
+                && value(&m, "flashsale_db_pool_max_connections", &[service]).is_some();
+            both.then_some(m)
+        },
+    )
+    .await
+    .unwrap();
+    for max in [
+        "flashsale_db_pool_max_connections",
+        "flashsale_redis_pool_max_connections",
+    ] {
+        let bound = value(&metrics, max, &[service]);
+        assert!(
+            bound.is_some_and(|b| b >= 1.0),
+            "{max}: {bound:?}\n{metrics}"
+        );
+    }
+    for state in ["in_use", "idle"] {
+        let state = format!("state=\"{state}\"");
+        for family in [
+            "flashsale_db_pool_connections",
+            "flashsale_redis_pool_connections",
+        ] {
+            assert!(
+                value(&metrics, family, &[service, &state]).is_some(),
+                "{family} {state}:\n{metrics}"
+            );
+        }
+    }
+    assert_eq!(
+        value(&metrics, "flashsale_redis_pool_waiting", &[service]),
+        Some(0.0)
+    );
 }
