@@ -49,6 +49,9 @@ pub struct StockSettings {
     pub released_record_ttl_ms: u64,
     /// How often the sweeper looks for expired holds.
     pub sweep_interval_ms: u64,
+    /// How often every product's gate is compared with the database, report only, for the
+    /// drift gauge (`flashsale_gate_drift_units`); repairing stays an admin action.
+    pub drift_check_interval_ms: u64,
     /// How long a product's lost gate stays closed before it is rebuilt: longer than the order
     /// service's request deadline, so every order whose hold was taken before the loss has been
     /// written (and is counted as pending) or has failed by the time the rebuild asks for them.
@@ -66,6 +69,7 @@ impl Default for StockSettings {
             // keeps a buyer's create-and-cancel loop to that many minutes' records.
             released_record_ttl_ms: 300_000,
             sweep_interval_ms: 10_000,
+            drift_check_interval_ms: 60_000,
             rebuild_settle_ms: 6_000,
         }
     }
@@ -96,6 +100,12 @@ impl Validate for StockSettings {
             self.sweep_interval_ms,
             10,
             3_600_000,
+        )?;
+        check_range(
+            &format!("{p}.drift_check_interval_ms"),
+            self.drift_check_interval_ms,
+            1_000,
+            86_400_000,
         )?;
         check_range(
             &format!("{p}.rebuild_settle_ms"),
@@ -208,7 +218,7 @@ mod tests {
     #[test]
     fn bad_stock_and_redis_values_name_their_key() {
         type Case = flashsale_test_support::settings::Case<Settings>;
-        let cases: [Case; 20] = [
+        let cases: [Case; 22] = [
             ("product_stock.stock.max_quantity", |s| {
                 s.stock.max_quantity = 0
             }),
@@ -224,6 +234,12 @@ mod tests {
             }),
             ("product_stock.stock.sweep_interval_ms", |s| {
                 s.stock.sweep_interval_ms = 0
+            }),
+            ("product_stock.stock.drift_check_interval_ms", |s| {
+                s.stock.drift_check_interval_ms = 999
+            }),
+            ("product_stock.stock.drift_check_interval_ms", |s| {
+                s.stock.drift_check_interval_ms = 86_400_001
             }),
             ("product_stock.stock.released_record_ttl_ms", |s| {
                 s.stock.released_record_ttl_ms = 999

@@ -140,6 +140,8 @@ pub async fn build_with_orders(
     .dead_letters;
     f.runner
         .spawn(reconciler.clone().run_sweeper(f.runner.shutdown()));
+    f.runner
+        .spawn(reconciler.clone().run_drift_check(f.runner.shutdown()));
 
     let reads = settings.limits.limiter("GetProduct/ListProducts");
     f.forget_idle_users(vec![reads.clone()]);

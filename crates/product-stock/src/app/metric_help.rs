@@ -1,6 +1,6 @@
 //! The help text of every metric family product-stock exports ([`describe`], once at start).
 
-use metrics::describe_counter;
+use metrics::{describe_counter, describe_gauge};
 
 /// Describes product-stock's metric families to the process's recorder.
 pub fn describe() {
@@ -27,4 +27,8 @@ pub fn describe() {
     ] {
         describe_counter!(name, help);
     }
+    describe_gauge!(
+        super::reconcile::GATE_DRIFT,
+        "The gate's counter minus what the database says it should be, units, by product, at the last periodic check (0: they agree)."
+    );
 }

@@ -23,7 +23,7 @@ mod terms;
 pub use catalog::Catalog;
 pub use metric_help::describe as describe_metrics;
 pub use commit_batch::{CommitBatcher, Committed, commit_batcher};
-pub use reconcile::{DriftReport, HOLD_SWEEP, Reconciler, Settled};
+pub use reconcile::{DriftReport, GATE_DRIFT, HOLD_SWEEP, Reconciler, Settled};
 pub use reservations::{Reservations, Reserved};
 pub use saga::StockSaga;
 pub use saga_batch::{Created, CreatedBatcher, created_batcher};

@@ -156,8 +156,14 @@ pub struct Reconciler {
     terms: Terms,
     hold_ttl_ms: u64,
     sweep_interval_ms: u64,
+    drift_check_interval_ms: u64,
     rebuild_settle_ms: u64,
 }
+
+/// Gauge: the gate's counter minus what the database says it should be, units, by `sku`, as the
+/// last periodic comparison found it (every `stock.drift_check_interval_ms`, on each replica):
+/// positive, the gate would sell units the database does not have; negative, it holds some back.
+pub const GATE_DRIFT: &str = "flashsale_gate_drift_units";
 
 impl Reconciler {
     pub fn new(
@@ -174,8 +180,31 @@ impl Reconciler {
             terms,
             hold_ttl_ms: settings.hold_ttl_ms,
             sweep_interval_ms: settings.sweep_interval_ms,
+            drift_check_interval_ms: settings.drift_check_interval_ms,
             rebuild_settle_ms: settings.rebuild_settle_ms,
         }
+    }
+
+    /// Compares every product's gate with the database every `stock.drift_check_interval_ms`
+    /// until `shutdown`, report only, and exports each product's drift ([`GATE_DRIFT`]).
+    /// Every replica checks on its own, so each one's gauge is its own latest view; a dashboard
+    /// takes the largest. Repairing stays an admin action (`ReconcileStock` with `repair`).
+    pub async fn run_drift_check(
+        self,
+        shutdown: flashsale_platform::shutdown::Shutdown,
+    ) -> anyhow::Result<()> {
+        let period = std::time::Duration::from_millis(self.drift_check_interval_ms);
+        flashsale_platform::shutdown::every(period, shutdown, "gate drift check", || async {
+            let reports = self.reconcile(Vec::new(), false).await?;
+            for r in &reports {
+                metrics::gauge!(GATE_DRIFT, "sku" => r.sku.to_string()).set(r.drift as f64);
+                if r.drift != 0 {
+                    tracing::warn!(sku = %r.sku, drift = r.drift, gate = r.gate_available, expected = r.expected_gate_available, "the gate and the database disagree");
+                }
+            }
+            Ok::<_, StockError>(())
+        })
+        .await
     }
 
     /// Compares (and with `repair`, corrects) the gate of each sku (every product when empty).

@@ -1,5 +1,6 @@
 //! ReconcileStock and the hold sweeper: drift is reported and repaired, holds that never reach
-//! the database are released and their late order refused.
+//! the database are released and their late order refused; a periodic check exports each
+//! product's drift without repairing it.
 
 use flashsale_proto::{
     events::v1::{ReservationFailureReason, envelope::Payload},
@@ -287,4 +288,42 @@ async fn holds_that_never_reach_the_database_are_released_and_counted() {
     };
     assert_eq!(f.reason, ReservationFailureReason::OrderCancelled as i32);
     assert_eq!(app.count("SELECT reserved AS n FROM stock").await, 0);
+}
+
+#[tokio::test]
+async fn a_periodic_check_exports_each_products_drift_and_repairs_nothing() {
+    let db = TestDatabase::create().await.unwrap();
+    let mut settings = test_settings(&db);
+    settings.stock.drift_check_interval_ms = 1_000;
+    let app = spawn_with(settings, db).await;
+    app.create("DRIFT", 10, 0, RTC).await;
+    app.create("TRUE", 5, 0, RTC).await;
+    app.gate.repair("DRIFT", 15).await.unwrap(); // the gate now sells 5 units too many
+    let gauge = |metrics: &str, sku: &str| -> Option<f64> {
+        let line = format!("flashsale_gate_drift_units{{sku=\"{sku}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line)?.trim().parse().ok())
+    };
+    let metrics = flashsale_test_support::eventually(
+        std::time::Duration::from_secs(30),
+        "a check that saw the drift",
+        || async {
+            let (_, m) = http_get(app.metrics_port, "/metrics").await.ok()?;
+            (gauge(&m, "DRIFT") == Some(5.0)).then_some(m)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(gauge(&metrics, "TRUE"), Some(0.0), "{metrics}");
+    // Report only: the gate still sells the 5 units too many until an admin repairs it.
+    let report = app
+        .client()
+        .await
+        .reconcile_stock(admin(req(&["DRIFT"], false)))
+        .await
+        .unwrap()
+        .into_inner()
+        .reports;
+    assert_eq!((report[0].drift, report[0].repaired), (5, false));
 }
