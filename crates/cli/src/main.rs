@@ -16,6 +16,7 @@ mod output;
 mod product;
 mod shipment;
 mod stuck;
+mod timeline;
 mod token;
 
 #[derive(Parser)]

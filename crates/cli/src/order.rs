@@ -1,9 +1,8 @@
-//! `flashsale order create|get|list|watch|pay|cancel|stuck|refunds|refund-retry` against the
-//! order service. Commands act as the buyer `--user` (a user token minted from the shared
-//! secret) unless `--admin` or `--token` is given (`stuck`, `refunds` and `refund-retry` always
-//! mint an admin token); answers
-//! print as JSON, a watch as one compact JSON line per update, the stuck orders as text unless
-//! `--json`.
+//! `flashsale order create|get|list|watch|pay|cancel|stuck|timeline|refunds|refund-retry`
+//! against the order service. Commands act as the buyer `--user` (a user token minted from the
+//! shared secret) unless `--admin` or `--token` is given (`stuck`, `timeline`, `refunds` and
+//! `refund-retry` always mint an admin token); answers print as JSON, a watch as one compact
+//! JSON line per update, the stuck orders and the timeline as text unless `--json`.
 
 use std::{process::ExitCode, time::Duration};
 
@@ -110,6 +109,11 @@ enum Command {
     /// the order service sees it (its outbox, its dead letters), and parked messages of it at
     /// outbound (PAID orders) or product-stock (PENDING orders).
     Stuck(crate::stuck::Args),
+    /// One order's whole life in time order (admin), as the three services saw it: its status
+    /// changes, reservation and stock movements, payment, refund, shipment, and its events as
+    /// each service wrote, published, consumed or parked them, with the trace id to open in a
+    /// trace viewer.
+    Timeline(crate::timeline::Args),
     /// Refunds and their attempts at the payment provider (admin), oldest first; `--status
     /// failed` shows the ones parked after the provider kept refusing them.
     Refunds {
@@ -137,7 +141,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let admin = args.admin
         || matches!(
             args.command,
-            Command::Stuck(_) | Command::Refunds { .. } | Command::RefundRetry { .. }
+            Command::Stuck(_)
+                | Command::Timeline(_)
+                | Command::Refunds { .. }
+                | Command::RefundRetry { .. }
         );
     let token = match args.token.clone() {
         Some(t) => t,
@@ -146,7 +153,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.secret.mint(&args.user, role, TOKEN_TTL)?
         }
     };
-    let mut client = OrderServiceClient::new(connect(&args.url, Duration::from_secs(10)).await?);
+    let channel = connect(&args.url, Duration::from_secs(10)).await?;
+    let mut client = OrderServiceClient::new(channel.clone());
     match args.command {
         Command::Create {
             sku,
@@ -224,6 +232,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             print(&resp.into_inner(), "flashsale.order.v1.PayOrderResponse")?;
         }
         Command::Stuck(stuck) => return crate::stuck::run(stuck, &mut client, &token).await,
+        Command::Timeline(t) => return crate::timeline::run(t, channel, &token).await,
         Command::RefundRetry { order_id } => {
             let resp = client
                 .retry_refund(authorized(RetryRefundRequest { order_id }, &token)?)

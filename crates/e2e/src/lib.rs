@@ -20,6 +20,8 @@ use tokio::process::{Child, Command};
 pub struct Service {
     pub name: &'static str,
     pub port: u16,
+    /// Its Prometheus endpoint's port (`/metrics`); 0 for the payment simulator.
+    pub metrics_port: u16,
     child: Child,
     log: PathBuf,
     _db: Option<TestDatabase>,
@@ -251,12 +253,13 @@ async fn spawn(
         None => free_port()?,
     };
     let p = |k: &str| format!("FLASHSALE_{key}__{k}");
+    let metrics_port = free_port()?;
     let log = dir.join(format!("{name}.log"));
     let mut cmd = Command::new(&exe);
     cmd.env("FLASHSALE_CONFIG_DIR", config_dir)
         .env("RUST_LOG", "warn,flashsale=info")
         .env(p("GRPC__ADDR"), format!("127.0.0.1:{port}"))
-        .env(p("METRICS__ADDR"), format!("127.0.0.1:{}", free_port()?))
+        .env(p("METRICS__ADDR"), format!("127.0.0.1:{metrics_port}"))
         .env(p("DATABASE__URL"), &db.url)
         .env(p("DATABASE__MAX_CONNECTIONS"), "10")
         .env(p("REDIS__URL"), redis_url())
@@ -317,6 +320,7 @@ async fn spawn(
     let service = Service {
         name,
         port,
+        metrics_port,
         child,
         log,
         _db: Some(db),
@@ -358,6 +362,7 @@ pub async fn spawn_payment_sim(
     let service = Service {
         name,
         port,
+        metrics_port: 0,
         child,
         log,
         _db: None,

@@ -11,27 +11,89 @@
 use std::time::Duration;
 
 use flashsale_platform::shutdown::Shutdown;
+use flashsale_proto::events::v1::Envelope;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Statement};
 use uuid::Uuid;
 
 /// Counter: inbox rows the purger deleted.
 pub const PURGED_TOTAL: &str = "flashsale_inbox_purged_total";
 
-/// Records `message_id` as processed by `consumer`; `false` when it already was (a duplicate).
+/// A message as the inbox records it: its id (the key) and, for an order's timeline, what it
+/// was about, which delivery applied it and the trace it carried.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Claim {
+    pub message_id: Uuid,
+    /// The envelope's correlation id (the order id, or a sku).
+    pub correlation_id: String,
+    /// The event type.
+    pub message_type: String,
+    /// The delivery that applied it: 1 for the first.
+    pub attempt: u32,
+    /// The trace id (32 hex digits) the delivery carried; empty when none.
+    pub trace_id: String,
+}
+
+impl Claim {
+    /// The claim of `env` delivered for the `attempt`th time with trace context `trace` (the
+    /// delivery's headers, or [`crate::outbox::current_trace`] in its span).
+    pub fn of(
+        env: &Envelope,
+        attempt: u32,
+        trace: &crate::outbox::TraceHeaders,
+    ) -> Result<Self, crate::envelope::DecodeError> {
+        Ok(Self {
+            message_id: crate::envelope::message_id(env)?,
+            correlation_id: env.correlation_id.clone(),
+            message_type: env.r#type.clone(),
+            attempt,
+            trace_id: crate::trace::trace_id(trace).unwrap_or_default(),
+        })
+    }
+
+    /// The claim of `env` by a handler running in the delivery's own span: its attempt is the
+    /// one the consumer is running ([`current_attempt`]), its trace the span's.
+    pub fn current(env: &Envelope) -> Result<Self, crate::envelope::DecodeError> {
+        Self::of(env, current_attempt(), &crate::outbox::current_trace())
+    }
+}
+
+/// A bare id: nothing known of the message but its key.
+impl From<Uuid> for Claim {
+    fn from(message_id: Uuid) -> Self {
+        Self {
+            message_id,
+            attempt: 1,
+            ..Self::default()
+        }
+    }
+}
+
+tokio::task_local! {
+    static ATTEMPT: u32;
+}
+
+/// Runs `fut` as the handling of a message's `attempt`th delivery ([`current_attempt`] in it).
+/// The consumer does it for every handler; a batch that falls back to handling its deliveries
+/// one by one does it for each of them.
+pub async fn with_attempt<F: std::future::Future>(attempt: u32, fut: F) -> F::Output {
+    ATTEMPT.scope(attempt, fut).await
+}
+
+/// The delivery attempt being handled (1 outside [`with_attempt`]).
+pub fn current_attempt() -> u32 {
+    ATTEMPT.try_with(|a| *a).unwrap_or(1)
+}
+
+/// Records a message as processed by `consumer`; `false` when it already was (a duplicate).
 ///
 /// A concurrent claim of the same id in another transaction waits for that transaction: if it
 /// commits this returns `false`, if it rolls back this claim wins.
 pub async fn claim<C: ConnectionTrait>(
     conn: &C,
     consumer: &str,
-    message_id: Uuid,
+    message: impl Into<Claim>,
 ) -> Result<bool, DbErr> {
-    let stmt = Statement::from_sql_and_values(
-        conn.get_database_backend(),
-        "INSERT INTO inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        [consumer.into(), message_id.into()],
-    );
-    Ok(conn.execute_raw(stmt).await?.rows_affected() == 1)
+    Ok(claim_many(conn, consumer, &[message.into()]).await? == 1)
 }
 
 /// Deletes inbox rows older than `older_than` (keep it well above the longest redelivery or
@@ -134,15 +196,24 @@ pub async fn run_purger(
 pub async fn claim_many<C: ConnectionTrait>(
     conn: &C,
     consumer: &str,
-    message_ids: &[Uuid],
+    messages: &[Claim],
 ) -> Result<usize, DbErr> {
-    if message_ids.is_empty() {
+    if messages.is_empty() {
         return Ok(0);
     }
-    let mut insert =
-        flashsale_platform::db::MultiRow::new("INSERT INTO inbox (consumer, message_id) VALUES");
-    for id in message_ids {
-        insert.row([consumer.into(), (*id).into()]);
+    let mut insert = flashsale_platform::db::MultiRow::new(
+        "INSERT INTO inbox (consumer, message_id, correlation_id, message_type, attempt, trace_id) \
+         VALUES",
+    );
+    for m in messages {
+        insert.row([
+            consumer.into(),
+            m.message_id.into(),
+            m.correlation_id.clone().into(),
+            m.message_type.clone().into(),
+            i32::try_from(m.attempt).unwrap_or(i32::MAX).into(),
+            m.trace_id.clone().into(),
+        ]);
     }
     let done = conn
         .execute_raw(insert.finish("ON CONFLICT DO NOTHING"))

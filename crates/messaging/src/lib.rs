@@ -13,7 +13,9 @@
 //! // in a use case's transaction:
 //! outbox::enqueue(&txn, &envelope::new(payload, order_id, "", "order")).await?;
 //! // in a handler's transaction:
-//! if !inbox::claim(&txn, "order.stock-events", msg.message_id).await? { return Ok(()); }
+//! if !inbox::claim(&txn, "order.stock-events", inbox::Claim::current(&msg.envelope)?).await? {
+//!     return Ok(());
+//! }
 //! ```
 
 pub mod broadcast;
@@ -29,6 +31,7 @@ pub mod metrics;
 pub mod migration;
 pub mod outbox;
 pub mod publisher;
+pub mod timeline;
 pub mod topology;
 pub mod trace;
 pub mod waiting;

@@ -13,6 +13,14 @@ pub fn describe() {
         "flashsale_bundles_consumed_total",
         "Bundles (several events in one message) a consumer handled, by queue."
     );
+    describe_histogram!(
+        crate::consumer::CONSUMER_LAG_SECONDS,
+        "From an event's writing by its producer to the start of its first handling, seconds, by queue (events from a delay or retry queue left out)."
+    );
+    describe_counter!(
+        crate::consumer::REDELIVERED_TOTAL,
+        "Messages the broker delivered again (a consumer died or did not ack before), by queue."
+    );
     describe_counter!(
         "flashsale_messages_retried_total",
         "Messages whose handler failed and that were sent to wait and retry, by queue."
@@ -32,6 +40,10 @@ pub fn describe() {
     describe_gauge!(
         crate::dead_letter::PARKED_GAUGE,
         "Dead letters parked and not yet replayed or discarded, by queue (a shared database: take max)."
+    );
+    describe_gauge!(
+        crate::dead_letter::QUEUE_READY,
+        "Messages waiting for a consumer in a work queue, by queue, read every stats interval (every replica reads the same queue: take max)."
     );
     describe_counter!(
         crate::dead_letter::STORED_TOTAL,

@@ -7,6 +7,8 @@
 //!         Box::new(flashsale_messaging::migration::CreateOutboxAndInbox),
 //!         /* … the service's own … */
 //!         Box::new(flashsale_messaging::migration::CreateDeadLetters),
+//!         Box::new(flashsale_messaging::migration::AddCorrelation),
+//!         Box::new(flashsale_messaging::migration::AddDeadLetterCorrelation),
 //!     ]
 //! }
 //! ```
@@ -158,6 +160,103 @@ impl MigrationTrait for CreateDeadLetters {
         manager
             .get_connection()
             .execute_unprepared(DEAD_LETTERS_DOWN)
+            .await?;
+        Ok(())
+    }
+}
+
+const CORRELATION_UP: &str = r#"
+-- The order (or sku) each message is about, so one order's messages can be found again:
+-- the order timeline (flashsale.admin.v1.OrderTimelineService).
+ALTER TABLE outbox ADD COLUMN correlation_id text NOT NULL DEFAULT '';
+CREATE INDEX outbox_by_correlation ON outbox (correlation_id) WHERE correlation_id <> '';
+-- What a consumer applied: besides the id, the event's type, its correlation, the delivery it
+-- took (1 = the first) and the trace it carried.
+ALTER TABLE inbox
+    ADD COLUMN correlation_id text    NOT NULL DEFAULT '',
+    ADD COLUMN message_type   text    NOT NULL DEFAULT '',
+    ADD COLUMN attempt        integer NOT NULL DEFAULT 1,
+    ADD COLUMN trace_id       text    NOT NULL DEFAULT '';
+CREATE INDEX inbox_by_correlation ON inbox (correlation_id) WHERE correlation_id <> '';
+-- An event is stamped when its row is written, not when its transaction began: a transaction
+-- that waited on a remote call first would otherwise date its events before that call.
+ALTER TABLE outbox ALTER COLUMN created_at SET DEFAULT clock_timestamp();
+"#;
+
+const CORRELATION_DOWN: &str = r#"
+ALTER TABLE inbox DROP COLUMN IF EXISTS correlation_id, DROP COLUMN IF EXISTS message_type,
+    DROP COLUMN IF EXISTS attempt, DROP COLUMN IF EXISTS trace_id;
+ALTER TABLE outbox DROP COLUMN IF EXISTS correlation_id;
+ALTER TABLE outbox ALTER COLUMN created_at SET DEFAULT now();
+"#;
+
+/// Adds the correlation id (the order a message is about) to `outbox` and `inbox`, and to
+/// `inbox` the event's type, the delivery attempt and the trace id, for the order timeline.
+/// Runs after [`CreateOutboxAndInbox`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AddCorrelation;
+
+impl MigrationName for AddCorrelation {
+    fn name(&self) -> &str {
+        "m20261206_000000_messaging_add_correlation"
+    }
+}
+
+#[allow(elided_lifetimes_in_paths)]
+#[async_trait::async_trait]
+impl MigrationTrait for AddCorrelation {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared(CORRELATION_UP)
+            .await?;
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared(CORRELATION_DOWN)
+            .await?;
+        Ok(())
+    }
+}
+
+const DEAD_LETTER_CORRELATION_UP: &str = r#"
+ALTER TABLE dead_letters ADD COLUMN correlation_id text NOT NULL DEFAULT '';
+CREATE INDEX dead_letters_by_correlation ON dead_letters (correlation_id)
+    WHERE correlation_id <> '';
+"#;
+
+const DEAD_LETTER_CORRELATION_DOWN: &str =
+    "ALTER TABLE dead_letters DROP COLUMN IF EXISTS correlation_id;";
+
+/// Adds the correlation id (the order a parked message is about, when it could be decoded) to
+/// `dead_letters`, for the order timeline. Runs after [`CreateDeadLetters`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AddDeadLetterCorrelation;
+
+impl MigrationName for AddDeadLetterCorrelation {
+    fn name(&self) -> &str {
+        "m20261206_000001_messaging_add_dead_letter_correlation"
+    }
+}
+
+#[allow(elided_lifetimes_in_paths)]
+#[async_trait::async_trait]
+impl MigrationTrait for AddDeadLetterCorrelation {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared(DEAD_LETTER_CORRELATION_UP)
+            .await?;
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared(DEAD_LETTER_CORRELATION_DOWN)
             .await?;
         Ok(())
     }

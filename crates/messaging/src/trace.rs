@@ -48,6 +48,20 @@ pub fn is_sampled(headers: &BTreeMap<String, String>) -> bool {
         .is_some_and(|flags| flags & 1 == 1)
 }
 
+/// The trace id (32 lowercase hex digits) of a `traceparent` header value; `None` for one that
+/// is malformed or names the invalid all-zero trace.
+pub fn traceparent_trace_id(traceparent: &str) -> Option<String> {
+    let mut parts = traceparent.split('-');
+    let (_version, id) = (parts.next()?, parts.next()?);
+    let hex = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex && id.bytes().any(|b| b != b'0')).then(|| id.to_ascii_lowercase())
+}
+
+/// The trace id `headers` carry ([`traceparent_trace_id`] of their `traceparent`).
+pub fn trace_id(headers: &BTreeMap<String, String>) -> Option<String> {
+    traceparent_trace_id(headers.get(TRACEPARENT)?)
+}
+
 /// A span continuing the trace of `headers` (captured with [`current_headers`] where some work
 /// was caused), for work a batch does on behalf of one of its callers: what the work calls or
 /// writes then carries that caller's trace, not the batch's. Without headers it is a child of
@@ -155,6 +169,25 @@ impl Extractor for FieldTableExtractor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_traceparent_names_its_trace_and_a_malformed_one_none() {
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let tp = format!("00-{}-00f067aa0ba902b7-01", id.to_uppercase());
+        assert_eq!(traceparent_trace_id(&tp).as_deref(), Some(id));
+        let headers = BTreeMap::from([(TRACEPARENT.to_owned(), tp)]);
+        assert_eq!(trace_id(&headers).as_deref(), Some(id));
+        for bad in [
+            "",
+            "00",
+            "00-4bf92f3577b34da6-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(traceparent_trace_id(bad), None, "{bad}");
+        }
+        assert_eq!(trace_id(&BTreeMap::new()), None);
+    }
 
     #[test]
     fn extractor_reads_long_and_short_strings() {

@@ -12,7 +12,10 @@ use flashsale_platform::{
     peer::PeerLimits,
 };
 use flashsale_proto::{
-    admin::v1::dead_letter_service_server::DeadLetterServiceServer,
+    admin::v1::{
+        dead_letter_service_server::DeadLetterServiceServer,
+        order_timeline_service_server::OrderTimelineServiceServer,
+    },
     order::v1::{
         order_service_server::OrderServiceServer,
         payment_notification_service_server::PaymentNotificationServiceServer,
@@ -188,6 +191,16 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
             DeadLetterServiceServer::new(dead_letters)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
+            f.auth.clone(),
+        ))
+        .with_service(InterceptedService::new(
+            OrderTimelineServiceServer::new(flashsale_messaging::timeline::TimelineAdmin::new(
+                &f.db,
+                "order",
+                crate::infra::timeline::Story::new(f.db.clone()),
+            )?)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
             f.auth.clone(),
         ));
     Ok(Application::new(f, routes))

@@ -9,7 +9,14 @@
 //! ([`PROCESS_CPU_SECONDS`], [`PROCESS_RESIDENT_BYTES`]), for the dashboards' per-service CPU and
 //! memory.
 
-use std::{net::SocketAddr, sync::OnceLock, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{
+        OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -19,6 +26,8 @@ use tokio::{
 };
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+/// Upkeeps run since the recorder was installed.
+static UPKEEPS: AtomicU64 = AtomicU64::new(0);
 
 /// Buckets of every histogram whose name ends in `_seconds`: 100 µs to 10 s.
 pub const SECONDS_BUCKETS: [f64; 16] = [
@@ -63,6 +72,7 @@ pub fn handle() -> anyhow::Result<PrometheusHandle> {
                         record_process();
                         std::thread::sleep(UPKEEP);
                         upkeep.run_upkeep();
+                        UPKEEPS.fetch_add(1, Ordering::Release);
                     }
                 })
                 .ok()?;
@@ -70,6 +80,12 @@ pub fn handle() -> anyhow::Result<PrometheusHandle> {
         })
         .clone()
         .context("a metrics recorder from elsewhere is already installed")
+}
+
+/// How many upkeeps have run since the recorder was installed: once it has moved past a value
+/// read after some samples were recorded, those samples are in their histograms' buckets.
+pub fn upkeeps() -> u64 {
+    UPKEEPS.load(Ordering::Acquire)
 }
 
 /// Gauge: CPU time the process has used, user and system, seconds (Prometheus's usual process

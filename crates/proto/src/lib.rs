@@ -56,5 +56,6 @@ pub const SERVICE_NAMES: &[&str] = &[
     "flashsale.order.v1.PaymentNotificationService",
     "flashsale.outbound.v1.OutboundService",
     "flashsale.admin.v1.DeadLetterService",
+    "flashsale.admin.v1.OrderTimelineService",
     "flashsale.payment.v1.PaymentProviderService",
 ];

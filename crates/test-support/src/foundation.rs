@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use flashsale_platform::{auth::Role, shutdown::Shutdown};
 use flashsale_proto::admin::v1::{
-    ListDeadLettersRequest, dead_letter_service_client::DeadLetterServiceClient,
+    GetOrderTimelineRequest, ListDeadLettersRequest,
+    dead_letter_service_client::DeadLetterServiceClient,
+    order_timeline_service_client::OrderTimelineServiceClient,
 };
 use tonic::Code;
 use tonic::transport::Channel;
@@ -54,6 +56,7 @@ pub async fn check_endpoints(
     let served = [
         service_name,
         "flashsale.admin.v1.DeadLetterService",
+        "flashsale.admin.v1.OrderTimelineService",
         "grpc.health.v1.Health",
     ];
     for names in [&v1, &v1alpha] {
@@ -112,6 +115,36 @@ pub async fn check_endpoints(
         code(forged) == Some(Code::Unauthenticated),
         "forged token dead-letter call"
     );
+
+    let mut timeline = OrderTimelineServiceClient::new(channel(grpc_port).await?);
+    let code = |r: Result<tonic::Response<_>, tonic::Status>| r.err().map(|s| s.code());
+    let some_order = GetOrderTimelineRequest {
+        order_id: uuid::Uuid::new_v4().to_string(),
+    };
+    let anonymous = timeline.get_order_timeline(some_order.clone()).await;
+    ensure!(
+        code(anonymous) == Some(Code::Unauthenticated),
+        "anonymous timeline call"
+    );
+    let user = timeline
+        .get_order_timeline(with_token(some_order, &token("alice", Role::User)))
+        .await;
+    ensure!(
+        code(user) == Some(Code::PermissionDenied),
+        "user timeline call"
+    );
+    for bad in ["", "42", "not-a-uuid"] {
+        let req = GetOrderTimelineRequest {
+            order_id: bad.to_owned(),
+        };
+        let answer = timeline
+            .get_order_timeline(with_token(req, &token("ops", Role::Admin)))
+            .await;
+        ensure!(
+            code(answer) == Some(Code::InvalidArgument),
+            "timeline of order id {bad:?}"
+        );
+    }
     Ok(())
 }
 

@@ -15,4 +15,5 @@ mod product;
 mod sale;
 mod sale_deadlines;
 mod shipment;
+mod timeline;
 mod trace_sink;

@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod metrics;
 mod traces;
 
 use std::time::Duration;

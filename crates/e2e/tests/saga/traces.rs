@@ -8,6 +8,10 @@ use std::{collections::HashSet, time::Duration};
 
 use flashsale_e2e::Stack;
 use flashsale_proto::{
+    admin::v1::{
+        GetOrderTimelineRequest, TimelineEntryKind,
+        order_timeline_service_client::OrderTimelineServiceClient,
+    },
     order::v1::{
         CreateOrderRequest, GetOrderRequest, Order, OrderStatus, PayOrderRequest,
         order_service_client::OrderServiceClient,
@@ -144,7 +148,7 @@ fn missing(spans: &[ReceivedSpan], gateway: &GatewaySpan, story: &Story) -> Vec<
     missing
 }
 
-async fn wait_status(
+pub(super) async fn wait_status(
     orders: &OrderServiceClient<tonic::transport::Channel>,
     o: &Order,
     want: OrderStatus,
@@ -190,6 +194,13 @@ async fn one_order_is_one_trace_from_create_order_to_shipped_or_cancelled() {
         ("FLASHSALE_ORDER__SAGA__SWEEP_INTERVAL_MS", "3600000"),
         // What is logged does not decide what is traced.
         ("RUST_LOG", "warn"),
+        // Published events stay in the outboxes: the order timelines show them.
+        ("FLASHSALE_ORDER__AMQP__OUTBOX_KEEP_PUBLISHED_HOURS", "1"),
+        (
+            "FLASHSALE_PRODUCT_STOCK__AMQP__OUTBOX_KEEP_PUBLISHED_HOURS",
+            "1",
+        ),
+        ("FLASHSALE_OUTBOUND__AMQP__OUTBOX_KEEP_PUBLISHED_HOURS", "1"),
     ];
     let stack = Stack::start(&extra).await.unwrap();
     let sku = format!("TRACE-{}", uuid::Uuid::new_v4().simple());
@@ -309,4 +320,37 @@ async fn one_order_is_one_trace_from_create_order_to_shipped_or_cancelled() {
             .map(String::as_str),
         Some("0")
     );
+
+    // Each service's timeline of the shipped order names its trace, and so do the events in it.
+    for url in [
+        stack.order.url(),
+        stack.product_stock.url(),
+        stack.outbound.url(),
+    ] {
+        let mut c = OrderTimelineServiceClient::new(connect(url).await);
+        let answer = c
+            .get_order_timeline(admin(GetOrderTimelineRequest {
+                order_id: paid.order_id.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.trace_id, shipped.trace_id, "{answer:#?}");
+        let events: Vec<_> = answer
+            .entries
+            .iter()
+            .filter(|e| !e.event_type.is_empty())
+            .collect();
+        assert!(
+            events
+                .iter()
+                .any(|e| e.kind == TimelineEntryKind::EventPublished as i32),
+            "{} published none of its events: {answer:#?}",
+            answer.service
+        );
+        assert!(
+            events.iter().all(|e| e.trace_id == shipped.trace_id),
+            "{answer:#?}"
+        );
+    }
 }

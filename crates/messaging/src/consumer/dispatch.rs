@@ -15,7 +15,10 @@ use tokio::sync::Semaphore;
 use tracing::{Instrument as _, debug, error, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use super::{FP_AFTER_HANDLE_BEFORE_ACK, Handler, HandlerError, Incoming};
+use super::{
+    CONSUMER_LAG_SECONDS, FP_AFTER_HANDLE_BEFORE_ACK, Handler, HandlerError, Incoming,
+    REDELIVERED_TOTAL,
+};
 use crate::{
     bundle, envelope, headers,
     publisher::{OutgoingMessage, Publisher},
@@ -44,6 +47,13 @@ struct Unit {
     message_id: String,
     kind: String,
     timestamp: u64,
+    /// It went through a queue's dead-letter exchange (a delay or retry queue's TTL: `x-death`):
+    /// it waited on purpose.
+    delayed: bool,
+}
+
+fn went_through_a_delay(hdrs: Option<&FieldTable>) -> bool {
+    hdrs.is_some_and(|h| h.inner().contains_key("x-death"))
 }
 
 impl Unit {
@@ -60,6 +70,7 @@ impl Unit {
                 .unwrap_or_default(),
             kind: p.kind().as_ref().map(|s| s.to_string()).unwrap_or_default(),
             timestamp: p.timestamp().unwrap_or(0),
+            delayed: went_through_a_delay(p.headers().as_ref()),
             data: std::mem::take(&mut delivery.data),
         }
     }
@@ -76,6 +87,7 @@ impl Unit {
             message_id: String::new(),
             kind: String::new(),
             timestamp: bundle.properties.timestamp().unwrap_or(0),
+            delayed: went_through_a_delay(bundle.properties.headers().as_ref()),
         }
     }
 }
@@ -209,6 +221,7 @@ async fn handle<H: Handler>(ctx: &Ctx<H>, mut unit: Unit, delivered_with: &str) 
         )
         .await;
     };
+    observe_lag(&queue, &env, attempt, &unit);
     // Named and attributed as OpenTelemetry's messaging conventions say: `process <type>`, a
     // consumer span, child of the span that wrote the event.
     let span = tracing::info_span!(
@@ -245,10 +258,12 @@ async fn handle<H: Handler>(ctx: &Ctx<H>, mut unit: Unit, delivered_with: &str) 
 async fn settle<H: Handler>(ctx: &Ctx<H>, unit: Unit, msg: Incoming) -> Settled {
     let (attempt, routing_key, queue) = (msg.attempt, msg.routing_key.clone(), msg.queue.clone());
     // The call itself inside the guarded future too: a closure may panic before it returns one.
-    let outcome = AssertUnwindSafe(async { ctx.handler.handle(msg).await })
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|_| Err(HandlerError::transient(anyhow::anyhow!("handler panicked"))));
+    let outcome = AssertUnwindSafe(crate::inbox::with_attempt(attempt, async {
+        ctx.handler.handle(msg).await
+    }))
+    .catch_unwind()
+    .await
+    .unwrap_or_else(|_| Err(HandlerError::transient(anyhow::anyhow!("handler panicked"))));
     match outcome {
         Ok(()) => {
             metrics::counter!("flashsale_messages_consumed_total", "queue" => queue).increment(1);
@@ -388,6 +403,38 @@ fn forward(unit: &Unit, hdrs: FieldTable, queue: String) -> OutgoingMessage {
         payload: unit.data.clone(),
         content_type: String::new(),
     }
+}
+
+/// How far this consumer runs behind: from the event's `occurred_at` (when its producer wrote
+/// it) to the start of its first handling here, for events that came straight from their
+/// producer — not a retry, nor one that waited in a delay queue on purpose (a payment timeout,
+/// a message sent to wait out an outage), whose wait is chosen, not lag. Counts redeliveries.
+fn observe_lag(
+    queue: &str,
+    env: &flashsale_proto::events::v1::Envelope,
+    attempt: u32,
+    unit: &Unit,
+) {
+    if unit.redelivered {
+        metrics::counter!(REDELIVERED_TOTAL, "queue" => queue.to_owned()).increment(1);
+    }
+    if attempt != 1 || unit.delayed {
+        return;
+    }
+    let Some(at) = env.occurred_at else {
+        return;
+    };
+    let at_ms = at
+        .seconds
+        .saturating_mul(1_000)
+        .saturating_add(i64::from(at.nanos / 1_000_000));
+    let lag_ms = chrono::Utc::now()
+        .timestamp_millis()
+        .saturating_sub(at_ms)
+        .max(0);
+    #[allow(clippy::cast_precision_loss)] // milliseconds: far below 2^52
+    metrics::histogram!(CONSUMER_LAG_SECONDS, "queue" => queue.to_owned())
+        .record(lag_ms as f64 / 1_000.0);
 }
 
 fn attempt_of(hdrs: &FieldTable) -> u32 {

@@ -32,6 +32,11 @@ use crate::{
 /// delivery of that routing key.
 pub const FP_AFTER_HANDLE_BEFORE_ACK: &str = "consumer.after_handle_before_ack";
 
+/// Histogram: from an event's writing to the start of its first handling, seconds, by queue.
+pub const CONSUMER_LAG_SECONDS: &str = "flashsale_consumer_lag_seconds";
+/// Counter: messages the broker delivered again, by queue.
+pub const REDELIVERED_TOTAL: &str = "flashsale_messages_redelivered_total";
+
 /// How long shutdown waits for handlers in flight.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 

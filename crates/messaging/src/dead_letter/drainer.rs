@@ -12,14 +12,17 @@ use flashsale_platform::backoff::Backoff;
 use futures_util::{FutureExt as _, StreamExt as _, stream::select_all};
 use lapin::{
     message::Delivery,
-    options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
+    options::{
+        BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions,
+        QueueDeclareOptions,
+    },
     types::FieldTable,
 };
 use sea_orm::{DatabaseConnection, DbBackend, DbErr};
 use sqlx::PgPool;
 use tracing::{debug, error, info, warn};
 
-use super::{STORED_TOTAL, parked::Parked, store};
+use super::{QUEUE_READY, STORED_TOTAL, parked::Parked, store};
 use crate::{
     broker::{Broker, short},
     topology::QueueTopology,
@@ -257,6 +260,12 @@ impl DeadLetterDrainer {
         if let Err(e) = store::refresh_gauge(&self.pool, &self.queues).await {
             warn!(error = %e, "failed to count parked messages");
         }
+        if let Err(e) = self.read_queue_depths().await {
+            debug!(
+                error = format!("{e:#}"),
+                "failed to read the work queues' depths"
+            );
+        }
         if last_purge.elapsed() >= PURGE_EVERY {
             *last_purge = tokio::time::Instant::now();
             match store::purge_resolved(&self.pool, self.options.retention).await {
@@ -265,5 +274,32 @@ impl DeadLetterDrainer {
                 Err(e) => warn!(error = %e, "failed to purge resolved dead letters"),
             }
         }
+    }
+
+    /// Sets [`QUEUE_READY`] for each consumer's work queue: the messages waiting for a
+    /// consumer, as the broker counts them (a passive declare, on a channel of its own so a
+    /// queue deleted meanwhile closes only that one).
+    async fn read_queue_depths(&self) -> anyhow::Result<()> {
+        if self.topologies.is_empty() {
+            return Ok(());
+        }
+        let channel = self.broker.channel().await.context("open a channel")?;
+        for t in &self.topologies {
+            let q = channel
+                .queue_declare(
+                    short(t.queue())?,
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .with_context(|| format!("read the depth of {}", t.queue()))?;
+            metrics::gauge!(QUEUE_READY, "queue" => t.queue().to_owned())
+                .set(f64::from(q.message_count()));
+        }
+        let _ = channel.close(200, "depths read".into()).await;
+        Ok(())
     }
 }

@@ -35,6 +35,7 @@ use sea_orm::{ConnectionTrait, DbErr, Statement};
 pub use admin::DeadLetterAdmin;
 pub use drainer::{DeadLetterDrainer, DrainerOptions};
 pub use request::{DEFAULT_PAGE_SIZE, MAX_IDS, MAX_PAGE_SIZE, MAX_REASON_CHARS};
+pub(crate) use store::unreachable;
 
 use crate::publisher::PublishError;
 
@@ -42,6 +43,9 @@ use crate::publisher::PublishError;
 pub const PARKED_GAUGE: &str = "flashsale_dead_letters_parked";
 /// Counter: parked messages the drainer stored, per work queue.
 pub const STORED_TOTAL: &str = "flashsale_dead_letters_stored_total";
+/// Gauge: messages waiting in a consumer's work queue, by queue (read by the drainer; every
+/// replica reads the same queue: take max).
+pub const QUEUE_READY: &str = "flashsale_queue_messages_ready";
 /// Counter: messages replayed, per work queue.
 pub const REPLAYED_TOTAL: &str = "flashsale_dead_letters_replayed_total";
 /// Counter: messages discarded, per work queue.

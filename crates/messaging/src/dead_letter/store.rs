@@ -59,9 +59,10 @@ pub(crate) fn unreachable(e: &sqlx::Error) -> bool {
 pub(crate) async fn insert(pool: &PgPool, p: &Parked) -> Result<Option<Uuid>, sqlx::Error> {
     let row = sqlx::query(
         "INSERT INTO dead_letters \
-             (queue, message_id, routing_key, message_type, error, attempts, parked_at, payload, headers) \
+             (queue, message_id, routing_key, message_type, error, attempts, parked_at, payload, headers, \
+              correlation_id) \
          VALUES ($1, COALESCE($2, md5(convert_to($1 || '/' || $10, 'UTF8') || $8)::uuid), \
-                 $3, $4, $5, $6, $7, $8, $9::jsonb) \
+                 $3, $4, $5, $6, $7, $8, $9::jsonb, $11) \
          ON CONFLICT DO NOTHING \
          RETURNING message_id",
     )
@@ -75,6 +76,12 @@ pub(crate) async fn insert(pool: &PgPool, p: &Parked) -> Result<Option<Uuid>, sq
     .bind(&p.payload)
     .bind(Value::Object(p.headers.clone()).to_string())
     .bind(p.parked_at.timestamp_micros().to_string())
+    // The order it is about, when the bytes are an envelope.
+    .bind(
+        crate::envelope::decode(&p.payload)
+            .map(|env| env.correlation_id)
+            .unwrap_or_default(),
+    )
     .fetch_optional(pool)
     .await?;
     row.map(|r| r.try_get("message_id")).transpose()

@@ -119,38 +119,44 @@ pub struct EventColumns {
     pub payloads: Vec<Vec<u8>>,
     /// JSON objects, as text.
     pub headers: Vec<String>,
+    /// The envelopes' correlation ids (the order each event is about).
+    pub correlation_ids: Vec<String>,
 }
 
 /// The `INSERT INTO outbox` of events keyed by the rows of another part of the caller's
 /// statement: a data-modifying CTE `cte` returning a uuid column `key_column`. Only the events
 /// whose key is among those rows are inserted (a row the statement skipped drops its event).
-/// Its five parameters, from `$first` on, are [`EventColumns::bind`]'s. Build it once and keep
+/// Its six parameters, from `$first` on, are [`EventColumns::bind`]'s. Build it once and keep
 /// the text constant, so the statement is prepared once per connection.
 pub fn insert_keyed_sql(first: usize, cte: &str, key_column: &str) -> String {
     let p = |i: usize| format!("${}", first + i);
     format!(
-        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, payload, headers) \
-         SELECT e.message_id, NULL, e.message_type, e.message_type, e.payload, e.headers::jsonb \
-         FROM unnest({}::uuid[], {}::uuid[], {}::text[], {}::bytea[], {}::text[]) \
-             AS e(key, message_id, message_type, payload, headers) \
+        "INSERT INTO outbox \
+             (message_id, exchange, routing_key, message_type, payload, headers, correlation_id) \
+         SELECT e.message_id, NULL, e.message_type, e.message_type, e.payload, e.headers::jsonb, \
+             e.correlation_id \
+         FROM unnest({}::uuid[], {}::uuid[], {}::text[], {}::bytea[], {}::text[], {}::text[]) \
+             AS e(key, message_id, message_type, payload, headers, correlation_id) \
          JOIN {cte} ON {cte}.{key_column} = e.key",
         p(0),
         p(1),
         p(2),
         p(3),
         p(4),
+        p(5),
     )
 }
 
 impl EventColumns {
-    /// The five parameters of [`insert_keyed_sql`]: `keys[i]` is the key of event `i`.
-    pub fn bind(self, keys: Vec<uuid::Uuid>) -> [sea_orm::Value; 5] {
+    /// The six parameters of [`insert_keyed_sql`]: `keys[i]` is the key of event `i`.
+    pub fn bind(self, keys: Vec<uuid::Uuid>) -> [sea_orm::Value; 6] {
         [
             keys.into(),
             self.message_ids.into(),
             self.message_types.into(),
             self.payloads.into(),
             self.headers.into(),
+            self.correlation_ids.into(),
         ]
     }
 
@@ -166,6 +172,7 @@ impl EventColumns {
             c.message_types.push(env.r#type.clone());
             c.payloads.push(envelope::encode(&env));
             c.headers.push(headers_json(headers).to_string());
+            c.correlation_ids.push(env.correlation_id);
         }
         Ok(c)
     }
@@ -181,7 +188,8 @@ async fn insert<C: ConnectionTrait>(
     }
     let current = headers_json(&trace::current_headers());
     let mut insert = flashsale_platform::db::MultiRow::new(
-        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, payload, headers) VALUES",
+        "INSERT INTO outbox \
+         (message_id, exchange, routing_key, message_type, payload, headers, correlation_id) VALUES",
     );
     for (env, target, own) in rows {
         let id = envelope::check(env).map_err(|e| DbErr::Custom(format!("outbox: {e}")))?;
@@ -192,6 +200,7 @@ async fn insert<C: ConnectionTrait>(
             env.r#type.clone().into(),
             envelope::encode(env).into(),
             own.map_or_else(|| current.clone(), headers_json).into(),
+            env.correlation_id.clone().into(),
         ]);
     }
     conn.execute_raw(insert.finish("")).await?;

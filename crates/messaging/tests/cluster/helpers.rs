@@ -9,7 +9,8 @@ use std::{
 };
 
 use flashsale_messaging::{
-    AmqpConfig, HandlerError, Incoming, QueueType, envelope, inbox, migration::CreateOutboxAndInbox,
+    AmqpConfig, HandlerError, Incoming, QueueType, envelope, inbox,
+    migration::{AddCorrelation, CreateOutboxAndInbox},
 };
 use flashsale_proto::events::v1::{Envelope, OrderCreated, envelope::Payload};
 use flashsale_test_support::{TestDatabase, rabbit_cluster::RabbitCluster, unique_name};
@@ -39,7 +40,7 @@ struct Migrator;
 
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(CreateOutboxAndInbox)]
+        vec![Box::new(CreateOutboxAndInbox), Box::new(AddCorrelation)]
     }
 }
 

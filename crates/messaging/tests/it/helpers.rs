@@ -9,7 +9,7 @@ use std::{
 
 use flashsale_messaging::{
     AmqpConfig, Broker, DelayQueue, QueueTopology, QueueType, envelope,
-    migration::CreateOutboxAndInbox,
+    migration::{AddCorrelation, CreateOutboxAndInbox},
 };
 use flashsale_proto::events::v1::{Envelope, OrderCreated, envelope::Payload};
 use flashsale_test_support::{TestDatabase, amqp_url, unique_name};
@@ -156,7 +156,7 @@ struct Migrator;
 
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(CreateOutboxAndInbox)]
+        vec![Box::new(CreateOutboxAndInbox), Box::new(AddCorrelation)]
     }
 }
 

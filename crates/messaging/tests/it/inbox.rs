@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use flashsale_messaging::{
     inbox::{self, PurgeOptions},
-    migration::CreateDeadLetters,
+    migration::{AddDeadLetterCorrelation, CreateDeadLetters},
     outbox,
     waiting::{self, Place},
 };
@@ -164,6 +164,10 @@ async fn a_duplicate_inside_the_retention_is_still_dropped() {
 async fn waiting_messages_are_found_by_their_correlation_id() {
     let (_tdb, db) = database().await;
     CreateDeadLetters
+        .up(&SchemaManager::new(&db))
+        .await
+        .unwrap();
+    AddDeadLetterCorrelation
         .up(&SchemaManager::new(&db))
         .await
         .unwrap();

@@ -86,6 +86,7 @@ pub async fn handle(saga: Saga, batchers: Batchers, msg: Incoming) -> Result<(),
                 env: env.clone(),
                 order_id: ev.order_id.clone(),
                 trace: flashsale_messaging::trace::current_headers(),
+                attempt: msg.attempt,
             };
             match batchers.reserved.call(item).await {
                 Ok(answer) => answer,
@@ -105,6 +106,7 @@ pub async fn handle(saga: Saga, batchers: Batchers, msg: Incoming) -> Result<(),
                 env: env.clone(),
                 order_id: ev.order_id.clone(),
                 trace: flashsale_messaging::trace::current_headers(),
+                attempt: msg.attempt,
             };
             match batchers.completed.call(item).await {
                 Ok(answer) => answer,

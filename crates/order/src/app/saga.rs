@@ -120,10 +120,10 @@ impl Saga {
         consumer: &str,
         env: &Envelope,
     ) -> Result<Option<DatabaseTransaction>, OrderError> {
-        let id = envelope::message_id(env)
+        let claim = inbox::Claim::current(env)
             .map_err(|e| OrderError::invalid("message_id", e.to_string()))?;
         let txn = self.db.begin().await?;
-        Ok(inbox::claim(&txn, consumer, id).await?.then_some(txn))
+        Ok(inbox::claim(&txn, consumer, claim).await?.then_some(txn))
     }
 
     /// The order an event is about, locked; an unknown order is an invalid event.

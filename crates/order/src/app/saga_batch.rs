@@ -5,7 +5,7 @@
 //! any error) rolls it back, and each delivery runs through [`Saga::on_stock_reserved`] on
 //! its own, which handles every case (docs/architecture.md#batchers).
 
-use flashsale_messaging::{envelope, inbox, outbox, trace};
+use flashsale_messaging::{inbox, outbox, trace};
 use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
 use flashsale_proto::events::v1::Envelope;
 use sea_orm::TransactionTrait as _;
@@ -25,6 +25,8 @@ pub struct Reserved {
     pub order_id: String,
     /// The delivery's trace context, so its payment timer continues the order's trace.
     pub trace: outbox::TraceHeaders,
+    /// The delivery's attempt (1 = the first), for the inbox.
+    pub attempt: u32,
 }
 
 /// How long a batch waits for more deliveries once the first arrived: a few milliseconds more
@@ -71,8 +73,11 @@ impl Saga {
             },
             |all| self.confirm_reserved_together(all),
             |r| {
-                self.on_stock_reserved(&r.consumer, &r.env, &r.order_id)
-                    .instrument(trace::on_behalf_of(&r.trace))
+                inbox::with_attempt(
+                    r.attempt,
+                    self.on_stock_reserved(&r.consumer, &r.env, &r.order_id),
+                )
+                .instrument(trace::on_behalf_of(&r.trace))
             },
         )
         .await
@@ -90,7 +95,10 @@ impl Saga {
             if r.consumer != consumer {
                 return Ok(false);
             }
-            let (Ok(m), Ok(o)) = (envelope::message_id(&r.env), parse_order_id(&r.order_id)) else {
+            let (Ok(m), Ok(o)) = (
+                inbox::Claim::of(&r.env, r.attempt, &r.trace),
+                parse_order_id(&r.order_id),
+            ) else {
                 return Ok(false);
             };
             message_ids.push(m);

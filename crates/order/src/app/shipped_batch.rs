@@ -5,7 +5,7 @@
 //! delivery runs through [`Saga::on_outbound_completed`] on its own, which handles every case
 //! (docs/architecture.md#batchers).
 
-use flashsale_messaging::{envelope, inbox, outbox, trace};
+use flashsale_messaging::{inbox, outbox, trace};
 use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
 use flashsale_proto::events::v1::Envelope;
 use sea_orm::TransactionTrait as _;
@@ -25,6 +25,8 @@ pub struct Completed {
     pub order_id: String,
     /// The delivery's trace context: its one-by-one path continues it.
     pub trace: outbox::TraceHeaders,
+    /// The delivery's attempt (1 = the first), for the inbox.
+    pub attempt: u32,
 }
 
 /// Most deliveries applied in one transaction.
@@ -57,8 +59,11 @@ impl Saga {
             },
             |all| self.ship_together(all),
             |c| {
-                self.on_outbound_completed(&c.consumer, &c.env, &c.order_id)
-                    .instrument(trace::on_behalf_of(&c.trace))
+                inbox::with_attempt(
+                    c.attempt,
+                    self.on_outbound_completed(&c.consumer, &c.env, &c.order_id),
+                )
+                .instrument(trace::on_behalf_of(&c.trace))
             },
         )
         .await
@@ -76,7 +81,10 @@ impl Saga {
             if c.consumer != consumer {
                 return Ok(false);
             }
-            let (Ok(m), Ok(o)) = (envelope::message_id(&c.env), parse_order_id(&c.order_id)) else {
+            let (Ok(m), Ok(o)) = (
+                inbox::Claim::of(&c.env, c.attempt, &c.trace),
+                parse_order_id(&c.order_id),
+            ) else {
                 return Ok(false);
             };
             message_ids.push(m);

@@ -6,3 +6,4 @@ pub mod db;
 pub mod payment;
 pub mod payment_store;
 pub mod stock;
+pub mod timeline;

@@ -27,6 +27,8 @@ impl MigratorTrait for Migrator {
             Box::new(m0006_pending_by_sku::Migration),
             Box::new(m0007_provider_payments::Migration),
             Box::new(m0008_payment_reconcile::Migration),
+            Box::new(flashsale_messaging::migration::AddCorrelation),
+            Box::new(flashsale_messaging::migration::AddDeadLetterCorrelation),
         ]
     }
 }

@@ -603,6 +603,7 @@ pub async fn confirmed_order(
         env,
         order_id: order.to_string(),
         trace: Default::default(),
+        attempt: 1,
     };
     assert!(saga.confirm_reserved(vec![item]).await[0].is_ok());
     order

@@ -265,6 +265,7 @@ fn completed(order: Uuid) -> Completed {
         env,
         order_id: order.to_string(),
         trace: Default::default(),
+        attempt: 1,
     }
 }
 

@@ -63,6 +63,7 @@ fn item(env: &Envelope) -> Reserved {
         env: env.clone(),
         order_id: ev.order_id.clone(),
         trace: Default::default(),
+        attempt: 1,
     }
 }
 

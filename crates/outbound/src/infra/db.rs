@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use crate::domain::{OutboundError, Policy, Shipment, ShipmentStatus};
 
-fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
+pub(crate) fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
     Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
 }
 
@@ -175,13 +175,16 @@ pub async fn ship_first_attempts<C: ConnectionTrait>(
     }
     let step_ids: Vec<Uuid> = steps.iter().map(|(id, _)| *id).collect();
     let step_names: Vec<String> = steps.iter().map(|(_, s)| (*s).to_owned()).collect();
+    // Stamped with the clock, not the transaction's start: the transaction has waited on the
+    // deduction and the warehouse since it began.
     let sql = "WITH shipped AS ( \
-            UPDATE shipments SET status = 'SHIPPED', attempts = 1, updated_at = now(), \
+            UPDATE shipments SET status = 'SHIPPED', attempts = 1, updated_at = clock_timestamp(), \
                 stock_committed = (policy = 'RESERVE_THEN_COMMIT') \
             WHERE shipment_id = ANY($1) AND status = 'PICKING' AND attempts = 0 RETURNING shipment_id \
         ), steps AS ( \
-            INSERT INTO shipment_attempts (shipment_id, attempt, step, outcome, detail) \
-            SELECT s.id, 1, s.step, 'OK', '' FROM unnest($2::uuid[], $3::text[]) AS s(id, step) \
+            INSERT INTO shipment_attempts (shipment_id, attempt, step, outcome, detail, at) \
+            SELECT s.id, 1, s.step, 'OK', '', clock_timestamp() \
+            FROM unnest($2::uuid[], $3::text[]) AS s(id, step) \
         ) \
         SELECT count(*) AS n FROM shipped";
     let n = N::find_by_statement(stmt(
@@ -229,7 +232,8 @@ pub async fn attempt<C: ConnectionTrait>(
     detail: &str,
 ) -> Result<(), OutboundError> {
     c.execute_raw(stmt(
-        "INSERT INTO shipment_attempts (shipment_id, attempt, step, outcome, detail) VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO shipment_attempts (shipment_id, attempt, step, outcome, detail, at) \
+         VALUES ($1, $2, $3, $4, $5, clock_timestamp())",
         [shipment_id.into(), attempt.into(), step.into(), outcome.into(), detail.into()],
     ))
     .await?;
@@ -242,7 +246,7 @@ pub async fn set_attempts<C: ConnectionTrait>(
     attempts: i32,
 ) -> Result<(), OutboundError> {
     c.execute_raw(stmt(
-        "UPDATE shipments SET attempts = $2, updated_at = now() WHERE shipment_id = $1",
+        "UPDATE shipments SET attempts = $2, updated_at = clock_timestamp() WHERE shipment_id = $1",
         [shipment_id.into(), attempts.into()],
     ))
     .await?;
@@ -255,7 +259,7 @@ pub async fn mark_committed<C: ConnectionTrait>(
     shipment_id: Uuid,
 ) -> Result<(), OutboundError> {
     c.execute_raw(stmt(
-        "UPDATE shipments SET stock_committed = true, updated_at = now() WHERE shipment_id = $1",
+        "UPDATE shipments SET stock_committed = true, updated_at = clock_timestamp() WHERE shipment_id = $1",
         [shipment_id.into()],
     ))
     .await?;
@@ -270,7 +274,7 @@ pub async fn delay<C: ConnectionTrait>(
     retry_at: DateTime<Utc>,
 ) -> Result<(), OutboundError> {
     c.execute_raw(stmt(
-        "UPDATE shipments SET last_error = $2, next_attempt_at = $3, updated_at = now() \
+        "UPDATE shipments SET last_error = $2, next_attempt_at = $3, updated_at = clock_timestamp() \
          WHERE shipment_id = $1",
         [shipment_id.into(), error.into(), retry_at.into()],
     ))
@@ -287,7 +291,7 @@ pub async fn finish<C: ConnectionTrait>(
 ) -> Result<bool, OutboundError> {
     let res = c
         .execute_raw(stmt(
-            "UPDATE shipments SET status = $2, failure_reason = $3, updated_at = now() \
+            "UPDATE shipments SET status = $2, failure_reason = $3, updated_at = clock_timestamp() \
              WHERE shipment_id = $1 AND status = 'PICKING'",
             [
                 shipment_id.into(),

@@ -2,4 +2,5 @@
 
 pub mod db;
 pub mod stock;
+pub mod timeline;
 pub mod warehouse;

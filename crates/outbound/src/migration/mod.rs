@@ -15,6 +15,8 @@ impl MigratorTrait for Migrator {
             Box::new(flashsale_messaging::migration::CreateDeadLetters),
             Box::new(m0001_shipments::Migration),
             Box::new(m0002_deduct_then_ship::Migration),
+            Box::new(flashsale_messaging::migration::AddCorrelation),
+            Box::new(flashsale_messaging::migration::AddDeadLetterCorrelation),
         ]
     }
 }

@@ -55,6 +55,7 @@ pub async fn handle(
                 env: msg.envelope.clone(),
                 ev: ev.clone(),
                 trace: flashsale_messaging::trace::current_headers(),
+                attempt: msg.attempt,
             };
             match created.call(item).await {
                 Ok(answer) => answer,

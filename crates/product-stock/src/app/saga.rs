@@ -95,10 +95,10 @@ impl StockSaga {
         consumer: &str,
         env: &Envelope,
     ) -> Result<Option<DatabaseTransaction>, StockError> {
-        let message_id = envelope::message_id(env)
+        let claim = inbox::Claim::current(env)
             .map_err(|e| StockError::invalid("message_id", e.to_string()))?;
         let txn = self.db.begin().await?;
-        if inbox::claim(&txn, consumer, message_id).await? {
+        if inbox::claim(&txn, consumer, claim).await? {
             Ok(Some(txn))
         } else {
             Ok(None)

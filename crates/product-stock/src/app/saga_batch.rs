@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use flashsale_messaging::{envelope, inbox, outbox, trace};
+use flashsale_messaging::{inbox, outbox, trace};
 use flashsale_platform::batch::{BatchMetrics, Batcher, together_or_each};
 use flashsale_proto::events::v1::{Envelope, OrderCreated};
 use sea_orm::TransactionTrait as _;
@@ -36,6 +36,8 @@ pub struct Created {
     pub ev: OrderCreated,
     /// The delivery's trace context, so its `stock.reserved` continues the order's trace.
     pub trace: outbox::TraceHeaders,
+    /// The delivery's attempt (1 = the first), for the inbox.
+    pub attempt: u32,
 }
 
 /// How long a batch waits for more deliveries once the first arrived: a few milliseconds more
@@ -83,7 +85,7 @@ impl StockSaga {
             },
             |all| self.persist_created_together(all),
             |c| {
-                self.on_order_created(&c.consumer, &c.env, &c.ev)
+                inbox::with_attempt(c.attempt, self.on_order_created(&c.consumer, &c.env, &c.ev))
                     .instrument(trace::on_behalf_of(&c.trace))
             },
         )
@@ -106,7 +108,7 @@ impl StockSaga {
             if c.consumer != consumer {
                 return Ok(false);
             }
-            let Ok(message_id) = envelope::message_id(&c.env) else {
+            let Ok(message_id) = inbox::Claim::of(&c.env, c.attempt, &c.trace) else {
                 return Ok(false);
             };
             let Ok((order_id, sku)) = parse_event_fields(&c.ev.order_id, &c.ev.sku, c.ev.quantity)

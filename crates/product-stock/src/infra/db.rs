@@ -13,7 +13,7 @@ use crate::domain::{
     ReservationState, Sku, StockError,
 };
 
-fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
+pub(crate) fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
     Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
 }
 

@@ -4,3 +4,4 @@
 pub mod db;
 pub mod gate;
 pub mod orders;
+pub mod timeline;

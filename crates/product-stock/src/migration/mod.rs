@@ -15,6 +15,8 @@ impl MigratorTrait for Migrator {
             Box::new(flashsale_messaging::migration::CreateDeadLetters),
             Box::new(m0001_stock::Migration),
             Box::new(m0002_stock_buckets::Migration),
+            Box::new(flashsale_messaging::migration::AddCorrelation),
+            Box::new(flashsale_messaging::migration::AddDeadLetterCorrelation),
         ]
     }
 }

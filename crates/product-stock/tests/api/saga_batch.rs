@@ -37,6 +37,7 @@ pub fn item(env: &Envelope) -> Created {
         env: env.clone(),
         ev: ev.clone(),
         trace: Default::default(),
+        attempt: 1,
     }
 }
 

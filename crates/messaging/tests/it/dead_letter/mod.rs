@@ -3,13 +3,16 @@
 
 mod admin;
 mod drainer;
+mod timeline;
 mod validation;
 
 use flashsale_messaging::{
     DeadLetterAdmin, DeadLetterDrainer, OutgoingMessage, Publisher, QueueTopology,
     dead_letter::count_parked,
     headers,
-    migration::{CreateDeadLetters, CreateOutboxAndInbox},
+    migration::{
+        AddCorrelation, AddDeadLetterCorrelation, CreateDeadLetters, CreateOutboxAndInbox,
+    },
 };
 use flashsale_platform::auth::{Caller, Role};
 use flashsale_proto::events::v1::Envelope;
@@ -24,7 +27,12 @@ struct Migrator;
 
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(CreateOutboxAndInbox), Box::new(CreateDeadLetters)]
+        vec![
+            Box::new(CreateOutboxAndInbox),
+            Box::new(CreateDeadLetters),
+            Box::new(AddCorrelation),
+            Box::new(AddDeadLetterCorrelation),
+        ]
     }
 }
 
