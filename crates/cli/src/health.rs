@@ -1,4 +1,5 @@
-//! `flashsale health`.
+//! `flashsale health`: grpc.health.v1 of the three services, or of one (`--only`, as a
+//! container's health check: `FLASHSALE_SERVICE=order flashsale health`).
 
 use std::{process::ExitCode, time::Duration};
 
@@ -27,27 +28,63 @@ pub struct Args {
         default_value = "http://127.0.0.1:50053"
     )]
     outbound_url: String,
+    #[arg(
+        long,
+        env = "FLASHSALE_PAYMENT_SIM_URL",
+        default_value = "http://127.0.0.1:50054"
+    )]
+    payment_sim_url: String,
+    /// Check this one service only (the payment simulator too); default: the three services.
+    #[arg(long, value_enum, env = "FLASHSALE_SERVICE")]
+    only: Option<Target>,
     /// Per-service timeout in milliseconds.
     #[arg(long, default_value_t = 2000)]
     timeout_ms: u64,
 }
 
+/// What `--only` may name.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Target {
+    ProductStock,
+    Order,
+    Outbound,
+    PaymentSim,
+}
+
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let timeout = Duration::from_millis(args.timeout_ms);
     let mut all = true;
-    for (name, url, service) in [
+    let targets = [
         (
+            Target::ProductStock,
             "product-stock",
             args.product_stock_url,
             "flashsale.product.v1.ProductStockService",
         ),
-        ("order", args.order_url, "flashsale.order.v1.OrderService"),
         (
+            Target::Order,
+            "order",
+            args.order_url,
+            "flashsale.order.v1.OrderService",
+        ),
+        (
+            Target::Outbound,
             "outbound",
             args.outbound_url,
             "flashsale.outbound.v1.OutboundService",
         ),
-    ] {
+        (
+            Target::PaymentSim,
+            "payment-sim",
+            args.payment_sim_url,
+            "flashsale.payment.v1.PaymentProviderService",
+        ),
+    ];
+    let chosen = targets.into_iter().filter(|(t, ..)| match args.only {
+        Some(only) => *t == only,
+        None => *t != Target::PaymentSim,
+    });
+    for (_, name, url, service) in chosen {
         let status = match check(&url, service, timeout).await {
             Ok(s) => s,
             Err(e) => format!("DOWN ({e:#})"),

@@ -234,7 +234,11 @@ impl Foundation {
         // Keys first: a service that would refuse every token must not start at all.
         let verifier = crate::auth::Verifier::from_settings(auth, service)?;
         let db = crate::db::connect(database).await?;
-        crate::db::migrate::<M>(&db, service).await?;
+        if database.migrate_on_start {
+            crate::db::migrate::<M>(&db, service).await?;
+        } else {
+            crate::db::check_migrated::<M>(&db, service).await?;
+        }
         let mut runner = Runner::bind(grpc, metrics).await?;
         crate::metrics::record_build_info(service);
         runner.spawn(crate::pools::watch_db(

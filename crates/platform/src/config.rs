@@ -288,6 +288,11 @@ mod tests {
                 "xml",
                 "order.telemetry.log_format",
             ),
+            (
+                "FLASHSALE_ORDER__DATABASE__MIGRATE_ON_START",
+                "maybe",
+                "order.database.migrate_on_start",
+            ),
             ("FLASHSALE_ORDER__EXTRA", "99", "order.extra"),
             ("FLASHSALE_ORDER__EXTRA", "many", "order.extra"),
             (

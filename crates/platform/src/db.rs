@@ -84,6 +84,26 @@ fn created_meanwhile(e: &sea_orm::DbErr) -> bool {
     }
 }
 
+/// Fails, naming the `migrate` step, while `M` has migrations `db` has not applied: for a
+/// service started with `database.migrate_on_start = false`, whose migrations a separate step
+/// applies first (`flashsale-<service> migrate`, a Kubernetes init container).
+pub async fn check_migrated<M: sea_orm_migration::MigratorTrait>(
+    db: &DatabaseConnection,
+    service: &str,
+) -> anyhow::Result<()> {
+    let pending = M::get_pending_migrations(db)
+        .await
+        .with_context(|| format!("read the {service} database's migrations"))?;
+    if !pending.is_empty() {
+        anyhow::bail!(
+            "the {service} database has {} migration(s) not applied and database.migrate_on_start \
+             is false: run `flashsale-{service} migrate` first",
+            pending.len()
+        );
+    }
+    Ok(())
+}
+
 /// How long a replica waits for another one's migrations before giving up.
 const WAIT_FOR_MIGRATION_LOCK: &str = "SET lock_timeout = '300s'";
 

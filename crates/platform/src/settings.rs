@@ -86,6 +86,15 @@ pub struct DatabaseSettings {
     pub url: String,
     /// Pool size.
     pub max_connections: u32,
+    /// Whether `serve` applies pending migrations at start-up (under the service's migration
+    /// lock). `false`: a separate `migrate` step does (a Kubernetes init container), and `serve`
+    /// refuses to start while a migration is pending.
+    #[serde(default = "migrate_on_start")]
+    pub migrate_on_start: bool,
+}
+
+fn migrate_on_start() -> bool {
+    true
 }
 
 impl std::fmt::Debug for DatabaseSettings {
@@ -93,6 +102,7 @@ impl std::fmt::Debug for DatabaseSettings {
         f.debug_struct("DatabaseSettings")
             .field("url", &redact_url(&self.url))
             .field("max_connections", &self.max_connections)
+            .field("migrate_on_start", &self.migrate_on_start)
             .finish()
     }
 }
@@ -450,6 +460,7 @@ impl CommonSettings {
             database: DatabaseSettings {
                 url: format!("postgres://postgres@127.0.0.1:5432/{db_name}"),
                 max_connections: 20,
+                migrate_on_start: true,
             },
             auth: AuthSettings::default(),
             telemetry: TelemetrySettings::default(),

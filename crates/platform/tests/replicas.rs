@@ -25,6 +25,7 @@ fn fresh_settings() -> DatabaseSettings {
     DatabaseSettings {
         url: format!("{}/{name}", base.trim_end_matches('/')),
         max_connections: 8,
+        migrate_on_start: true,
     }
 }
 
@@ -148,6 +149,33 @@ async fn replicas_migrating_one_fresh_database_together_all_succeed_and_apply_it
     )
     .await;
     assert_eq!(held, 0, "no migration lock is left behind");
+    db.close().await.ok();
+    drop_database(&settings).await;
+}
+
+#[tokio::test]
+async fn a_replica_that_does_not_migrate_refuses_a_database_with_pending_migrations() {
+    let settings = fresh_settings();
+    let db = flashsale_platform::db::connect(&settings).await.unwrap();
+    let refused = flashsale_platform::db::check_migrated::<Migrator>(&db, "demo")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("2 migration(s) not applied")
+            && refused.contains("flashsale-demo migrate"),
+        "{refused}"
+    );
+    // Nothing was applied by the check.
+    assert_eq!(
+        flashsale_platform::db::migrate::<Migrator>(&db, "demo")
+            .await
+            .unwrap(),
+        2
+    );
+    flashsale_platform::db::check_migrated::<Migrator>(&db, "demo")
+        .await
+        .unwrap();
     db.close().await.ok();
     drop_database(&settings).await;
 }

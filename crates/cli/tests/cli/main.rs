@@ -8,6 +8,7 @@ mod basics;
 mod bench;
 mod dlq;
 mod full_stack;
+mod health;
 mod helpers;
 mod logs;
 mod order;

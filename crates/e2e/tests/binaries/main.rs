@@ -150,6 +150,46 @@ async fn migrate_creates_the_tables_and_can_run_again() {
 }
 
 #[tokio::test]
+async fn serve_without_migrating_refuses_a_database_with_pending_migrations() {
+    let mut runs = tokio::task::JoinSet::new();
+    for (name, key, _) in SERVICES {
+        let db = TestDatabase::create().await.unwrap();
+        let env = [
+            (format!("FLASHSALE_{key}__DATABASE__URL"), db.url.clone()),
+            (
+                format!("FLASHSALE_{key}__DATABASE__MIGRATE_ON_START"),
+                "false".to_owned(),
+            ),
+            (
+                format!("FLASHSALE_{key}__AUTH__ALLOW_DEVELOPMENT_SECRET"),
+                "true".to_owned(),
+            ),
+            (
+                format!("FLASHSALE_{key}__GRPC__ADDR"),
+                "127.0.0.1:0".to_owned(),
+            ),
+            (
+                format!("FLASHSALE_{key}__METRICS__ADDR"),
+                "127.0.0.1:0".to_owned(),
+            ),
+        ];
+        runs.spawn(async move { (name, run(name, &["serve"], &env).await, db) });
+    }
+    while let Some(joined) = runs.join_next().await {
+        let (name, out, db) = joined.unwrap();
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{name} serve started: {stderr}");
+        assert!(
+            stderr.contains("migrate_on_start")
+                && stderr.contains(&format!("flashsale-{name} migrate")),
+            "{name} serve: {stderr}"
+        );
+        // It applied nothing: the migrate step still has every migration to apply.
+        check_tables(&db.url, &["outbox"]).await.unwrap_err();
+    }
+}
+
+#[tokio::test]
 async fn migrate_fails_when_the_database_is_unreachable() {
     // Concurrently: each binary waits out its connect timeout before it gives up.
     let mut runs = tokio::task::JoinSet::new();

@@ -21,6 +21,7 @@ fn db(url: String) -> DatabaseSettings {
     DatabaseSettings {
         url,
         max_connections: 2,
+        migrate_on_start: true,
     }
 }
 
