@@ -59,6 +59,7 @@ pub const ALL: &[&str] = &[
     "sigstop_outbound",
     "two_replicas",
     "replica_kill",
+    "replica_sigterm",
     "redis_cluster_failover",
     "broker_node_kill",
 ];
@@ -770,6 +771,10 @@ fn plan(name: &str) -> Option<Plan> {
             replicas: true,
             ..base(|w| Box::pin(replica_kill(w)))
         },
+        "replica_sigterm" => Plan {
+            replicas: true,
+            ..base(|w| Box::pin(replica_sigterm(w)))
+        },
         "redis_cluster_failover" => Plan {
             clusters: true,
             // The master dies while most of the stock is still on sale, so the promoted
@@ -900,6 +905,38 @@ async fn replica_kill(w: &mut World) -> anyhow::Result<u64> {
     tokio::join!(w.product_stock.kill(), w.order.kill(), w.outbound.kill());
     tokio::time::sleep(Duration::from_millis(3000)).await;
     w.notes.push("killed=product-stock,order,outbound".into());
+    w.product_stock.start(None).await?;
+    w.order.start(None).await?;
+    w.outbound.start(None).await?;
+    Ok(0)
+}
+
+/// With two replicas of each service: the first replica of every service gets SIGTERM at the
+/// same moment mid-sale, as a rolling update sends it. Each must stop by itself within the grace
+/// period the manifests give it (60 s), exit 0, having finished what it held; the second ones
+/// carry the sale meanwhile, then the stopped ones start again.
+async fn replica_sigterm(w: &mut World) -> anyhow::Result<u64> {
+    anyhow::ensure!(
+        w.replicas.len() == 3,
+        "replica_sigterm needs two replicas of each service"
+    );
+    let grace = Duration::from_secs(60);
+    let (stock, order, outbound) = tokio::join!(
+        w.product_stock.terminate(grace),
+        w.order.terminate(grace),
+        w.outbound.terminate(grace)
+    );
+    let mut took = Vec::new();
+    for (name, stopped) in [
+        ("product-stock", stock),
+        ("order", order),
+        ("outbound", outbound),
+    ] {
+        let (status, after) = stopped?;
+        anyhow::ensure!(status.success(), "{name} stopped with {status} on SIGTERM");
+        took.push(format!("{name}:{}ms", after.as_millis()));
+    }
+    w.notes.push(format!("terminated={}", took.join(",")));
     w.product_stock.start(None).await?;
     w.order.start(None).await?;
     w.outbound.start(None).await?;

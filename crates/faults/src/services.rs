@@ -212,6 +212,31 @@ impl Service {
         }
     }
 
+    /// SIGTERM, as a rolling update sends it, and waits up to `within` for the process to stop
+    /// by itself: its exit status and how long it took. Still running then, it is killed and
+    /// this is an error.
+    pub async fn terminate(
+        &mut self,
+        within: std::time::Duration,
+    ) -> anyhow::Result<(std::process::ExitStatus, std::time::Duration)> {
+        let name = self.kind.name();
+        let Some(c) = self.child.as_mut() else {
+            anyhow::bail!("{name} is not running");
+        };
+        let Some(pid) = c.id() else {
+            anyhow::bail!("{name} has already exited");
+        };
+        let asked = std::time::Instant::now();
+        signal(pid, "TERM");
+        match tokio::time::timeout(within, c.wait()).await {
+            Ok(status) => Ok((status?, asked.elapsed())),
+            Err(_) => {
+                let _ = c.kill().await;
+                anyhow::bail!("{name} still running {within:?} after SIGTERM")
+            }
+        }
+    }
+
     /// SIGSTOP: the process keeps its sockets but answers nothing.
     pub fn pause(&self) {
         if let Some(pid) = self.pid() {

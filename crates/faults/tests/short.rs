@@ -1,7 +1,8 @@
 //! The short tier of the fault suite, run by `scripts/test.sh`: a SIGKILL of the order service
 //! mid-flood, a process killed by a failpoint between the gate and the order's commit, and two
-//! replicas of every service with one replica of each SIGKILLed mid-sale, each on private
-//! servers, each checked against every invariant. The full suite is `scripts/faults.sh`.
+//! replicas of every service with one replica of each SIGKILLed mid-sale, then SIGTERMed
+//! mid-sale (a graceful stop that must exit 0), each on private servers, each checked against
+//! every invariant. The full suite is `scripts/faults.sh`.
 
 use flashsale_faults::scenario::{self, SharedBroker};
 
@@ -9,7 +10,12 @@ use flashsale_faults::scenario::{self, SharedBroker};
 async fn order_killed_mid_flood_at_the_order_commit_and_one_replica_of_each_keeps_every_promise() {
     let broker = SharedBroker::start().await.expect("start a RabbitMQ node");
     let mut failed = Vec::new();
-    for name in ["order_sigkill", "fp_order_before_write", "replica_kill"] {
+    for name in [
+        "order_sigkill",
+        "fp_order_before_write",
+        "replica_kill",
+        "replica_sigterm",
+    ] {
         let f = scenario::run(name, 7, Some(&broker))
             .await
             .unwrap_or_else(|e| panic!("{name} could not run: {e:#}"));

@@ -1,8 +1,9 @@
 //! The messaging side of a service, wired in one call: the broker connection, its queues
 //! (declared before the service reports SERVING, so nothing published to it after start-up is
 //! unroutable), the outbox relay, one consumer per queue, the dead-letter drainer, the inbox
-//! purger, and a clean close on shutdown. Every task runs on the service's [`Runner`], so a task that fails stops
-//! the service.
+//! purger, and a clean close on shutdown: the consumers stop first and finish what they hold,
+//! the relay last, publishing what was written meanwhile, then the connection closes. Every
+//! task runs on the service's [`Runner`], so a task that fails stops the service.
 
 use anyhow::Context as _;
 use flashsale_platform::{app::Runner, failpoint::Failpoints};
@@ -83,13 +84,20 @@ pub async fn start_with<H: Handler + Clone>(
             retention: config.outbox_keep_published(),
             ..relay
         });
-    let s = stop.clone();
-    runner.spawn(async move { relay.run(s()).await });
+    // The relay stops last, after the consumers and the server, and publishes what they wrote
+    // before it does; then the broker connection closes.
+    let last = runner.last_to_stop();
+    let closing = broker.clone();
+    runner.spawn(async move {
+        let relayed = relay.run(async move { last.wait().await }).await;
+        closing.close().await;
+        relayed
+    });
     for t in topologies {
         let consumer =
             Consumer::new(&broker, t.clone(), handler.clone()).with_failpoints(failpoints.clone());
         let s = stop.clone();
-        runner.spawn(async move { consumer.run(s()).await });
+        runner.spawn_consumer(async move { consumer.run(s()).await });
     }
     let drainer = DeadLetterDrainer::new(&broker, db, topologies)?;
     let s = stop.clone();
@@ -100,12 +108,6 @@ pub async fn start_with<H: Handler + Clone>(
         config.inbox_purge(),
         runner.shutdown(),
     ));
-    let closing = broker.clone();
-    runner.spawn(async move {
-        stop().await;
-        closing.close().await;
-        Ok(())
-    });
     Ok(Started {
         dead_letters,
         broker,

@@ -101,13 +101,27 @@ pub async fn main<S: Service>(
     }
 }
 
+/// How long the consumers get, once a stop is asked, to finish the messages in hand.
+pub const CONSUMERS_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the gRPC server then gets to answer the calls in flight.
+pub const SERVER_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Bound listeners and the tasks that run beside the gRPC server.
+///
+/// A stop (SIGTERM, [`Runner::shutdown`] triggered, a background task failing) goes in order,
+/// so that what the process holds is finished, not redelivered: first the consumers stop
+/// taking messages and finish, acknowledge, those in hand (they and most tasks watch
+/// [`Runner::shutdown`]); then the gRPC server stops taking calls and answers those in flight;
+/// last the tasks that must outlive both ([`Runner::last_to_stop`]: the outbox relay, which
+/// publishes what those messages and calls wrote, and the broker connection) stop.
 pub struct Runner {
     grpc: TcpListener,
     metrics: TcpListener,
     grpc_settings: GrpcSettings,
     shutdown: Shutdown,
+    last: Shutdown,
     tasks: JoinSet<anyhow::Result<()>>,
+    consumers: JoinSet<anyhow::Result<()>>,
 }
 
 impl Runner {
@@ -122,7 +136,9 @@ impl Runner {
             metrics: metrics::bind(&metrics_settings.addr).await?,
             grpc_settings: grpc.clone(),
             shutdown: Shutdown::new(),
+            last: Shutdown::new(),
             tasks: JoinSet::new(),
+            consumers: JoinSet::new(),
         })
     }
 
@@ -139,8 +155,15 @@ impl Runner {
         self.shutdown.clone()
     }
 
-    /// Runs `task` beside the server; it should return once the shutdown flag is set. A task that
-    /// fails stops the whole service (a relay or consumer that cannot run is not a healthy pod).
+    /// The flag the tasks that must stop last watch: set once the consumers have finished and
+    /// the gRPC server has stopped (the outbox relay, the broker connection).
+    pub fn last_to_stop(&self) -> Shutdown {
+        self.last.clone()
+    }
+
+    /// Runs `task` beside the server; it should return once the shutdown flag (or, for a task
+    /// that must outlive the others, [`Runner::last_to_stop`]) is set. A task that fails stops
+    /// the whole service (a relay or consumer that cannot run is not a healthy pod).
     pub fn spawn<F>(&mut self, task: F)
     where
         F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
@@ -148,39 +171,94 @@ impl Runner {
         self.tasks.spawn(task);
     }
 
-    /// Serves until the shutdown flag is set or a background task fails.
+    /// Runs a message consumer beside the server: it should stop taking messages once the
+    /// shutdown flag is set, finish those in hand, and return. A stop waits for it (at most
+    /// [`CONSUMERS_GRACE`]) before the server stops.
+    pub fn spawn_consumer<F>(&mut self, task: F)
+    where
+        F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.consumers.spawn(task);
+    }
+
+    /// Serves until the shutdown flag is set or a background task fails, then stops in order
+    /// (see [`Runner`]).
     pub async fn run(mut self, routes: ServerRoutes) -> anyhow::Result<()> {
         let shutdown = self.shutdown.clone();
+        let last = self.last.clone();
         let metrics_task = tokio::spawn(metrics::serve(self.metrics, {
-            let s = shutdown.clone();
+            let s = last.clone();
             async move { s.wait().await }
         }));
-        let grpc_shutdown = shutdown.clone();
+        let serving = Shutdown::new();
+        let stop_serving = serving.clone();
         let server = grpc::serve(self.grpc, &self.grpc_settings, routes, async move {
-            grpc_shutdown.wait().await;
+            stop_serving.wait().await;
         });
         tokio::pin!(server);
         let mut failure: Option<anyhow::Error> = None;
-        loop {
+        let mut served = false;
+        let failed = |joined: Result<anyhow::Result<()>, tokio::task::JoinError>| match joined {
+            Ok(Ok(())) if shutdown.is_triggered() => None,
+            Ok(Ok(())) => Some(anyhow::anyhow!("a background task ended before shutdown")),
+            Ok(Err(e)) => Some(e),
+            Err(e) => Some(anyhow::Error::new(e).context("background task panicked")),
+        };
+        while !shutdown.is_triggered() {
             tokio::select! {
                 res = &mut server => {
                     if let Err(e) = res { failure.get_or_insert(e); }
+                    served = true;
                     break;
                 }
+                () = shutdown.wait() => {}
                 Some(joined) = self.tasks.join_next() => {
-                    let err = match joined {
-                        Ok(Ok(())) if shutdown.is_triggered() => continue,
-                        Ok(Ok(())) => anyhow::anyhow!("a background task ended before shutdown"),
-                        Ok(Err(e)) => e,
-                        Err(e) => anyhow::Error::new(e).context("background task panicked"),
-                    };
-                    tracing::error!(error = ?err, "background task failed; stopping");
-                    failure.get_or_insert(err);
-                    shutdown.trigger();
+                    if let Some(err) = failed(joined) {
+                        tracing::error!(error = ?err, "background task failed; stopping");
+                        failure.get_or_insert(err);
+                        shutdown.trigger();
+                    }
+                }
+                Some(joined) = self.consumers.join_next() => {
+                    if let Some(err) = failed(joined) {
+                        tracing::error!(error = ?err, "consumer failed; stopping");
+                        failure.get_or_insert(err);
+                        shutdown.trigger();
+                    }
                 }
             }
         }
         shutdown.trigger();
+        // 1. The consumers stop taking messages and finish those in hand.
+        let consumers = async {
+            while let Some(joined) = self.consumers.join_next().await {
+                if let Ok(Err(e)) = joined {
+                    tracing::warn!(error = ?e, "consumer failed while stopping");
+                }
+            }
+        };
+        if tokio::time::timeout(CONSUMERS_GRACE, consumers)
+            .await
+            .is_err()
+        {
+            tracing::warn!("consumers still busy after {CONSUMERS_GRACE:?}; stopping them");
+            self.consumers.abort_all();
+        }
+        // 2. The server stops taking calls and answers those in flight.
+        serving.trigger();
+        if !served {
+            match tokio::time::timeout(SERVER_GRACE, &mut server).await {
+                Ok(Err(e)) => {
+                    failure.get_or_insert(e);
+                }
+                Ok(Ok(())) => {}
+                Err(_) => {
+                    tracing::warn!("calls still in flight after {SERVER_GRACE:?}; dropping them")
+                }
+            }
+        }
+        // 3. What must outlive both: the relay publishes what they wrote.
+        last.trigger();
         while let Some(joined) = self.tasks.join_next().await {
             if let Ok(Err(e)) = joined {
                 tracing::warn!(error = ?e, "background task failed while stopping");

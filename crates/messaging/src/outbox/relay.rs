@@ -139,8 +139,41 @@ impl OutboxRelay {
     /// `tokio_util::sync::CancellationToken`, or `async move { let _ = rx.changed().await; }`
     /// on a `watch` channel). Wakes on `NOTIFY flashsale_outbox`, and polls every
     /// `poll_interval` in case a notification was missed. On shutdown the batch in flight gets up
-    /// to 5 s to finish; if it is cut off its rows stay unpublished and go out again later.
+    /// to 5 s to finish, then what is due is published for up to 5 s more (the events of the
+    /// last calls and messages this process handled); rows cut off stay unpublished and go out
+    /// again later, from another replica or this one restarted.
     pub async fn run<S>(self, shutdown: S) -> anyhow::Result<()>
+    where
+        S: Future<Output = ()> + Send,
+    {
+        self.relay_until(shutdown).await?;
+        self.flush().await;
+        Ok(())
+    }
+
+    /// Publishes what is due, batch after batch, for at most [`SHUTDOWN_GRACE`].
+    async fn flush(&self) {
+        let drain = async {
+            loop {
+                match self.relay_batches(1).await {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(e) => {
+                        warn!(
+                            error = format!("{e:#}"),
+                            "cannot publish the outbox at shutdown"
+                        );
+                        return;
+                    }
+                }
+            }
+        };
+        if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
+            warn!("outbox not drained at shutdown; the rest goes out later");
+        }
+    }
+
+    async fn relay_until<S>(&self, shutdown: S) -> anyhow::Result<()>
     where
         S: Future<Output = ()> + Send,
     {

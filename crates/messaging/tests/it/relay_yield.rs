@@ -150,3 +150,41 @@ async fn a_relay_that_yields_still_publishes_within_its_max_lag_during_an_endles
     y.consumer.stop().await;
     assert_eq!(received.all(), vec!["despite-the-burst".to_owned()]);
 }
+
+#[tokio::test]
+async fn a_relay_stopped_while_it_holds_rows_back_publishes_them_before_it_returns() {
+    let (_tdb, db) = database().await;
+    let amqp = Amqp::new(config()).await;
+    let y = yielding(
+        &db,
+        &amqp,
+        "flushing",
+        Duration::from_millis(200),
+        Duration::from_secs(60),
+    )
+    .await;
+    let received = y.received.clone();
+    outbox::enqueue(&db, &order_created("held-at-stop"))
+        .await
+        .unwrap();
+    // The burst goes on: the relay holds the row back until it is told to stop.
+    y.relay.stop().await;
+    assert_eq!(
+        scalar(
+            &db,
+            "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL"
+        )
+        .await,
+        0,
+        "the row was left unpublished"
+    );
+    eventually(WAIT, "the flushed row to arrive", || async {
+        (received.len() == 1).then_some(())
+    })
+    .await
+    .unwrap();
+    let _ = y.stop_burst.send(());
+    y.burst.await.unwrap();
+    y.consumer.stop().await;
+    assert_eq!(received.all(), vec!["held-at-stop".to_owned()]);
+}
