@@ -90,7 +90,8 @@ pub async fn start_with<H: Handler + Clone>(
     let closing = broker.clone();
     runner.spawn(async move {
         let relayed = relay.run(async move { last.wait().await }).await;
-        closing.close().await;
+        // A broker that does not answer must not hold the stop up.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), closing.close()).await;
         relayed
     });
     for t in topologies {

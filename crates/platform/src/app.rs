@@ -101,10 +101,15 @@ pub async fn main<S: Service>(
     }
 }
 
-/// How long the consumers get, once a stop is asked, to finish the messages in hand.
-pub const CONSUMERS_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the consumers get, once a stop is asked, to finish the messages in hand (their own
+/// drain gives up a little earlier, so they close their channels themselves).
+pub const CONSUMERS_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 /// How long the gRPC server then gets to answer the calls in flight.
-pub const SERVER_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+pub const SERVER_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the tasks that stop last (the relay's last pass, closing the broker connection)
+/// get before they are dropped. With the two above and a 5 s `preStop`, a stop fits the
+/// manifests' 60 s grace period.
+pub const LAST_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Bound listeners and the tasks that run beside the gRPC server.
 ///
@@ -229,7 +234,8 @@ impl Runner {
             }
         }
         shutdown.trigger();
-        // 1. The consumers stop taking messages and finish those in hand.
+        // 1. The consumers stop taking messages and finish those in hand, while the server
+        //    goes on serving (its future accepts new connections: it must keep being polled).
         let consumers = async {
             while let Some(joined) = self.consumers.join_next().await {
                 if let Ok(Err(e)) = joined {
@@ -237,10 +243,23 @@ impl Runner {
                 }
             }
         };
-        if tokio::time::timeout(CONSUMERS_GRACE, consumers)
-            .await
-            .is_err()
-        {
+        let drained = {
+            let draining = tokio::time::timeout(CONSUMERS_GRACE, consumers);
+            tokio::pin!(draining);
+            if served {
+                draining.await
+            } else {
+                tokio::select! {
+                    drained = &mut draining => drained,
+                    res = &mut server => {
+                        if let Err(e) = res { failure.get_or_insert(e); }
+                        served = true;
+                        draining.await
+                    }
+                }
+            }
+        };
+        if drained.is_err() {
             tracing::warn!("consumers still busy after {CONSUMERS_GRACE:?}; stopping them");
             self.consumers.abort_all();
         }
@@ -259,10 +278,16 @@ impl Runner {
         }
         // 3. What must outlive both: the relay publishes what they wrote.
         last.trigger();
-        while let Some(joined) = self.tasks.join_next().await {
-            if let Ok(Err(e)) = joined {
-                tracing::warn!(error = ?e, "background task failed while stopping");
+        let rest = async {
+            while let Some(joined) = self.tasks.join_next().await {
+                if let Ok(Err(e)) = joined {
+                    tracing::warn!(error = ?e, "background task failed while stopping");
+                }
             }
+        };
+        if tokio::time::timeout(LAST_GRACE, rest).await.is_err() {
+            tracing::warn!("background tasks still running after {LAST_GRACE:?}; dropping them");
+            self.tasks.abort_all();
         }
         metrics_task.await.context("join metrics server")??;
         match failure {

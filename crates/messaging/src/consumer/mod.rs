@@ -37,8 +37,9 @@ pub const CONSUMER_LAG_SECONDS: &str = "flashsale_consumer_lag_seconds";
 /// Counter: messages the broker delivered again, by queue.
 pub const REDELIVERED_TOTAL: &str = "flashsale_messages_redelivered_total";
 
-/// How long shutdown waits for handlers in flight.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long shutdown waits for handlers in flight (less than the runner gives the consumers:
+/// `platform::app::CONSUMERS_GRACE`).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Consumes one work queue with a [`Handler`].
 pub struct Consumer<H> {
