@@ -9,13 +9,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use flashsale_e2e::{Service, Stack};
 use flashsale_proto::{
-    order::v1::{
-        CreateOrderRequest, Order, OrderStatus, PayOrderRequest,
-        order_service_client::OrderServiceClient,
-    },
-    payment::v1::{
-        PayCheckoutRequest, payment_provider_service_client::PaymentProviderServiceClient,
-    },
+    order::v1::{CreateOrderRequest, Order, OrderStatus, order_service_client::OrderServiceClient},
     product::v1::{
         CreateProductRequest, DeductionPolicy,
         product_stock_service_client::ProductStockServiceClient,
@@ -24,7 +18,11 @@ use flashsale_proto::{
 use flashsale_test_support::{eventually, grpc::http_get};
 use tonic::transport::Channel;
 
-use super::{admin, connect, traces::wait_status, user};
+use super::{
+    admin, connect,
+    traces::{pay_at_checkout, wait_status},
+    user,
+};
 
 /// What a family adds up to: the sum of its samples (a histogram's `_count`).
 type Totals = BTreeMap<String, f64>;
@@ -167,22 +165,7 @@ async fn place(orders: &OrderServiceClient<Channel>, buyer: &str, sku: &str) -> 
 
 async fn pay(stack: &Stack, orders: &OrderServiceClient<Channel>, o: &Order) {
     wait_status(orders, o, OrderStatus::AwaitingPayment, stack).await;
-    let start = PayOrderRequest {
-        order_id: o.order_id.clone(),
-        ..Default::default()
-    };
-    let started = orders
-        .clone()
-        .pay_order(user(&o.user_id, start))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut sim = PaymentProviderServiceClient::new(connect(stack.payment_sim.url()).await);
-    sim.pay_checkout(PayCheckoutRequest {
-        payment_id: started.checkout.unwrap().provider_payment_id,
-    })
-    .await
-    .unwrap();
+    pay_at_checkout(stack, orders, o, |r| r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

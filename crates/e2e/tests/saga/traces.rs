@@ -148,6 +148,32 @@ fn missing(spans: &[ReceivedSpan], gateway: &GatewaySpan, story: &Story) -> Vec<
     missing
 }
 
+/// The buyer of `o` starts its payment (PayOrder, sent through `send`) and pays on the
+/// provider's page, which carries no trace of ours.
+pub(super) async fn pay_at_checkout(
+    stack: &Stack,
+    orders: &OrderServiceClient<tonic::transport::Channel>,
+    o: &Order,
+    send: impl FnOnce(tonic::Request<PayOrderRequest>) -> tonic::Request<PayOrderRequest>,
+) {
+    let start = PayOrderRequest {
+        order_id: o.order_id.clone(),
+        ..Default::default()
+    };
+    let started = orders
+        .clone()
+        .pay_order(send(user(&o.user_id, start)))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut sim = PaymentProviderServiceClient::new(connect(stack.payment_sim.url()).await);
+    sim.pay_checkout(PayCheckoutRequest {
+        payment_id: started.checkout.unwrap().provider_payment_id,
+    })
+    .await
+    .unwrap();
+}
+
 pub(super) async fn wait_status(
     orders: &OrderServiceClient<tonic::transport::Channel>,
     o: &Order,
@@ -237,23 +263,7 @@ async fn one_order_is_one_trace_from_create_order_to_shipped_or_cancelled() {
     }
     let (paid, unpaid) = (&placed[0], &placed[1]);
     wait_status(&orders, paid, OrderStatus::AwaitingPayment, &stack).await;
-    let start = PayOrderRequest {
-        order_id: paid.order_id.clone(),
-        ..Default::default()
-    };
-    let started = orders
-        .clone()
-        .pay_order(shipped.carry(user(&paid.user_id, start)))
-        .await
-        .unwrap()
-        .into_inner();
-    // The buyer pays on the provider's page: no trace of ours comes with it.
-    let mut sim = PaymentProviderServiceClient::new(connect(stack.payment_sim.url()).await);
-    sim.pay_checkout(PayCheckoutRequest {
-        payment_id: started.checkout.unwrap().provider_payment_id,
-    })
-    .await
-    .unwrap();
+    pay_at_checkout(&stack, &orders, paid, |r| shipped.carry(r)).await;
     wait_status(&orders, paid, OrderStatus::Shipped, &stack).await;
     wait_status(&orders, unpaid, OrderStatus::Cancelled, &stack).await;
 
