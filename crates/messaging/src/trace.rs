@@ -21,7 +21,7 @@ pub const TRACEPARENT: &str = "traceparent";
 /// The current span's context as propagation headers (usually `traceparent` and maybe
 /// `tracestate`); empty when there is no sampled context or no propagator is installed.
 pub fn current_headers() -> BTreeMap<String, String> {
-    let cx = tracing::Span::current().context();
+    let cx = flashsale_platform::trace::current_context();
     let mut map = MapInjector(BTreeMap::new());
     opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut map));
     map.0
@@ -75,8 +75,7 @@ pub fn on_behalf_of(headers: &BTreeMap<String, String>) -> tracing::Span {
         let _ = span.set_parent(parent);
         // Linked to the batch it runs in.
         span.add_link(
-            tracing::Span::current()
-                .context()
+            flashsale_platform::trace::current_context()
                 .span()
                 .span_context()
                 .clone(),

@@ -146,8 +146,7 @@ fn batch_span(name: &'static str, callers: &[SpanContext]) -> tracing::Span {
 
 /// The current span's context, to link a batch to its caller.
 fn caller_context() -> SpanContext {
-    tracing::Span::current()
-        .context()
+    crate::trace::current_context()
         .span()
         .span_context()
         .clone()

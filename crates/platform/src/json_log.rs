@@ -81,9 +81,11 @@ where
         line.insert("target".into(), meta.target().into());
         // The trace first, while no span's extensions are borrowed here: reading the
         // OpenTelemetry context may need to borrow them itself.
+        // The nearest traced span's: a `LOG_SCOPE` span is not traced (crate::trace).
         let ids = ctx.lookup_current().and_then(|span| {
             let dispatch = self.dispatch.get()?.upgrade()?;
-            tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)
+            span.scope()
+                .find_map(|s| tracing_opentelemetry::get_otel_context(&s.id(), &dispatch))
         });
         if let Some(scope) = ctx.event_scope() {
             let mut name = None;
@@ -210,6 +212,55 @@ mod tests {
         assert_eq!(line["span_id"], span_id.as_str());
         assert_eq!(trace_id.len(), 32);
         assert!(line["timestamp"].as_str().is_some_and(|t| t.contains('T')));
+    }
+
+    #[test]
+    fn a_line_in_a_span_that_is_not_traced_names_the_nearest_traced_span() {
+        use tracing_subscriber::Layer as _;
+        let provider = SdkTracerProvider::builder().build();
+        let lines = Lines::default();
+        let format = JsonLog::new();
+        let subscriber = tracing_subscriber::registry()
+            .with(
+                tracing_opentelemetry::layer()
+                    .with_tracer(provider.tracer("test"))
+                    .with_filter(tracing_subscriber::EnvFilter::new(
+                        crate::telemetry::EXPORTED_SPANS,
+                    )),
+            )
+            .with(format.dispatch_layer())
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .fmt_fields(JsonFields::new())
+                    .event_format(format)
+                    .with_writer(lines.clone()),
+            );
+        let (outer_sc, inner_sc, current_sc) =
+            tracing::subscriber::with_default(subscriber, || {
+                let outer = tracing::info_span!("grpc");
+                let _o = outer.enter();
+                let inner =
+                    tracing::info_span!(target: "flashsale::log_scope", "place_by", sku = "WINE");
+                let _i = inner.enter();
+                tracing::info!("order accepted");
+                (
+                    outer.context().span().span_context().clone(),
+                    inner.context().span().span_context().clone(),
+                    crate::trace::current_context()
+                        .span()
+                        .span_context()
+                        .clone(),
+                )
+            });
+        assert!(outer_sc.is_valid());
+        assert!(!inner_sc.is_valid(), "a log-scope span is not traced");
+        assert_eq!(current_sc, outer_sc, "the context is the traced ancestor's");
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let line: Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(line["sku"], "WINE");
+        assert_eq!(line["span"], "place_by");
+        assert_eq!(line["trace_id"], outer_sc.trace_id().to_string().as_str());
+        assert_eq!(line["span_id"], outer_sc.span_id().to_string().as_str());
     }
 
     #[test]

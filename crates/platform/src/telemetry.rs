@@ -23,8 +23,9 @@ pub use tracing_subscriber::EnvFilter;
 use tracing_subscriber::{Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
 
 /// The spans exported where spans are exported, whatever the log filter: every span at `info`
-/// and above (the services' own spans, per request, batch, event and call on behalf of one).
-pub const EXPORTED_SPANS: &str = "info";
+/// and above (the services' own spans, per request, batch, event and call on behalf of one)
+/// except those that only give log lines their fields ([`crate::trace::LOG_SCOPE`]).
+pub const EXPORTED_SPANS: &str = "info,flashsale::log_scope=off";
 
 use crate::settings::TelemetrySettings;
 
@@ -108,7 +109,7 @@ where
     let span_filter = if exported {
         EnvFilter::new(EXPORTED_SPANS)
     } else {
-        EnvFilter::new(filter.to_string())
+        EnvFilter::new(format!("{filter},{}=off", crate::trace::LOG_SCOPE))
     };
     let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     // What every span costs is paid for the unsampled ones too, on every poll of an

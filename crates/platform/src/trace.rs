@@ -1,6 +1,12 @@
 //! W3C trace context across gRPC: servers continue the caller's trace (a span per request whose
 //! parent is the incoming `traceparent`, named by its method, with OpenTelemetry's RPC
 //! attributes), clients inject the current span's context.
+//!
+//! Not every span is traced. Spans whose target is [`LOG_SCOPE`] name what a piece of work is
+//! about (an order, a SKU) so that the log lines inside them carry it; the trace already has a
+//! span per request, message, batch and call on behalf of one, and these would only add cost:
+//! each traced span is built, sampled and ended, sampled or not. [`current_context`] gives the
+//! trace context of the nearest traced span.
 
 use std::task::{Context, Poll};
 
@@ -32,9 +38,34 @@ impl Injector for MetadataInjector<'_> {
     }
 }
 
+/// The target of spans that give log lines their fields and are not traced (see the module's
+/// documentation): `#[tracing::instrument(target = "flashsale::log_scope", …)]`.
+pub const LOG_SCOPE: &str = "flashsale::log_scope";
+
+/// The OpenTelemetry context of the current span, or of its nearest ancestor that is traced
+/// (a [`LOG_SCOPE`] span has none of its own); an empty context outside any traced span or
+/// without an OpenTelemetry layer.
+pub fn current_context() -> opentelemetry::Context {
+    tracing::dispatcher::get_default(|dispatch| {
+        let current = dispatch.current_span();
+        let (Some(id), Some(registry)) = (
+            current.id(),
+            dispatch.downcast_ref::<tracing_subscriber::Registry>(),
+        ) else {
+            return opentelemetry::Context::new();
+        };
+        let Some(span) = tracing_subscriber::registry::LookupSpan::span(registry, id) else {
+            return opentelemetry::Context::new();
+        };
+        span.scope()
+            .find_map(|s| tracing_opentelemetry::get_otel_context(&s.id(), dispatch))
+            .unwrap_or_default()
+    })
+}
+
 /// Writes the current span's trace context into outgoing request metadata.
 pub fn inject_current(metadata: &mut tonic::metadata::MetadataMap) {
-    let cx = tracing::Span::current().context();
+    let cx = current_context();
     opentelemetry::global::get_text_map_propagator(|p| {
         p.inject_context(&cx, &mut MetadataInjector(metadata));
     });

@@ -82,7 +82,7 @@ impl Checkout {
     /// Two statements, neither in a transaction (a PayOrder changes nothing in the order): one
     /// reads the order with its payment, one records the provider's payment and reads both
     /// back. Only an order found past its deadline is locked, to be cancelled.
-    #[tracing::instrument(skip_all, fields(order_id = %p.order_id))]
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all, fields(order_id = %p.order_id))]
     pub async fn start_payment(
         &self,
         caller: &Caller,
@@ -285,7 +285,7 @@ impl Checkout {
     }
 
     /// Cancels an order that is not paid yet; an already cancelled order is returned as it is.
-    #[tracing::instrument(skip_all, fields(order_id = %id))]
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all, fields(order_id = %id))]
     pub async fn cancel(&self, caller: &Caller, id: Uuid) -> Result<Order, OrderError> {
         let txn = self.db.begin().await?;
         let order = owned(&txn, caller, id).await?;

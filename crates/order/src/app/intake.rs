@@ -124,7 +124,7 @@ impl Intake {
     /// database gave up for a passing reason: the buyer's retry writes it under that hold, and
     /// product-stock's hold sweeper, asking only after `stock.hold_ttl_ms` (longer than any
     /// write deadline), finds it written or never to be written.
-    #[tracing::instrument(skip_all, fields(user = %p.user_id, sku = %p.sku))]
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all, fields(user = %p.user_id, sku = %p.sku))]
     pub async fn place_by(
         &self,
         p: PlaceOrder,

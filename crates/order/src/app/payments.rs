@@ -61,7 +61,7 @@ impl Payments {
     }
 
     /// Checks and applies one notification.
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all)]
     pub async fn notify(&self, n: &SignedNotice) -> Result<Applied, OrderError> {
         verify(
             &self.secret,

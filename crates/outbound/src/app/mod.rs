@@ -131,7 +131,7 @@ impl Shipping {
     }
 
     /// `order.paid`: create the shipment (once per order) and ship it.
-    #[tracing::instrument(skip_all, fields(order_id = %ev.order_id))]
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all, fields(order_id = %ev.order_id))]
     pub async fn on_order_paid(
         &self,
         env: &Envelope,

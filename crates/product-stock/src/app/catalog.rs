@@ -49,7 +49,7 @@ impl Catalog {
     }
 
     /// Creates a product and seeds the gate with its initial stock.
-    #[tracing::instrument(skip_all, fields(sku = %draft.sku))]
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all, fields(sku = %draft.sku))]
     pub async fn create_product(&self, draft: ProductDraft) -> Result<ProductView, StockError> {
         let txn = self.db.begin().await?;
         db::insert_product(&txn, &draft).await?;
@@ -157,7 +157,7 @@ impl Catalog {
     /// persisted (docs/reliability.md, "Admin stock changes and acknowledged orders"). The
     /// gate checks and takes them atomically under the stock row lock; a refusal rolls the
     /// transaction back and changes nothing.
-    #[tracing::instrument(skip_all, fields(sku = %adj.sku, request_id = %adj.request_id))]
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all, fields(sku = %adj.sku, request_id = %adj.request_id))]
     pub async fn adjust_stock(&self, adj: Adjustment) -> Result<(ProductView, bool), StockError> {
         if adj.delta < 0 {
             self.gate_loaded(&adj).await?;

@@ -108,7 +108,7 @@ impl StockSaga {
     /// `order.created`: `reserved += q WHERE on_hand - reserved >= q` (COMMIT_AT_ORDER:
     /// `on_hand -= q`), reservation row, ledger, then `stock.reserved` or
     /// `stock.reservation_failed`.
-    #[tracing::instrument(skip_all, fields(order_id = %ev.order_id, sku = %ev.sku))]
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all, fields(order_id = %ev.order_id, sku = %ev.sku))]
     pub async fn on_order_created(
         &self,
         consumer: &str,
@@ -234,7 +234,7 @@ impl StockSaga {
 
     /// `order.cancelled`: release the reservation once and give the units back to the gate; a
     /// cancel that arrives before its `order.created` leaves a tombstone.
-    #[tracing::instrument(skip_all, fields(order_id = %ev.order_id, sku = %ev.sku))]
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all, fields(order_id = %ev.order_id, sku = %ev.sku))]
     pub async fn on_order_cancelled(
         &self,
         consumer: &str,
@@ -382,7 +382,7 @@ impl StockSaga {
     }
 
     /// `CommitReservation`: at shipment, `on_hand -= q, reserved -= q`. Idempotent.
-    #[tracing::instrument(skip_all, fields(order_id = %order_id))]
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all, fields(order_id = %order_id))]
     pub async fn commit_reservation(
         &self,
         order_id: Uuid,
