@@ -35,9 +35,12 @@ pub const PAYMENT_MISMATCH: &str = "PAYMENT_MISMATCH";
 pub const PAYMENT_PROVIDER_REFUSED: &str = "PAYMENT_PROVIDER_REFUSED";
 /// The refund is completed already.
 pub const REFUND_COMPLETED: &str = "REFUND_COMPLETED";
+/// The replica answering is stopping (being replaced or scaled in): call again, and another
+/// replica answers. A stream (WatchOrder) ends with it rather than being cut off.
+pub const SERVER_STOPPING: &str = "SERVER_STOPPING";
 
 /// Every reason above.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 17] = [
     DATABASE_UNAVAILABLE,
     BROKER_UNAVAILABLE,
     STOCK_GATE_UNAVAILABLE,
@@ -54,6 +57,7 @@ pub const ALL: [&str; 16] = [
     PAYMENT_MISMATCH,
     PAYMENT_PROVIDER_REFUSED,
     REFUND_COMPLETED,
+    SERVER_STOPPING,
 ];
 
 #[cfg(test)]

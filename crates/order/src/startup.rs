@@ -112,7 +112,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let reconciler = Reconciler::new(f.db.clone(), provider, payments.clone(), &settings.payment);
     let saga = Saga::new(f.db.clone(), timeout_queue.clone(), &settings.saga)
         .with_failpoints(failpoints.clone());
-    let queries = Queries::new(f.db.clone(), changes.clone());
+    let queries = Queries::new(f.db.clone(), changes.clone(), f.runner.shutdown());
     let stuck = Stuck::new(f.db.clone(), &settings.saga);
     let s = saga.clone();
     let half_prefetch = usize::from(settings.amqp.prefetch) / 2;

@@ -264,6 +264,10 @@ impl From<OrderError> for ApiError {
                 message,
                 retry_after,
             },
+            OrderError::Stopping => ApiError::Unavailable {
+                reason: flashsale_contract::reason::SERVER_STOPPING,
+                message,
+            },
             OrderError::Internal(e) => ApiError::Internal(e),
         }
     }

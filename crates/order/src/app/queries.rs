@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use flashsale_platform::auth::{Caller, Role};
+use flashsale_platform::{
+    auth::{Caller, Role},
+    shutdown::Shutdown,
+};
 use sea_orm::DatabaseConnection;
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
@@ -24,11 +27,17 @@ const POLL_BACKSTOP: Duration = Duration::from_secs(2);
 pub struct Queries {
     db: DatabaseConnection,
     changes: OrderChanges,
+    stopping: Shutdown,
 }
 
 impl Queries {
-    pub fn new(db: DatabaseConnection, changes: OrderChanges) -> Self {
-        Self { db, changes }
+    /// Watches end with [`OrderError::Stopping`] once `stopping` is set.
+    pub fn new(db: DatabaseConnection, changes: OrderChanges, stopping: Shutdown) -> Self {
+        Self {
+            db,
+            changes,
+            stopping,
+        }
     }
 
     /// One order the caller may see.
@@ -115,7 +124,8 @@ impl Queries {
     }
 
     /// The order now, then every change, ending after a terminal state (or when the receiver
-    /// goes away).
+    /// goes away). When this replica stops, the watch ends with [`OrderError::Stopping`]: the
+    /// client watches again and another replica answers.
     pub async fn watch(
         &self,
         caller: &Caller,
@@ -125,6 +135,7 @@ impl Queries {
         let first = self.get(caller, id).await?;
         let (tx, rx) = mpsc::channel(16);
         let db = self.db.clone();
+        let stopping = self.stopping.clone();
         tokio::spawn(async move {
             let mut last = first;
             if tx.send(Ok(last.clone())).await.is_err() || last.status.is_terminal() {
@@ -133,10 +144,18 @@ impl Queries {
             loop {
                 let reload = tokio::select! {
                     () = tx.closed() => return,
+                    () = stopping.wait() => {
+                        let _ = tx.send(Err(OrderError::Stopping)).await;
+                        return;
+                    }
                     msg = changes.recv() => match msg {
                         Ok(changed) => changed == id,
                         Err(broadcast::error::RecvError::Lagged(_)) => true,
-                        Err(broadcast::error::RecvError::Closed) => return,
+                        // The feed ends only as the service stops.
+                        Err(broadcast::error::RecvError::Closed) => {
+                            let _ = tx.send(Err(OrderError::Stopping)).await;
+                            return;
+                        }
                     },
                     () = tokio::time::sleep(POLL_BACKSTOP) => true,
                 };

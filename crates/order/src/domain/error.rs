@@ -60,6 +60,10 @@ pub enum OrderError {
         message: String,
         retry_after: std::time::Duration,
     },
+    /// This replica is stopping: a watch ends with this so its client watches again through
+    /// another replica.
+    #[error("this server is stopping; watch again and another replica answers")]
+    Stopping,
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }

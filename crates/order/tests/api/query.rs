@@ -5,7 +5,7 @@ use flashsale_proto::order::v1::{
 };
 use tonic::Code;
 
-use crate::helpers::{as_admin, as_user, spawn_app, spawn_stack};
+use crate::helpers::{as_admin, as_user, reason, spawn_app, spawn_stack};
 
 #[tokio::test]
 async fn a_user_sees_only_their_own_orders_and_admins_see_all() {
@@ -181,4 +181,43 @@ async fn watch_streams_every_change_until_the_order_is_terminal() {
         statuses.contains(&(OrderStatus::AwaitingPayment as i32)),
         "{statuses:?}"
     );
+}
+
+#[tokio::test]
+async fn a_watch_ends_unavailable_server_stopping_when_its_replica_stops() {
+    let app = spawn_stack(|_| {}).await;
+    app.product("W2", 5, 0).await;
+    let o = app.order("alice", "w", "W2", 1).await.unwrap();
+    let mut c = app.client().await;
+    let mut stream = c
+        .watch_order(as_user(
+            "alice",
+            WatchOrderRequest {
+                order_id: o.order_id.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().expect("the current state");
+    assert_eq!(first.order.unwrap().order_id, o.order_id);
+    app.shutdown.trigger();
+    // Changes the saga made meanwhile may come first; then the stream ends with the reason.
+    let end = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(msg)) => {
+                    let status = msg.order.unwrap().status;
+                    assert_ne!(status, OrderStatus::Cancelled as i32, "nothing cancels it");
+                }
+                Ok(None) => return None,
+                Err(e) => return Some(e),
+            }
+        }
+    })
+    .await
+    .expect("the stream did not end after the stop");
+    let e = end.expect("the stream ended without saying why");
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert_eq!(reason(&e), "SERVER_STOPPING");
 }
