@@ -1,7 +1,7 @@
 //! `flashsale`: the command-line face of the platform — mint tokens, check health, administer
 //! products, place and follow orders, find stuck orders, look up shipments, replay or discard
-//! parked messages; and, from `flashsale-bench`, run a flash sale end to end and benchmark the
-//! platform.
+//! parked messages, check a running service against its contract; and, from
+//! `flashsale-bench`, run a flash sale end to end and benchmark the platform.
 
 use std::process::ExitCode;
 
@@ -18,6 +18,7 @@ mod shipment;
 mod stuck;
 mod timeline;
 mod token;
+mod verify;
 
 #[derive(Parser)]
 #[command(
@@ -56,6 +57,9 @@ enum Command {
     Dlq(dlq::Args),
     /// The gRPC contract as files for other tools (API gateways, grpcurl -protoset).
     Contract(contract::Args),
+    /// Check a running service against its contract: health, reflection, every rpc's happy
+    /// path and documented errors, on products and buyers of its own.
+    Verify(verify::Args),
 }
 
 #[tokio::main]
@@ -72,6 +76,7 @@ async fn main() -> ExitCode {
         Command::TraceSink(args) => flashsale_bench::sink::run(args).await,
         Command::Dlq(args) => dlq::run(args).await,
         Command::Contract(args) => contract::run(args),
+        Command::Verify(args) => verify::run(args).await,
     };
     match result {
         Ok(code) => code,

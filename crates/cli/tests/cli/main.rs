@@ -1,6 +1,6 @@
 //! The `flashsale` binary against real services: token, health, the product commands, the
 //! order commands (with bad input refused with the server's reason), the shipment commands and
-//! the sale driver, and the benchmark.
+//! the sale driver, the benchmark, and the contract checks against a running deployment.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,3 +18,4 @@ mod sale_deadlines;
 mod shipment;
 mod timeline;
 mod trace_sink;
+mod verify;
