@@ -8,9 +8,9 @@
 #      repository root (so ./config is found), pid files and logs in .run/ ($FLASHSALE_RUN_DIR),
 #   4. waits until `flashsale health` reports all three SERVING ($FLASHSALE_UP_TIMEOUT s, 60).
 # FLASHSALE_PROFILE=release builds and runs release binaries (what scripts/bench.sh measures).
-# FLASHSALE_UP_FEATURES adds cargo features to the build (.ci/run gives the test build's,
+# FLASHSALE_UP_FEATURES adds cargo features to the debug build (.ci/run gives the test build's,
 # flashsale-platform/failpoints, so that it starts the binaries the tests ran: no failpoint
-# fires unless FLASHSALE_FAILPOINTS arms it).
+# fires unless FLASHSALE_FAILPOINTS arms it); a release build never takes any.
 # A development start: each service may use the public development secret for the token keys
 # it is not given (FLASHSALE_<SVC>__AUTH__ALLOW_DEVELOPMENT_SECRET=false to refuse it).
 # Idempotent: a service whose pid file names a live process is not started again.
@@ -37,10 +37,13 @@ STARTED=() # services started by this run
 
 build() {
     log "cargo build --workspace --bins ($PROFILE) (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-    local args=(--workspace --bins)
-    if [[ "$PROFILE" == release ]]; then args+=(--release); fi
-    if [[ -n "${FLASHSALE_UP_FEATURES:-}" ]]; then args+=(--features "$FLASHSALE_UP_FEATURES"); fi
-    cargo build "${args[@]}"
+    local features=()
+    if [[ -n "${FLASHSALE_UP_FEATURES:-}" ]]; then features=(--features "$FLASHSALE_UP_FEATURES"); fi
+    if [[ "$PROFILE" == release ]]; then
+        cargo build --workspace --bins --release
+    else
+        cargo build --workspace --bins "${features[@]}"
+    fi
 }
 
 start_service() { # service
