@@ -51,6 +51,33 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!(text)
 }
 
+/// Where the three services answer: each one's gRPC URL, from its option or environment
+/// variable (default: the ports `scripts/up.sh` starts them on).
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServiceUrls {
+    /// The product-stock gRPC endpoint.
+    #[arg(
+        long,
+        env = "FLASHSALE_PRODUCT_STOCK_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub product_stock_url: String,
+    /// The order gRPC endpoint.
+    #[arg(
+        long,
+        env = "FLASHSALE_ORDER_URL",
+        default_value = "http://127.0.0.1:50052"
+    )]
+    pub order_url: String,
+    /// The outbound gRPC endpoint.
+    #[arg(
+        long,
+        env = "FLASHSALE_OUTBOUND_URL",
+        default_value = "http://127.0.0.1:50053"
+    )]
+    pub outbound_url: String,
+}
+
 /// Where tokens come from: user tokens are signed with a user secret (what the gateway's
 /// identity provider does in development), admin and service tokens with a service secret — the
 /// services' `auth.user_secrets` and `auth.service_secrets` (docs/security.md).

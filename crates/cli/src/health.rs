@@ -4,30 +4,15 @@
 use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
+use flashsale_bench::client::ServiceUrls;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
 #[derive(clap::Args)]
 pub struct Args {
-    #[arg(
-        long,
-        env = "FLASHSALE_PRODUCT_STOCK_URL",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    product_stock_url: String,
-    #[arg(
-        long,
-        env = "FLASHSALE_ORDER_URL",
-        default_value = "http://127.0.0.1:50052"
-    )]
-    order_url: String,
-    #[arg(
-        long,
-        env = "FLASHSALE_OUTBOUND_URL",
-        default_value = "http://127.0.0.1:50053"
-    )]
-    outbound_url: String,
+    #[command(flatten)]
+    urls: ServiceUrls,
     #[arg(
         long,
         env = "FLASHSALE_PAYMENT_SIM_URL",
@@ -58,19 +43,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         (
             Target::ProductStock,
             "product-stock",
-            args.product_stock_url,
+            args.urls.product_stock_url,
             "flashsale.product.v1.ProductStockService",
         ),
         (
             Target::Order,
             "order",
-            args.order_url,
+            args.urls.order_url,
             "flashsale.order.v1.OrderService",
         ),
         (
             Target::Outbound,
             "outbound",
-            args.outbound_url,
+            args.urls.outbound_url,
             "flashsale.outbound.v1.OutboundService",
         ),
         (

@@ -38,7 +38,7 @@ use flashsale_proto::{
 use tonic::transport::Channel;
 
 use crate::{
-    client::{Secret, authorized, connect, status_error},
+    client::{Secret, ServiceUrls, authorized, connect, status_error},
     procstat::{PidArgs, Sampler},
 };
 
@@ -49,27 +49,8 @@ const MAX_REQUESTS: u64 = 10_000_000;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The product-stock gRPC endpoint.
-    #[arg(
-        long,
-        env = "FLASHSALE_PRODUCT_STOCK_URL",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    product_stock_url: String,
-    /// The order gRPC endpoint.
-    #[arg(
-        long,
-        env = "FLASHSALE_ORDER_URL",
-        default_value = "http://127.0.0.1:50052"
-    )]
-    order_url: String,
-    /// The outbound gRPC endpoint.
-    #[arg(
-        long,
-        env = "FLASHSALE_OUTBOUND_URL",
-        default_value = "http://127.0.0.1:50053"
-    )]
-    outbound_url: String,
+    #[command(flatten)]
+    urls: ServiceUrls,
     /// The payment provider the order service uses (`flashsale-payment-sim`): paying buyers
     /// pay on its checkout after PayOrder started their payment.
     #[arg(
@@ -316,10 +297,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let setup = async {
         let ctx = Arc::new(Ctx {
             stock: ProductStockServiceClient::new(
-                connect(&args.product_stock_url, CALL_TIMEOUT).await?,
+                connect(&args.urls.product_stock_url, CALL_TIMEOUT).await?,
             ),
-            orders: OrderServiceClient::new(connect(&args.order_url, CALL_TIMEOUT).await?),
-            outbound: OutboundServiceClient::new(connect(&args.outbound_url, CALL_TIMEOUT).await?),
+            orders: OrderServiceClient::new(connect(&args.urls.order_url, CALL_TIMEOUT).await?),
+            outbound: OutboundServiceClient::new(
+                connect(&args.urls.outbound_url, CALL_TIMEOUT).await?,
+            ),
             // Connected on first use: a sale where nobody pays needs no provider.
             provider: PaymentProviderServiceClient::new(
                 flashsale_platform::grpc::lazy_channel(

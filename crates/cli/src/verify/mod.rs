@@ -18,7 +18,7 @@ mod product_stock;
 use std::{fmt::Debug, process::ExitCode, time::Duration};
 
 use anyhow::{Context as _, bail, ensure};
-use flashsale_bench::client::{Secret, connect, status_error};
+use flashsale_bench::client::{Secret, ServiceUrls, connect, status_error};
 use flashsale_platform::auth::Role;
 use tonic::{Code, Status, transport::Channel};
 
@@ -30,26 +30,10 @@ pub struct Args {
     /// The checked service's gRPC endpoint (default: its URL below).
     #[arg(long)]
     endpoint: Option<String>,
-    /// product-stock, where the order and outbound suites create their products.
-    #[arg(
-        long,
-        env = "FLASHSALE_PRODUCT_STOCK_URL",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    product_stock_url: String,
-    /// The order service, where the outbound suite places the order it ships.
-    #[arg(
-        long,
-        env = "FLASHSALE_ORDER_URL",
-        default_value = "http://127.0.0.1:50052"
-    )]
-    order_url: String,
-    #[arg(
-        long,
-        env = "FLASHSALE_OUTBOUND_URL",
-        default_value = "http://127.0.0.1:50053"
-    )]
-    outbound_url: String,
+    /// The services (product-stock: where the order and outbound suites create their products;
+    /// order: where the outbound suite places the order it ships).
+    #[command(flatten)]
+    urls: ServiceUrls,
     /// The payment simulator, whose checkout page the order and outbound suites pay on; without
     /// it a payment cannot be made, and the checks that need one are reported as not made.
     #[arg(long, env = "FLASHSALE_VERIFY_PAYMENT_SIM_URL")]
@@ -94,8 +78,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         secret: args.secret.clone(),
         timeout: Duration::from_millis(args.timeout_ms),
         saga_timeout: Duration::from_secs(args.saga_timeout_secs),
-        product_stock_url: args.product_stock_url.clone(),
-        order_url: args.order_url.clone(),
+        product_stock_url: args.urls.product_stock_url.clone(),
+        order_url: args.urls.order_url.clone(),
         payment_sim_url: args.payment_sim_url.clone(),
     };
     println!("run {} (its skus and users start with {}-)", cx.run, cx.run);
@@ -107,16 +91,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     for target in targets {
         let outcome = match target {
             Target::ProductStock => {
-                println!("\nproduct-stock at {}", endpoint(&args.product_stock_url));
-                product_stock::run(&cx, &endpoint(&args.product_stock_url), &mut report).await
+                println!(
+                    "\nproduct-stock at {}",
+                    endpoint(&args.urls.product_stock_url)
+                );
+                product_stock::run(&cx, &endpoint(&args.urls.product_stock_url), &mut report).await
             }
             Target::Order => {
-                println!("\norder at {}", endpoint(&args.order_url));
-                order::run(&cx, &endpoint(&args.order_url), &mut report).await
+                println!("\norder at {}", endpoint(&args.urls.order_url));
+                order::run(&cx, &endpoint(&args.urls.order_url), &mut report).await
             }
             Target::Outbound => {
-                println!("\noutbound at {}", endpoint(&args.outbound_url));
-                outbound::run(&cx, &endpoint(&args.outbound_url), &mut report).await
+                println!("\noutbound at {}", endpoint(&args.urls.outbound_url));
+                outbound::run(&cx, &endpoint(&args.urls.outbound_url), &mut report).await
             }
             Target::All => unreachable!("expanded above"),
         };
@@ -251,6 +238,11 @@ fn refused<T: Debug>(
     Ok(())
 }
 
+/// A call refused for its caller's role: `PERMISSION_DENIED`.
+fn denied<T: Debug>(result: Result<tonic::Response<T>, Status>) -> anyhow::Result<()> {
+    refused(result, Code::PermissionDenied, None)
+}
+
 /// A refusal of bad input: `INVALID_ARGUMENT` whose `BadRequest` names `field`.
 fn bad_field<T: Debug>(
     result: Result<tonic::Response<T>, Status>,
@@ -274,16 +266,24 @@ fn bad_field<T: Debug>(
     Ok(())
 }
 
-/// The checks every service answers the same way: it is SERVING `service` (grpc.health.v1)
-/// and its reflection lists `listed`.
-async fn serving(report: &mut Report, channel: &Channel, service: &str, listed: &[&str]) {
+/// The admin APIs every service serves.
+const ADMIN_APIS: [&str; 2] = [
+    "flashsale.admin.v1.DeadLetterService",
+    "flashsale.admin.v1.OrderTimelineService",
+];
+
+/// The checks every service answers the same way: it is SERVING its first API `own[0]`
+/// (grpc.health.v1), and its reflection lists its APIs `own` and the admin APIs.
+async fn serving(report: &mut Report, channel: &Channel, own: &[&str]) {
+    let service = own.first().copied().unwrap_or_default();
     report.record(
         &format!("health: {service} is SERVING"),
         health(channel.clone(), service).await,
     );
+    let listed: Vec<&str> = own.iter().chain(&ADMIN_APIS).copied().collect();
     report.record(
         "reflection lists the service's APIs",
-        reflection(channel.clone(), listed).await,
+        reflection(channel.clone(), &listed).await,
     );
 }
 

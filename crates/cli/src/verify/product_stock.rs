@@ -19,7 +19,7 @@ use flashsale_proto::{
 };
 use tonic::{Code, transport::Channel};
 
-use super::{Ctx, Report, answered, bad_field, refused, serving, with};
+use super::{Ctx, Report, answered, bad_field, denied, refused, serving, with};
 
 pub(super) const SERVICE: &str = "flashsale.product.v1.ProductStockService";
 
@@ -107,17 +107,7 @@ pub(super) async fn write_off(
 
 pub(super) async fn run(cx: &Ctx, url: &str, report: &mut Report) -> anyhow::Result<()> {
     let channel = cx.channel(url).await?;
-    serving(
-        report,
-        &channel,
-        SERVICE,
-        &[
-            SERVICE,
-            "flashsale.admin.v1.DeadLetterService",
-            "flashsale.admin.v1.OrderTimelineService",
-        ],
-    )
-    .await;
+    serving(report, &channel, &[SERVICE]).await;
     let c = ProductStockServiceClient::new(channel.clone());
     let (admin, buyer, service) = (cx.admin()?, cx.user("buyer")?, cx.service()?);
     let sku = cx.sku("stock");
@@ -137,12 +127,10 @@ pub(super) async fn run(cx: &Ctx, url: &str, report: &mut Report) -> anyhow::Res
     );
     report.record(
         "CreateProduct as a buyer: PERMISSION_DENIED",
-        refused(
+        denied(
             c.clone()
                 .create_product(with(product(&sku, 10), &buyer))
                 .await,
-            Code::PermissionDenied,
-            None,
         ),
     );
     report.record(
@@ -286,11 +274,7 @@ pub(super) async fn run(cx: &Ctx, url: &str, report: &mut Report) -> anyhow::Res
     };
     report.record(
         "AdjustStock as a buyer: PERMISSION_DENIED",
-        refused(
-            c.clone().adjust_stock(with(restock.clone(), &buyer)).await,
-            Code::PermissionDenied,
-            None,
-        ),
+        denied(c.clone().adjust_stock(with(restock.clone(), &buyer)).await),
     );
     report.record(
         "AdjustStock restocks, and its retry is a replay that changes nothing",
@@ -371,11 +355,7 @@ pub(super) async fn run(cx: &Ctx, url: &str, report: &mut Report) -> anyhow::Res
     let held = reserve(&sku, "holder");
     report.record(
         "ReserveStock as a buyer: PERMISSION_DENIED",
-        refused(
-            c.clone().reserve_stock(with(held.clone(), &buyer)).await,
-            Code::PermissionDenied,
-            None,
-        ),
+        denied(c.clone().reserve_stock(with(held.clone(), &buyer)).await),
     );
     report.record(
         "ReserveStock holds a unit, and its retry is a replay",
@@ -483,7 +463,7 @@ pub(super) async fn run(cx: &Ctx, url: &str, report: &mut Report) -> anyhow::Res
     );
     report.record(
         "GetGateBuyers as a buyer: PERMISSION_DENIED",
-        refused(
+        denied(
             c.clone()
                 .get_gate_buyers(with(
                     GetGateBuyersRequest {
@@ -494,8 +474,6 @@ pub(super) async fn run(cx: &Ctx, url: &str, report: &mut Report) -> anyhow::Res
                     &buyer,
                 ))
                 .await,
-            Code::PermissionDenied,
-            None,
         ),
     );
 
@@ -564,12 +542,10 @@ pub(super) async fn run(cx: &Ctx, url: &str, report: &mut Report) -> anyhow::Res
     );
     report.record(
         "ReconcileStock as a service: PERMISSION_DENIED",
-        refused(
+        denied(
             c.clone()
                 .reconcile_stock(with(ReconcileStockRequest::default(), &service))
                 .await,
-            Code::PermissionDenied,
-            None,
         ),
     );
     admin_apis(cx, report, &channel).await?;
@@ -640,12 +616,10 @@ pub(super) async fn admin_apis(
     );
     report.record(
         "ListDeadLetters as a buyer: PERMISSION_DENIED",
-        refused(
+        denied(
             dlq.clone()
                 .list_dead_letters(with(ListDeadLettersRequest::default(), &buyer))
                 .await,
-            Code::PermissionDenied,
-            None,
         ),
     );
     let timeline = OrderTimelineServiceClient::new(channel.clone());
@@ -666,7 +640,7 @@ pub(super) async fn admin_apis(
     );
     report.record(
         "GetOrderTimeline as a buyer: PERMISSION_DENIED",
-        refused(
+        denied(
             timeline
                 .clone()
                 .get_order_timeline(with(
@@ -676,8 +650,6 @@ pub(super) async fn admin_apis(
                     &buyer,
                 ))
                 .await,
-            Code::PermissionDenied,
-            None,
         ),
     );
     Ok(())
