@@ -399,6 +399,11 @@ mod tests {
     }
 
     impl flashsale_platform::config::Validate for Service {
+        /// The AMQP section of a service's settings only.
+        fn refuses_unknown_keys() -> bool {
+            false
+        }
+
         fn validate(&self, prefix: &str) -> Result<(), ConfigError> {
             self.amqp.validate_under(prefix)
         }

@@ -1,7 +1,7 @@
 //! The order service's settings: the common sections plus AMQP, the product-stock endpoint and
 //! the saga's timings. Keys: `order.<section>.<key>`, env `FLASHSALE_ORDER__<SECTION>__<KEY>`.
-//! Unknown keys are ignored, so a configuration written for an older version (one with an
-//! `order.redis` section, say) still loads.
+//! A key nothing reads is refused at start, naming it, except the retired `order.redis`
+//! section, which a configuration written for an older version may still have: it is ignored.
 
 use flashsale_contract::payment::{
     DEV_PAYMENT_API_KEY, DEV_WEBHOOK_SECRET, PAYMENT_SECRET_MIN_LEN, check_currency,
@@ -534,6 +534,11 @@ impl Default for Settings {
 flashsale_platform::common_settings!(Settings);
 
 impl Validate for Settings {
+    /// The order service reached Redis itself before the gate moved behind product-stock.
+    fn retired_keys() -> &'static [&'static str] {
+        &["redis"]
+    }
+
     fn validate(&self, p: &str) -> Result<(), ConfigError> {
         self.common().validate(p)?;
         self.amqp.validate_under(p)?;

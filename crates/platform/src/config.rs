@@ -33,6 +33,24 @@ impl ConfigError {
 /// section (e.g. `order.database`), so errors name the full key.
 pub trait Validate {
     fn validate(&self, prefix: &str) -> Result<(), ConfigError>;
+
+    /// Keys an earlier version read and this one still accepts, and ignores, as dotted paths
+    /// under the service (`redis`: a whole section); any other key nothing reads is refused.
+    fn retired_keys() -> &'static [&'static str]
+    where
+        Self: Sized,
+    {
+        &[]
+    }
+
+    /// Whether a key nothing in these settings reads is refused (a service's settings). A view
+    /// of one section of them, as a test of that section loads, accepts the others.
+    fn refuses_unknown_keys() -> bool
+    where
+        Self: Sized,
+    {
+        true
+    }
 }
 
 /// Where config files are read from: `$FLASHSALE_CONFIG_DIR`, else `./config`.
@@ -55,11 +73,19 @@ where
         defaults,
         &dir,
         env_name.as_deref(),
-        Environment::with_prefix("FLASHSALE")
-            .prefix_separator("_")
-            .separator("__")
-            .try_parsing(true),
+        environment(None),
     )
+}
+
+/// The environment layer: `FLASHSALE_<SERVICE>__<SECTION>__<KEY>` variables, from the process's
+/// environment, or from `vars` where given (tests, and checks of the variables deployment files
+/// set).
+pub fn environment(vars: Option<std::collections::HashMap<String, String>>) -> Environment {
+    Environment::with_prefix("FLASHSALE")
+        .prefix_separator("_")
+        .separator("__")
+        .try_parsing(true)
+        .source(vars)
 }
 
 /// [`load`] with explicit sources, for tests (never `set_var` in tests).
@@ -73,6 +99,10 @@ pub fn load_from<T>(
 where
     T: Serialize + DeserializeOwned + Validate,
 {
+    // The defaults as serde writes them: the config crate's own copy drops keys whose default
+    // is an empty list or unset.
+    let known = serde_json::to_value(defaults)
+        .map_err(|e| ConfigError::invalid(service, format!("defaults: {e}")))?;
     let defaults = Config::try_from(&std::collections::BTreeMap::from([(service, defaults)]))?;
     let mut builder = Config::builder().add_source(defaults).add_source(
         File::from(dir.join("default.toml"))
@@ -90,6 +120,25 @@ where
     // `Config::get` would replace the failing key's path with `service`; deserializing a table
     // `{service: …}` keeps the full dotted key (`order.grpc.addr`) in type errors.
     let table = cfg.get_table(service)?;
+    let mut unknown = Vec::new();
+    if T::refuses_unknown_keys() {
+        unknown_keys(service, &table, &known, &mut unknown);
+    }
+    unknown.retain(|path| {
+        !T::retired_keys().iter().any(|retired| {
+            let old = format!("{service}.{retired}");
+            *path == old || path.starts_with(&format!("{old}."))
+        })
+    });
+    if let Some(first) = unknown.first() {
+        return Err(ConfigError::invalid(
+            first.as_str(),
+            format!(
+                "no setting has this name (misspelt, or from another version?); unknown: {}",
+                unknown.join(", ")
+            ),
+        ));
+    }
     let root = config::Value::new(
         None,
         config::ValueKind::Table(config::Map::from_iter([(
@@ -104,6 +153,31 @@ where
         .ok_or_else(|| ConfigError::invalid(service, "missing table"))?;
     settings.validate(service)?;
     Ok(settings)
+}
+
+/// Collects into `out`, as dotted paths under `prefix`, the keys of `given` (the settings of
+/// every layer) that `known` (the defaults) does not have: a setting nothing reads, such as a
+/// misspelt environment variable, is refused rather than ignored. Under a table that is empty
+/// or unset by default (a map, an optional section) any key is accepted.
+fn unknown_keys(
+    prefix: &str,
+    given: &config::Map<String, config::Value>,
+    known: &serde_json::Value,
+    out: &mut Vec<String>,
+) {
+    let Some(known) = known.as_object().filter(|k| !k.is_empty()) else {
+        return;
+    };
+    for (key, value) in given {
+        let path = format!("{prefix}.{key}");
+        match (known.get(key), &value.kind) {
+            (None, _) => out.push(path),
+            (Some(inner), config::ValueKind::Table(nested)) => {
+                unknown_keys(&path, nested, inner, out);
+            }
+            (Some(_), _) => {}
+        }
+    }
 }
 
 /// Checks that `value` parses as a URL whose scheme is one of `schemes`.
@@ -202,11 +276,7 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).into(), (*v).into()))
             .collect();
-        Environment::with_prefix("FLASHSALE")
-            .prefix_separator("_")
-            .separator("__")
-            .try_parsing(true)
-            .source(Some(map))
+        environment(Some(map))
     }
 
     fn dir_with(files: &[(&str, &str)]) -> std::path::PathBuf {
@@ -319,6 +389,47 @@ mod tests {
             );
         }
         std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_setting_nothing_reads_is_refused_naming_it_wherever_it_comes_from() {
+        let dir = dir_with(&[]);
+        for (var, key) in [
+            ("FLASHSALE_ORDER__EXTRAS", "order.extras"),
+            (
+                "FLASHSALE_ORDER__GRPC__REQUEST_TIMEOUT",
+                "order.grpc.request_timeout",
+            ),
+            ("FLASHSALE_ORDER__DATABSE__URL", "order.databse"),
+        ] {
+            let err = load_from("order", &demo(), &dir, None, env(&[(var, "5")])).unwrap_err();
+            assert!(
+                err.to_string().contains(key) && err.to_string().contains("no setting"),
+                "{var}: `{err}` does not name {key}"
+            );
+        }
+        let file = dir_with(&[(
+            "default.toml",
+            "[order.metrics]\nadress = \"127.0.0.1:9\"\n",
+        )]);
+        let err = load_from("order", &demo(), &file, None, env(&[])).unwrap_err();
+        assert!(err.to_string().contains("order.metrics.adress"), "{err}");
+        // Another service's settings, and variables outside any service, are not this one's.
+        let ok = load_from(
+            "order",
+            &demo(),
+            &dir,
+            None,
+            env(&[
+                ("FLASHSALE_OUTBOUND__NOTHING", "1"),
+                ("FLASHSALE_ORDER_URL", "http://127.0.0.1:1"),
+                ("FLASHSALE_ORDER__EXTRA", "4"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(ok.extra, 4);
+        std::fs::remove_dir_all(dir).ok();
+        std::fs::remove_dir_all(file).ok();
     }
 
     #[test]

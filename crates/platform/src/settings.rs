@@ -176,7 +176,6 @@ pub struct AuthSettings {
     #[serde(deserialize_with = "secret_list")]
     pub service_secrets: Vec<String>,
     /// The one secret of earlier versions; refused with a message naming its replacements.
-    #[serde(skip_serializing_if = "String::is_empty")]
     pub jwt_secret: String,
 }
 

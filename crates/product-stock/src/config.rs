@@ -376,15 +376,11 @@ mod tests {
         )
         .unwrap();
         let env = |vars: &[(&str, &str)]| {
-            config::Environment::with_prefix("FLASHSALE")
-                .prefix_separator("_")
-                .separator("__")
-                .try_parsing(true)
-                .source(Some(
-                    vars.iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ))
+            flashsale_platform::config::environment(Some(
+                vars.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ))
         };
         let load = |vars: &[(&str, &str)]| {
             flashsale_platform::config::load_from(

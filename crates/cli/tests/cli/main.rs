@@ -6,6 +6,7 @@
 
 mod basics;
 mod bench;
+mod deploy_settings;
 mod dlq;
 mod full_stack;
 mod health;
