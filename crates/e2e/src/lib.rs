@@ -262,11 +262,6 @@ async fn spawn(
         .env(p("METRICS__ADDR"), format!("127.0.0.1:{metrics_port}"))
         .env(p("DATABASE__URL"), &db.url)
         .env(p("DATABASE__MAX_CONNECTIONS"), "10")
-        .env(p("REDIS__URL"), redis_url())
-        .env(
-            p("REDIS__KEY_PREFIX"),
-            format!("{}:", unique_name("fs_e2e")),
-        )
         .env(p("AMQP__URL"), amqp_url())
         .env(p("AMQP__EXCHANGE"), exchange)
         .env(
@@ -281,6 +276,13 @@ async fn spawn(
         .stdout(std::fs::File::create(&log)?)
         .stderr(std::fs::File::create(dir.join(format!("{name}.err")))?)
         .kill_on_drop(true);
+    // Only product-stock reaches Redis (the gate); the others have no such setting.
+    if name == "product-stock" {
+        cmd.env(p("REDIS__URL"), redis_url()).env(
+            p("REDIS__KEY_PREFIX"),
+            format!("{}:", unique_name("fs_e2e")),
+        );
+    }
     if let Some(up) = upstream {
         cmd.env(p("UPSTREAM__PRODUCT_STOCK_URL"), up);
     }
