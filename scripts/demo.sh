@@ -9,9 +9,13 @@
 #      script,
 #   2. restarts the services if an earlier scripts/up.sh left them running (they would keep
 #      their old settings), then starts them with scripts/up.sh,
-#   3. runs `flashsale sale --buyers 300 --stock 100` (extra arguments are passed on to it,
-#      e.g. `scripts/demo.sh --json` or `scripts/demo.sh --quiet --buyers 2000`), which floods
-#      the product, pays through the provider (PayOrder starts the payment, the buyer pays on
+#   3. runs `flashsale sale --buyers 300 --stock 100 --opens-in-secs 5 --price-cents 2499
+#      --sale-price-cents 1999` (extra arguments are passed on to it, e.g. `scripts/demo.sh
+#      --json` or `scripts/demo.sh --quiet --buyers 2000`), which creates the product with a
+#      sale window opening 5 s later and floods it at once (every buyer refused
+#      SALE_NOT_STARTED presses buy again until the opening, and the report counts those
+#      refusals and checks that nothing was sold before the opening), sells at the sale price,
+#      pays through the provider (PayOrder starts the payment, the buyer pays on
 #      the simulator's checkout, its signed notification pays the order), never pays, pays late
 #      (refunded through the provider) and cancels, waits for quiescence, and checks the
 #      invariants.
@@ -70,6 +74,10 @@ main() {
     local args=("$@")
     has_flag --stock "$@" || args=(--stock 100 "${args[@]}")
     has_flag --buyers "$@" || args=(--buyers 300 "${args[@]}")
+    has_flag --opens-in-secs "$@" || args=(--opens-in-secs 5 "${args[@]}")
+    if ! has_flag --price-cents "$@" && ! has_flag --sale-price-cents "$@"; then
+        args=(--price-cents 2499 --sale-price-cents 1999 "${args[@]}")
+    fi
     log "$CLI sale ${args[*]}"
     local rc=0
     "$CLI" sale "${args[@]}" || rc=$?

@@ -65,6 +65,16 @@ enum Command {
         /// slot (for hot products; docs/architecture.md#stock-buckets).
         #[arg(long, default_value_t = 1)]
         stock_buckets: u32,
+        /// When the sale opens: RFC 3339 (2026-12-24T20:00:00Z) or from now (+90s, +15m, +2h);
+        /// before it, orders are refused SALE_NOT_STARTED. On sale at once when unset.
+        #[arg(long, value_parser = parse_instant)]
+        sale_start: Option<i64>,
+        /// When the sale closes (as --sale-start); from it on, orders are refused SALE_ENDED.
+        #[arg(long, value_parser = parse_instant)]
+        sale_end: Option<i64>,
+        /// The unit price in cents of every order accepted (at most --price-cents).
+        #[arg(long, allow_negative_numbers = true)]
+        sale_price_cents: Option<i64>,
     },
     /// Show one product with its database and gate figures.
     Get { sku: String },
@@ -95,6 +105,28 @@ enum Command {
     },
 }
 
+/// An instant given on the command line, in milliseconds since the Unix epoch: RFC 3339, or a
+/// whole number of seconds, minutes or hours from now (`+90s`, `+15m`, `+2h`).
+pub fn parse_instant(s: &str) -> Result<i64, String> {
+    let wanted = "an RFC 3339 instant (2026-12-24T20:00:00Z) or a time from now (+90s, +15m, +2h)";
+    if let Some(rel) = s.strip_prefix('+') {
+        let (n, unit) = rel.split_at(rel.len().saturating_sub(1));
+        let per = match unit {
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            _ => return Err(format!("`{s}` is not {wanted}")),
+        };
+        let n: i64 = n
+            .parse()
+            .ok()
+            .filter(|n| (0..=100 * 365 * 24 * 3_600).contains(n))
+            .ok_or_else(|| format!("`{s}` is not {wanted}"))?;
+        return Ok(chrono::Utc::now().timestamp_millis() + n * per);
+    }
+    flashsale_contract::parse_rfc3339_ms(s).ok_or_else(|| format!("`{s}` is not {wanted}"))
+}
+
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let token = match args.token.clone() {
         Some(t) => t,
@@ -113,6 +145,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             per_user_limit,
             policy,
             stock_buckets,
+            sale_start,
+            sale_end,
+            sale_price_cents,
         } => {
             let deduction_policy = match policy {
                 Policy::ReserveThenCommit => DeductionPolicy::ReserveThenCommit,
@@ -126,6 +161,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 per_user_limit,
                 deduction_policy,
                 stock_buckets,
+                sale_start: sale_start.and_then(flashsale_contract::ms_to_timestamp),
+                sale_end: sale_end.and_then(flashsale_contract::ms_to_timestamp),
+                sale_price_cents,
             };
             let resp = client
                 .create_product(authorized(req, &token)?)

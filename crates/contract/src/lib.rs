@@ -18,12 +18,15 @@ mod time;
 
 pub use limits::*;
 pub use policy::Policy;
+pub use prost_types::Timestamp;
 pub use refusal::Refusal;
 pub use sku::{SKU_MAX_LEN, Sku, SkuError, check_sku};
 pub use text::{
     FieldViolation, TextError, check_optional_text, check_text, control_character_at, violations,
 };
-pub use time::{from_timestamp, to_timestamp};
+pub use time::{
+    from_timestamp, ms_to_timestamp, parse_rfc3339_ms, rfc3339_ms, timestamp_to_ms, to_timestamp,
+};
 
 /// A canonical hyphenated UUID (lowercase or uppercase); anything else, braces, URNs or the
 /// simple form included, is refused so one order has one spelling.

@@ -60,6 +60,17 @@ pub const ALL: [&str; 17] = [
     SERVER_STOPPING,
 ];
 
+/// The `ErrorInfo.metadata` keys a refusal carries besides its reason.
+pub mod meta {
+    /// When the product's sale opens (RFC 3339, UTC, milliseconds), on `SALE_NOT_STARTED`.
+    pub const SALE_START: &str = "sale_start";
+    /// When the product's sale closed (RFC 3339, UTC, milliseconds), on `SALE_ENDED`.
+    pub const SALE_END: &str = "sale_end";
+    /// The stock gate's clock when it decided (RFC 3339, UTC, milliseconds), on `SALE_NOT_STARTED`
+    /// and `SALE_ENDED`: the sale opens and closes by this clock, not by the caller's.
+    pub const GATE_TIME: &str = "gate_time";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,13 +12,21 @@ pub enum Refusal {
     InsufficientStock,
     /// The buyer would exceed the product's per-user limit.
     UserLimitExceeded,
+    /// The product's sale window has not opened yet (its `ErrorInfo` metadata names the
+    /// opening, [`crate::reason::meta::SALE_START`], and the gate's clock).
+    SaleNotStarted,
+    /// The product's sale window has closed (its metadata names the closing,
+    /// [`crate::reason::meta::SALE_END`], and the gate's clock).
+    SaleEnded,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 3] = [
+    pub const ALL: [Refusal; 5] = [
         Refusal::SoldOut,
         Refusal::InsufficientStock,
         Refusal::UserLimitExceeded,
+        Refusal::SaleNotStarted,
+        Refusal::SaleEnded,
     ];
 
     /// The `ErrorInfo.reason` on the wire.
@@ -27,6 +35,8 @@ impl Refusal {
             Self::SoldOut => "SOLD_OUT",
             Self::InsufficientStock => "INSUFFICIENT_STOCK",
             Self::UserLimitExceeded => "USER_LIMIT_EXCEEDED",
+            Self::SaleNotStarted => "SALE_NOT_STARTED",
+            Self::SaleEnded => "SALE_ENDED",
         }
     }
 
@@ -34,6 +44,11 @@ impl Refusal {
     /// know (the caller decides what an unknown refusal means).
     pub fn from_reason(reason: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|r| r.reason() == reason)
+    }
+
+    /// A refusal because of the sale window, not of the stock: the product may well have units.
+    pub fn is_window(self) -> bool {
+        matches!(self, Self::SaleNotStarted | Self::SaleEnded)
     }
 }
 

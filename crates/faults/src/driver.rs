@@ -209,6 +209,7 @@ pub async fn create_product(c: &Clients, sku: &str, units: i64) -> anyhow::Resul
                 per_user_limit: 1,
                 deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
                 stock_buckets: 0,
+                ..Default::default()
             },
         )?;
         match c.product.clone().create_product(req).await {

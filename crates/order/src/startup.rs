@@ -146,6 +146,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     f.runner.spawn(reconciler.run(shutdown.clone()));
     // Every replica hears when units of a product come back, and stops refusing it from memory.
     let (forget, reset) = (intake.sold_out().clone(), intake.sold_out().clone());
+    let windows = intake.windows().clone();
     let s = shutdown.clone();
     f.runner.spawn(flashsale_messaging::broadcast::run(
         messaging.broker,
@@ -158,7 +159,10 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
                 forget.forget(sku);
             }
         },
-        move || reset.clear(),
+        move || {
+            reset.clear();
+            windows.clear();
+        },
         async move { s.wait().await },
     ));
     let limits = EdgeLimits::new(&settings.limits);

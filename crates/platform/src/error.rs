@@ -30,6 +30,8 @@ pub enum ApiError {
     FailedPrecondition {
         reason: &'static str,
         message: String,
+        /// The `ErrorInfo.metadata` (e.g. when a sale opens); usually empty.
+        metadata: Vec<(&'static str, String)>,
     },
     /// A per-user limit (`reason` `RATE_LIMITED`) or the service's own backlog bound
     /// (`OVERLOADED`): `RESOURCE_EXHAUSTED`, with a `google.rpc.RetryInfo` saying when to try
@@ -73,16 +75,38 @@ impl ApiError {
     }
 
     pub fn failed_precondition(reason: &'static str, message: impl Into<String>) -> Self {
+        Self::failed_precondition_with(reason, message, Vec::new())
+    }
+
+    /// [`failed_precondition`](Self::failed_precondition) with `ErrorInfo.metadata`.
+    pub fn failed_precondition_with(
+        reason: &'static str,
+        message: impl Into<String>,
+        metadata: Vec<(&'static str, String)>,
+    ) -> Self {
         Self::FailedPrecondition {
             reason,
             message: message.into(),
+            metadata,
         }
     }
 }
 
 fn with_info(code: Code, message: String, reason: &str) -> Status {
-    let details =
-        ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
+    with_info_metadata(code, message, reason, Vec::new())
+}
+
+fn with_info_metadata(
+    code: Code,
+    message: String,
+    reason: &str,
+    metadata: Vec<(&'static str, String)>,
+) -> Status {
+    let metadata: HashMap<String, String> = metadata
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
     Status::with_error_details(code, message, details)
 }
 
@@ -107,9 +131,9 @@ impl From<ApiError> for Status {
             ApiError::AlreadyExists { reason, .. } => {
                 with_info(Code::AlreadyExists, message, reason)
             }
-            ApiError::FailedPrecondition { reason, .. } => {
-                with_info(Code::FailedPrecondition, message, reason)
-            }
+            ApiError::FailedPrecondition {
+                reason, metadata, ..
+            } => with_info_metadata(Code::FailedPrecondition, message, reason, metadata),
             ApiError::ResourceExhausted {
                 reason,
                 retry_after,
@@ -139,6 +163,14 @@ pub fn reason_of(status: &Status) -> Option<String> {
     status.get_details_error_info().map(|i| i.reason)
 }
 
+/// The `ErrorInfo.metadata` of a status (empty without one; for clients and tests).
+pub fn info_metadata(status: &Status) -> HashMap<String, String> {
+    status
+        .get_details_error_info()
+        .map(|i| i.metadata)
+        .unwrap_or_default()
+}
+
 /// The `BadRequest` field names of a status (for clients and tests).
 pub fn violated_fields(status: &Status) -> Vec<String> {
     status
@@ -157,6 +189,18 @@ mod tests {
         assert_eq!(s.code(), Code::FailedPrecondition);
         assert_eq!(reason_of(&s).as_deref(), Some("SOLD_OUT"));
         assert_eq!(s.message(), "sku X is sold out");
+        assert!(info_metadata(&s).is_empty());
+        let s: Status = ApiError::failed_precondition_with(
+            "SALE_NOT_STARTED",
+            "not yet",
+            vec![("sale_start", "2026-12-07T20:00:00.000Z".into())],
+        )
+        .into();
+        assert_eq!(reason_of(&s).as_deref(), Some("SALE_NOT_STARTED"));
+        assert_eq!(
+            info_metadata(&s).get("sale_start").map(String::as_str),
+            Some("2026-12-07T20:00:00.000Z")
+        );
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //! A [`Failpoints`] value is owned per service instance (not a process global), so tests running
 //! in parallel in one process arm only their own. Services arm them from the `FLASHSALE_FAILPOINTS`
 //! spec at start-up (`name=action;name=action`, actions `error`, `panic`, `exit`, `sleep(ms)`,
-//! each optionally prefixed with a count: `1*exit` fires once).
+//! each optionally prefixed with a count: `1*exit` fires once). One more, `skew(ms)`, is not an
+//! action but a clock's offset: `order.clock=skew(-2000)` makes that replica's clock run two
+//! seconds slow, to test that a sale opens by one clock whatever the replicas' say.
 
 use std::{
     collections::HashMap,
@@ -34,6 +36,9 @@ pub enum Action {
     Exit,
     /// Sleep, then go on.
     Sleep(Duration),
+    /// Not reached but read: the named clock runs this many milliseconds ahead (negative:
+    /// behind) of the system's ([`Failpoints::skew_ms`]). Reaching it does nothing.
+    Skew(i64),
 }
 
 // Read only where failpoints fire, which a build without the feature leaves out.
@@ -93,7 +98,7 @@ impl Failpoints {
             };
             let action = parse_action(action).ok_or_else(|| {
                 format!(
-                    "failpoint `{name}`: unknown action `{action}` (error, panic, exit, sleep(ms))"
+                    "failpoint `{name}`: unknown action `{action}` (error, panic, exit, sleep(ms), skew(ms))"
                 )
             })?;
             fp.arm_n(name, action, count);
@@ -144,6 +149,23 @@ impl Failpoints {
         Some(action)
     }
 
+    /// The skew armed on clock `name` with [`Action::Skew`], in milliseconds; 0 when none is
+    /// armed, and always 0 in a build without the `failpoints` feature.
+    pub fn skew_ms(&self, name: &str) -> i64 {
+        #[cfg(feature = "failpoints")]
+        if self.any.load(Ordering::Acquire)
+            && let Ok(m) = self.armed.read()
+            && let Some(Armed {
+                action: Action::Skew(ms),
+                ..
+            }) = m.get(name)
+        {
+            return *ms;
+        }
+        let _ = name;
+        0
+    }
+
     /// Reaches failpoint `name`: does nothing unless it is armed (and never in a build
     /// without the `failpoints` feature).
     pub async fn hit(&self, name: &str) -> Result<(), FailpointError> {
@@ -154,6 +176,7 @@ impl Failpoints {
                 tokio::time::sleep(d).await;
                 Ok(())
             }
+            Some(Action::Skew(_)) => Ok(()),
             Some(other) => fire(name, other),
         }
         #[cfg(not(feature = "failpoints"))]
@@ -195,6 +218,7 @@ fn fire(name: &str, action: Action) -> Result<(), FailpointError> {
             tracing::error!(failpoint = name, "failpoint exits the process");
             std::process::exit(137)
         }
+        Action::Skew(_) => Ok(()),
         Action::Sleep(d) => {
             std::thread::sleep(d);
             Ok(())
@@ -208,6 +232,9 @@ fn parse_action(s: &str) -> Option<Action> {
         "panic" => Some(Action::Panic),
         "exit" => Some(Action::Exit),
         _ => {
+            if let Some(ms) = s.strip_prefix("skew(") {
+                return Some(Action::Skew(ms.strip_suffix(')')?.trim().parse().ok()?));
+            }
             let ms = s.strip_prefix("sleep(")?.strip_suffix(')')?;
             Some(Action::Sleep(Duration::from_millis(
                 ms.trim().parse().ok()?,
@@ -245,6 +272,18 @@ mod tests {
         for name in ["a", "b", "c", "d"] {
             assert!(fp.hit(name).await.is_ok(), "{name} fired");
         }
+    }
+
+    #[tokio::test]
+    async fn a_skewed_clock_reads_its_skew_only_in_a_build_with_failpoints() {
+        let fp = Failpoints::from_spec("order.clock=skew(-2000);other=skew( 150 )").unwrap();
+        let want = |ms: i64| if COMPILED { ms } else { 0 };
+        assert_eq!(fp.skew_ms("order.clock"), want(-2000));
+        assert_eq!(fp.skew_ms("other"), want(150));
+        assert_eq!(fp.skew_ms("unarmed"), 0);
+        assert!(fp.hit("order.clock").await.is_ok(), "a skew never fails");
+        assert_eq!(fp.skew_ms("order.clock"), want(-2000), "nor is it used up");
+        assert!(Failpoints::from_spec("c=skew(soon)").is_err());
     }
 
     #[tokio::test]

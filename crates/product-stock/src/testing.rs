@@ -10,7 +10,9 @@ use flashsale_platform::settings::RedisSettings;
 use uuid::Uuid;
 
 use crate::infra::gate::RedisGate;
-pub use crate::infra::gate::{GateError, GateSnapshot, ReserveArgs, ReserveOutcome, product_tag};
+pub use crate::infra::gate::{
+    GateError, GateSnapshot, ReserveArgs, ReserveOutcome, SaleWindow, product_tag,
+};
 
 /// The stock gate of one key prefix, over a pool of its own.
 #[derive(Clone)]

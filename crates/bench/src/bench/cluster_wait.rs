@@ -19,7 +19,9 @@ use std::{
 use anyhow::Context as _;
 use deadpool_redis::redis;
 use flashsale_platform::{redis::key_slot, settings::RedisSettings};
-use flashsale_product_stock::testing::{Gate, ReserveArgs, ReserveOutcome, product_tag};
+use flashsale_product_stock::testing::{
+    Gate, ReserveArgs, ReserveOutcome, SaleWindow, product_tag,
+};
 use flashsale_test_support::redis_cluster::RedisCluster;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
@@ -109,6 +111,7 @@ impl Caller {
                 qty: 1,
                 per_user_limit: 0,
                 now_ms,
+                window: SaleWindow::ALWAYS,
             })
             .collect();
         let started = Instant::now();

@@ -655,6 +655,7 @@ pub async fn platform(
             per_user_limit,
             deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
             stock_buckets: target.stock_buckets,
+            ..Default::default()
         };
         stock_client
             .create_product(authorized(create, &admin)?)

@@ -49,6 +49,7 @@ pub async fn flood(
         per_user_limit,
         deduction_policy: policy as i32,
         stock_buckets,
+        ..Default::default()
     };
     ProductStockServiceClient::new(connect(product_stock_url, Duration::from_secs(10)).await?)
         .create_product(authorized(create, &admin)?)

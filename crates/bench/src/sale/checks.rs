@@ -353,6 +353,21 @@ pub(super) fn payers_in_time(late: &LateBySale) -> Check {
     }
 }
 
+/// The sale opened on time, by this machine's clock: no order was accepted (nor any other
+/// answer but `SALE_NOT_STARTED` given) before the opening, and no call sent after it was
+/// refused `SALE_NOT_STARTED`.
+pub(super) fn opened_on_time(e: &super::flood::Early) -> Check {
+    let pass = e.other_before_opening.is_empty() && e.after_opening == 0;
+    Check {
+        name: "the sale opened on time",
+        pass,
+        detail: format!(
+            "{} refused SALE_NOT_STARTED before the opening ({} from memory); other answers before it: {:?}; refused SALE_NOT_STARTED though sent after it: {}",
+            e.refused, e.remembered, e.other_before_opening, e.after_opening
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -89,6 +89,15 @@ pub struct Args {
     /// Unit price in cents.
     #[arg(long, default_value_t = 1999, value_parser = clap::value_parser!(i64).range(0..=1_000_000_000))]
     price_cents: i64,
+    /// The sale opens this many seconds after the products are created (their `sale_start`):
+    /// the flood starts at once, and a buyer refused SALE_NOT_STARTED presses buy again until
+    /// the sale opens; the report counts those refusals and checks that no order was accepted
+    /// before the opening. On sale at once when unset.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    opens_in_secs: Option<u64>,
+    /// The sale price in cents (at most --price-cents): every order is accepted at it.
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=1_000_000_000))]
+    sale_price_cents: Option<i64>,
     /// Distinct buyers (each with a user token of its own).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     buyers: u32,
@@ -255,6 +264,9 @@ pub(crate) struct Ctx {
     pub offers: Vec<Offer>,
     /// When the flood stops making new calls (`--duration-secs`); `None`: after the last one.
     pub flood_until: Option<Duration>,
+    /// When the sale opens (`--opens-in-secs`), by this machine's clock, in milliseconds since
+    /// the Unix epoch; `None`: on sale at once.
+    pub opening_ms: Option<i64>,
     /// When the flood and the waits give up, leaving time for the report before the hard bound.
     pub work_deadline: tokio::time::Instant,
     /// The hard bound on the whole run.
@@ -318,6 +330,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             skus: skus.clone(),
             offers: offers.clone(),
             flood_until: args.duration_secs.map(Duration::from_secs),
+            opening_ms: args.opens_in_secs.map(|s| {
+                chrono::Utc::now().timestamp_millis() + i64::try_from(s).unwrap_or(3_600) * 1_000
+            }),
             // The report's read-back gets the last fifth of the bound (0.5..=10 s).
             work_deadline: hard_deadline
                 - (bound / 5).clamp(Duration::from_millis(500), CALL_TIMEOUT),
@@ -537,6 +552,9 @@ async fn create_product(ctx: &Ctx, args: &Args) -> anyhow::Result<()> {
             per_user_limit: o.per_user_limit.unwrap_or(args.per_user_limit),
             deduction_policy,
             stock_buckets: 0,
+            sale_start: ctx.opening_ms.and_then(flashsale_contract::ms_to_timestamp),
+            sale_end: None,
+            sale_price_cents: args.sale_price_cents,
         };
         ctx.stock
             .clone()

@@ -114,6 +114,10 @@ pub(crate) async fn build(
         checks::paid_settled(&lines),
         checks::payers_in_time(&late),
     ];
+    let mut checks = checks;
+    if ctx.opening_ms.is_some() {
+        checks.push(checks::opened_on_time(&flood.early));
+    }
     let payments = payments_json(&lines, &late, args.pay_concurrency, run.act_elapsed);
 
     let latency: serde_json::Map<String, Value> = QUANTILES
@@ -149,6 +153,8 @@ pub(crate) async fn build(
         "throughputRps": flood.throughput(),
         "latencyUs": latency,
         "confirmationMs": run.confirmation.map(|d| d.as_secs_f64() * 1000.0),
+        "salePriceCents": args.sale_price_cents,
+        "beforeOpening": ctx.opening_ms.map(|_| early_json(&flood.early)),
         "payments": payments,
     });
     Report {
@@ -160,6 +166,22 @@ pub(crate) async fn build(
         memory,
         elapsed: started.elapsed(),
     }
+}
+
+/// The calls made before the opening: how many were refused, how many from memory, how fast.
+fn early_json(e: &super::flood::Early) -> Value {
+    let latency: serde_json::Map<String, Value> = QUANTILES
+        .iter()
+        .map(|(k, q)| ((*k).to_owned(), json!(e.latency.value_at_quantile(*q))))
+        .chain([("max".to_owned(), json!(e.latency.max()))])
+        .collect();
+    json!({
+        "refusedNotStarted": e.refused,
+        "fromMemory": e.remembered,
+        "otherAnswers": e.other_before_opening,
+        "notStartedAfterOpening": e.after_opening,
+        "latencyUs": latency,
+    })
 }
 
 /// What the sale's payments of the winners who pay at once did: how many, how fast, how long
@@ -325,6 +347,18 @@ impl Report {
             h["floodSecs"].as_f64().unwrap_or(0.0),
             h["throughputRps"].as_f64().unwrap_or(0.0)
         );
+        if let Some(e) = h["beforeOpening"].as_object() {
+            let lat = &e["latencyUs"];
+            let ms = |k: &str| lat[k].as_f64().unwrap_or(0.0) / 1000.0;
+            println!(
+                "before the opening {} calls refused SALE_NOT_STARTED ({} from the order service's memory): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                e["refusedNotStarted"],
+                e["fromMemory"],
+                ms("p50"),
+                ms("p99"),
+                ms("max")
+            );
+        }
         println!("accepted    {}", h["accepted"]);
         println!("refused     {}", map_text(&h["refused"]));
         println!("errors      {}", map_text(&h["errors"]));
@@ -440,6 +474,7 @@ impl Line {
             "cancelReason": o.filter(|o| o.cancel_reason != CancelReason::Unspecified as i32).map(cancel_reason),
             "refundStatus": o.map(refund_status),
             "refundCents": o.map(|o| o.refund_cents),
+            "totalCents": o.map(|o| o.total_cents),
             "shipment": self.shipment.as_ref().map(shipment_status),
             "outcome": (self.outcome != Outcome::None).then(|| outcome_text(&self.outcome)),
         })

@@ -34,6 +34,7 @@ pub(super) fn product(sku: &str, stock: i64) -> CreateProductRequest {
         per_user_limit: 0,
         deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
         stock_buckets: 1,
+        ..Default::default()
     }
 }
 

@@ -146,3 +146,102 @@ async fn product_create_splits_a_hot_product_into_stock_buckets_and_refuses_too_
     );
     stop.trigger();
 }
+
+#[tokio::test]
+async fn product_create_sets_a_sale_window_and_refuses_a_bad_one() {
+    let (url, stop, _db) = product_stock().await;
+    let create = |sku: &'static str, extra: &'static [&'static str]| {
+        let url = url.clone();
+        async move {
+            let mut args = vec![
+                "product",
+                "create",
+                "--sku",
+                sku,
+                "--name",
+                "Midnight gin",
+                "--price-cents",
+                "2500",
+                "--stock",
+                "10",
+            ];
+            args.extend_from_slice(extra);
+            flashsale(&args, &url).await
+        }
+    };
+    let sale = create(
+        "CLI-SALE",
+        &[
+            "--sale-start",
+            "2999-12-24T20:00:00Z",
+            "--sale-end",
+            "2999-12-24T20:10:00Z",
+            "--sale-price-cents",
+            "1999",
+        ],
+    )
+    .await;
+    assert!(sale.ok, "{}", sale.stderr);
+    let json: serde_json::Value = serde_json::from_str(&sale.stdout).unwrap();
+    assert_eq!(json["product"]["saleStart"], "2999-12-24T20:00:00Z");
+    assert_eq!(json["product"]["saleEnd"], "2999-12-24T20:10:00Z");
+    assert_eq!(json["product"]["salePriceCents"], "1999");
+    let soon = create("CLI-SOON", &["--sale-start", "+90s", "--sale-end", "+2h"]).await;
+    assert!(soon.ok, "{}", soon.stderr);
+
+    // Refused by the command line, naming the flag, before anything is sent.
+    for (flag, value) in [
+        ("--sale-start", "tomorrow"),
+        ("--sale-end", "+5d"),
+        ("--sale-start", "+-5s"),
+    ] {
+        let bad = flashsale(
+            &[
+                "product",
+                "create",
+                "--sku",
+                "CLI-BAD",
+                "--name",
+                "x",
+                "--price-cents",
+                "1",
+                "--stock",
+                "1",
+                flag,
+                value,
+            ],
+            &url,
+        )
+        .await;
+        assert!(!bad.ok, "{flag} {value} accepted");
+        assert!(
+            bad.stderr.contains(flag) && bad.stderr.contains(value),
+            "{flag} {value}: {}",
+            bad.stderr
+        );
+    }
+    // Refused by the server, naming the field.
+    let late = create(
+        "CLI-LATE",
+        &[
+            "--sale-start",
+            "2999-12-24T20:10:00Z",
+            "--sale-end",
+            "2999-12-24T20:00:00Z",
+            "--sale-price-cents",
+            "2600",
+        ],
+    )
+    .await;
+    assert!(!late.ok);
+    assert!(
+        late.stderr.contains("InvalidArgument")
+            && late.stderr.contains("sale_end")
+            && late.stderr.contains("sale_price_cents"),
+        "{}",
+        late.stderr
+    );
+    let missing = flashsale(&["product", "get", "CLI-LATE"], &url).await;
+    assert!(!missing.ok && missing.stderr.contains("NotFound"));
+    stop.trigger();
+}

@@ -12,7 +12,9 @@ use crate::{
 /// Asserts every invariant of a report passed, showing the failing ones.
 fn assert_invariants_pass(report: &Value) {
     let checks = report["invariants"].as_array().unwrap();
-    assert_eq!(checks.len(), 7, "{report}");
+    // A sale with a window checks that it opened on time too.
+    let opening = usize::from(report["beforeOpening"].is_object());
+    assert_eq!(checks.len(), 7 + opening, "{report}");
     let failed: Vec<&Value> = checks.iter().filter(|c| c["pass"] != true).collect();
     assert!(failed.is_empty(), "failed invariants: {failed:?}");
     assert_eq!(report["pass"], true);
@@ -360,9 +362,69 @@ async fn a_sale_with_a_duration_stops_flooding_then_finishes_and_passes() {
 }
 
 #[tokio::test]
+async fn a_sale_that_opens_later_refuses_the_early_crowd_then_sells_at_the_sale_price() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let run = stack
+        .sale(&[
+            "--sku",
+            "CLI-OPENING",
+            "--stock",
+            "10",
+            "--buyers",
+            "40",
+            "--concurrency",
+            "8",
+            "--price-cents",
+            "2499",
+            "--sale-price-cents",
+            "1999",
+            "--opens-in-secs",
+            "2",
+            "--pay",
+            "1",
+            "--never-pay",
+            "0",
+            "--pay-late",
+            "0",
+            "--max-duration-secs",
+            "120",
+            "--json",
+        ])
+        .await;
+    let r = report(&run);
+    let early = &r["beforeOpening"];
+    let refused = early["refusedNotStarted"].as_u64().unwrap();
+    assert!(
+        refused >= 8,
+        "every worker was refused before the opening: {r}"
+    );
+    assert!(
+        early["fromMemory"].as_u64().unwrap() > 0,
+        "the order service answered from memory: {r}"
+    );
+    assert_eq!(early["otherAnswers"], serde_json::json!({}), "{r}");
+    assert_eq!(early["notStartedAfterOpening"], 0, "{r}");
+    assert_eq!(r["accepted"], 10, "{r}");
+    assert_eq!(r["salePriceCents"], 1999, "{r}");
+    assert_invariants_pass(&r);
+    let opened = r["invariants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "the sale opened on time");
+    assert!(opened.is_some_and(|c| c["pass"] == true), "{r}");
+    for o in orders_with_plan(&r, "pay") {
+        assert_eq!(o["totalCents"], 1999, "{o}");
+    }
+}
+
+#[tokio::test]
 async fn sale_refuses_bad_options_naming_the_flag() {
     let nowhere = "http://127.0.0.1:1";
-    let cases: [(&[&str], &[&str]); 28] = [
+    let cases: [(&[&str], &[&str]); 31] = [
+        (&["--opens-in-secs", "0"], &["--opens-in-secs"]),
+        (&["--opens-in-secs", "3601"], &["--opens-in-secs"]),
+        (&["--sale-price-cents", "-1"], &["--sale-price-cents"]),
         (&["--pay-concurrency", "0"], &["--pay-concurrency"]),
         (&["--pay-concurrency", "10001"], &["--pay-concurrency"]),
         (

@@ -53,6 +53,7 @@ async fn every_admin_call_of_every_service_is_in_its_audit_log_with_its_caller()
                 per_user_limit: 0,
                 deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
                 stock_buckets: 0,
+                ..Default::default()
             },
             &ops,
         ))

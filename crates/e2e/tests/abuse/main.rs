@@ -61,6 +61,7 @@ async fn product(stack: &Stack, sku: &str, stock: i64, per_user_limit: u32) {
             per_user_limit,
             deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
             stock_buckets: 0,
+            ..Default::default()
         },
         &token("root", Role::Admin),
     ))

@@ -76,6 +76,7 @@ async fn run_sale(
         per_user_limit: 1,
         deduction_policy: policy as i32,
         stock_buckets: 0,
+        ..Default::default()
     };
     ps.create_product(admin(create)).await.unwrap();
 

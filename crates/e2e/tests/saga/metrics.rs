@@ -198,6 +198,7 @@ async fn every_family_moves_when_its_event_happens_on_every_service() {
             per_user_limit: 1,
             deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
             stock_buckets: 0,
+            ..Default::default()
         }))
         .await
         .unwrap();

@@ -239,6 +239,7 @@ async fn one_order_is_one_trace_from_create_order_to_shipped_or_cancelled() {
         per_user_limit: 1,
         deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
         stock_buckets: 0,
+        ..Default::default()
     }))
     .await
     .unwrap();

@@ -48,6 +48,7 @@ async fn the_services_sell_pay_and_ship_over_mutual_tls() {
                 per_user_limit: 1,
                 deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
                 stock_buckets: 0,
+                ..Default::default()
             },
             &admin,
         ))

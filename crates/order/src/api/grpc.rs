@@ -217,6 +217,24 @@ impl From<OrderError> for ApiError {
             OrderError::Refused(refusal, _) => {
                 ApiError::failed_precondition(refusal.reason(), message)
             }
+            OrderError::Closed {
+                refusal,
+                at_ms,
+                gate_ms,
+                ..
+            } => {
+                use flashsale_contract::{reason::meta, rfc3339_ms};
+                let at = if refusal == crate::domain::Refusal::SaleEnded {
+                    meta::SALE_END
+                } else {
+                    meta::SALE_START
+                };
+                ApiError::failed_precondition_with(
+                    refusal.reason(),
+                    message,
+                    vec![(at, rfc3339_ms(at_ms)), (meta::GATE_TIME, rfc3339_ms(gate_ms))],
+                )
+            }
             OrderError::ReservationReleased(_) => {
                 ApiError::failed_precondition(flashsale_contract::reason::ORDER_CANCELLED, message)
             }

@@ -20,7 +20,7 @@ pub use writes::{
 };
 use writes::{QueuedWrite, write_queue};
 
-use super::{Admission, SoldOutCache, Verdict};
+use super::{Admission, GateClock, SaleWindows, SoldOutCache, Verdict, WindowVerdict};
 use crate::{
     config::SagaSettings,
     domain::{CancelReason, Order, OrderError, PlaceOrder, Policy, Refusal, Status, order_total},
@@ -34,6 +34,9 @@ use crate::{
 /// gate): tells an operator reading a gateway's log where the answer came from.
 pub const SOLD_OUT_REMEMBERED: &str = "sold out (remembered by this replica)";
 
+/// What ends the message of a refusal by the sale window that came from this replica's memory.
+pub const REMEMBERED: &str = "(remembered by this replica)";
+
 /// CreateOrder: the sold-out memory, the gate and the batched write of accepted orders
 /// (docs/architecture.md#batchers). Cheap to clone.
 #[derive(Clone)]
@@ -42,6 +45,8 @@ pub struct Intake {
     stock: Arc<dyn StockPort>,
     max_quantity: i64,
     sold_out: SoldOutCache,
+    /// Refuses products outside their sale window from memory, by the gate's clock.
+    windows: SaleWindows,
     /// Refuses new buyers while the platform's backlog is at its bound (`admission.*`).
     admission: Admission,
     /// Writes accepted orders, many per transaction (one commit for a batch), each on its own
@@ -59,6 +64,25 @@ pub struct Intake {
     max_lag: Duration,
 }
 
+/// A refusal by the sale window that this replica answers from memory.
+fn closed(refusal: Refusal, at_ms: i64, gate_ms: i64, source: &str) -> OrderError {
+    let at = flashsale_contract::rfc3339_ms(at_ms);
+    let message = if refusal == Refusal::SaleEnded {
+        format!("the sale ended at {at} {source}")
+    } else {
+        format!(
+            "the sale starts at {at} (in {} ms by the stock gate's clock) {source}",
+            at_ms.saturating_sub(gate_ms)
+        )
+    };
+    OrderError::Closed {
+        refusal,
+        at_ms,
+        gate_ms,
+        message,
+    }
+}
+
 impl Intake {
     pub fn new(
         db: DatabaseConnection,
@@ -73,6 +97,7 @@ impl Intake {
             stock,
             max_quantity: settings.max_quantity,
             sold_out: SoldOutCache::new(Duration::from_millis(settings.sold_out_cache_ms)),
+            windows: SaleWindows::new(GateClock::new(failpoints.clone())),
             admission,
             writes,
             write_deadline: Duration::from_millis(settings.intake_write_deadline_ms),
@@ -112,6 +137,12 @@ impl Intake {
         &self.sold_out
     }
 
+    /// This replica's sale-window memory (forgotten per product when its window may have
+    /// changed; docs/adr/0008-sale-window-on-the-product.md).
+    pub fn windows(&self) -> &SaleWindows {
+        &self.windows
+    }
+
     /// Places an order; `(order, replayed)`. Refusals write nothing. The order's write is
     /// bounded by `saga.intake_write_deadline_ms` from now ([`Self::place_by`]).
     pub async fn place(&self, p: PlaceOrder) -> Result<(Order, bool), OrderError> {
@@ -132,6 +163,22 @@ impl Intake {
     ) -> Result<(Order, bool), OrderError> {
         let latest = Instant::now() + self.write_deadline;
         let deadline = deadline.map_or(latest, |d| d.min(latest));
+        if let WindowVerdict::Refuse {
+            refusal,
+            at_ms,
+            gate_ms,
+        } = self.windows.verdict(&p.sku, &p.user_id)
+        {
+            // Outside the window by the gate's clock, and this user has no order that this
+            // could be a replay of.
+            let reason = if refusal == Refusal::SaleEnded {
+                "SALE_ENDED_CACHED"
+            } else {
+                "SALE_NOT_STARTED_CACHED"
+            };
+            metrics::counter!("flashsale_orders_refused_total", "reason" => reason).increment(1);
+            return Err(closed(refusal, at_ms, gate_ms, REMEMBERED));
+        }
         if self.sold_out.verdict(&p.sku, &p.user_id) == Verdict::Refuse {
             // Sold out, and this user has no order that this could be a replay of.
             metrics::counter!("flashsale_orders_refused_total", "reason" => "SOLD_OUT_CACHED")
@@ -146,12 +193,41 @@ impl Intake {
         self.admission.admit()?;
         // Derived (a SHA-1 over the request) only past the refusals from memory.
         let order_id = p.order_id();
-        let granted = match self
+        let clock = self.windows.clock();
+        let sent_ms = clock.local_ms();
+        let answer = self
             .stock
             .reserve(order_id, &p.user_id, &p.sku, p.quantity)
-            .await
-        {
-            Ok(g) => g,
+            .await;
+        let received_ms = clock.local_ms();
+        let granted = match answer {
+            Ok(g) => {
+                if let Some(gate_ms) = g.gate_ms {
+                    clock.observe(gate_ms, sent_ms, received_ms);
+                }
+                g
+            }
+            Err(OrderError::Closed {
+                refusal,
+                at_ms,
+                gate_ms,
+                message,
+            }) => {
+                clock.observe(gate_ms, sent_ms, received_ms);
+                self.remember_closed(&p.sku, refusal, at_ms);
+                // A replay of an accepted request whose record the gate has forgotten.
+                if let Some(existing) = db::order(&self.db, order_id, false).await? {
+                    return Ok((existing, true));
+                }
+                metrics::counter!("flashsale_orders_refused_total", "reason" => refusal.reason())
+                    .increment(1);
+                return Err(OrderError::Closed {
+                    refusal,
+                    at_ms,
+                    gate_ms,
+                    message,
+                });
+            }
             Err(OrderError::Refused(refusal, message)) => {
                 if refusal == Refusal::SoldOut {
                     self.remember_sold_out(&p.sku);
@@ -307,6 +383,37 @@ impl Intake {
         if let Err(e) = outbox::enqueue(&self.db, &env).await {
             tracing::warn!(error = %e, %order_id, "could not queue the release of an unwritten order's hold; the hold sweeper will release it");
         }
+    }
+
+    /// The gate refused `sku` by its sale window: read who may be replaying an accepted request
+    /// for it, in the background, and refuse everyone else from memory once that is known.
+    fn remember_closed(&self, sku: &str, refusal: Refusal, at_ms: i64) {
+        let Some(generation) = self.windows.begin_load(sku, refusal, at_ms) else {
+            return;
+        };
+        let (this, sku) = (self.clone(), sku.to_owned());
+        tokio::spawn(async move {
+            match this.window_replayers(&sku).await {
+                Ok(Some(users)) => this.windows.install(&sku, generation, users),
+                Ok(None) => this.windows.abandon(&sku, generation),
+                Err(e) => {
+                    tracing::warn!(error = %e, %sku, "could not read the buyers of a product outside its sale window; asking the gate meanwhile");
+                    this.windows.abandon(&sku, generation);
+                }
+            }
+        });
+    }
+
+    /// The gate's buyers of `sku` and every user with an order for it here; `None` when the
+    /// gate has too many to list. Outside the window nobody new can buy, so the list holds.
+    async fn window_replayers(&self, sku: &str) -> Result<Option<Arc<HashSet<String>>>, OrderError> {
+        let gate = self.stock.buyers(sku, "").await?;
+        let Some(users) = gate.users else {
+            return Ok(None);
+        };
+        let mut all = db::users_with_orders(&self.db, sku).await?;
+        all.extend(users);
+        Ok(Some(Arc::new(all)))
     }
 
     /// The gate answered SOLD_OUT for `sku`: read who may still be replaying an accepted request

@@ -30,6 +30,7 @@ mod reconcile;
 mod refunds;
 mod saga;
 mod saga_batch;
+mod sale_window;
 mod shipped_batch;
 mod sold_out;
 mod stuck;
@@ -38,7 +39,7 @@ pub use admission::{Admission, BACKLOG_GAUGE};
 pub use metric_help::describe as describe_metrics;
 pub use checkout::{Checkout, PAY_MAX_BATCH, PayBatcher, PayCall, Started, pay_batcher};
 pub use intake::{
-    FP_AFTER_BATCH_WRITE, Intake, PendingWrite, SOLD_OUT_REMEMBERED, WRITE_FALLBACKS,
+    FP_AFTER_BATCH_WRITE, Intake, PendingWrite, REMEMBERED, SOLD_OUT_REMEMBERED, WRITE_FALLBACKS,
     WRITES_EXPIRED, Written, write_pending, write_pending_batch, write_pending_batch_or_each,
     write_pending_batch_with,
 };
@@ -52,6 +53,7 @@ pub use refunds::{
 pub use saga::Saga;
 pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
 pub use shipped_batch::{Completed, CompletedBatcher, completed_batcher};
+pub use sale_window::{CLOCK, GateClock, OPENING_MARGIN, SaleWindows, WindowVerdict};
 pub use sold_out::{Load, SoldOutCache, Verdict};
 pub use stuck::{
     DEFAULT_STUCK_PAGE_SIZE, MAX_STUCK_PAGE_SIZE, STUCK_GAUGE, Stuck, StuckOrder, StuckPage,

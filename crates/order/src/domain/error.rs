@@ -15,6 +15,16 @@ pub enum OrderError {
     /// The stock gate refused (the refusal and the gate's message are passed on).
     #[error("{1}")]
     Refused(Refusal, String),
+    /// The product is not on sale now: its sale opens (`SaleNotStarted`) or closed
+    /// (`SaleEnded`) at `at_ms`, when the gate's clock read `gate_ms` (decided by the gate, or
+    /// by this replica's memory of the gate's answer).
+    #[error("{message}")]
+    Closed {
+        refusal: Refusal,
+        at_ms: i64,
+        gate_ms: i64,
+        message: String,
+    },
     /// The gate released this order's hold already (the order was cancelled, or its hold
     /// expired before the order was written).
     #[error("{0}")]

@@ -1,7 +1,9 @@
 //! The product-stock gate as the order service sees it: one port trait (so use cases can be
 //! tested with a fake) and its gRPC adapter, which sends a service token and the trace context.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use flashsale_contract::{parse_rfc3339_ms, reason::meta};
 
 use flashsale_platform::batch::Batcher;
 use flashsale_platform::{auth::ServiceToken, settings::UpstreamSettings, tls::GrpcTlsSettings};
@@ -24,6 +26,9 @@ pub struct Granted {
     pub unit_price_cents: i64,
     pub policy: Policy,
     pub replayed: bool,
+    /// The gate's clock when it took the units (`None` on a replay, or from a product-stock
+    /// that does not send it).
+    pub gate_ms: Option<i64>,
 }
 
 /// The gate's buyers of a product, read with its counter.
@@ -47,7 +52,8 @@ pub const MAX_LISTED_BUYERS: u32 = 100_000;
 /// Takes units through the stock gate.
 #[tonic::async_trait]
 pub trait StockPort: Send + Sync + 'static {
-    /// `Refused` for SOLD_OUT, INSUFFICIENT_STOCK, USER_LIMIT_EXCEEDED; `ReservationReleased`;
+    /// `Refused` for SOLD_OUT, INSUFFICIENT_STOCK, USER_LIMIT_EXCEEDED; `Closed` for
+    /// SALE_NOT_STARTED and SALE_ENDED; `ReservationReleased`;
     /// `UnknownProduct`; `Unavailable` when the gate cannot answer now.
     async fn reserve(
         &self,
@@ -179,7 +185,10 @@ async fn reserve_batch(
                         None => Err(map_error(
                             Code::from(o.code),
                             &o.message,
-                            (!o.reason.is_empty()).then_some(o.reason),
+                            Info {
+                                reason: (!o.reason.is_empty()).then_some(o.reason),
+                                metadata: o.metadata,
+                            },
                             o.fields,
                             &item.sku,
                         )),
@@ -219,6 +228,7 @@ fn granted(r: &flashsale_proto::product::v1::ReserveStockResponse) -> Granted {
         unit_price_cents: r.unit_price_cents,
         policy: Policy::from_proto(r.deduction_policy).unwrap_or(Policy::ReserveThenCommit),
         replayed: r.replayed,
+        gate_ms: r.gate_time.as_ref().and_then(flashsale_contract::timestamp_to_ms),
     }
 }
 
@@ -270,21 +280,25 @@ fn map_status(s: tonic::Status, sku: &str) -> OrderError {
     map_error(
         s.code(),
         s.message(),
-        flashsale_platform::error::reason_of(&s),
+        Info {
+            reason: flashsale_platform::error::reason_of(&s),
+            metadata: flashsale_platform::error::info_metadata(&s),
+        },
         flashsale_platform::error::violated_fields(&s),
         sku,
     )
 }
 
-fn map_error(
-    code: Code,
-    message: &str,
+/// A status's `ErrorInfo`: its reason and metadata.
+#[derive(Debug, Default)]
+struct Info {
     reason: Option<String>,
-    fields: Vec<String>,
-    sku: &str,
-) -> OrderError {
+    metadata: HashMap<String, String>,
+}
+
+fn map_error(code: Code, message: &str, info: Info, fields: Vec<String>, sku: &str) -> OrderError {
     match code {
-        Code::FailedPrecondition => refusal(reason.as_deref(), message),
+        Code::FailedPrecondition => refusal(info, message),
         Code::NotFound => OrderError::UnknownProduct(sku.to_owned()),
         Code::InvalidArgument => OrderError::Invalid(
             fields
@@ -306,14 +320,35 @@ fn map_error(
 /// The one translation of product-stock's refusals. A reason this version does not know (a
 /// newer product-stock, or none at all) is a break of the contract between the two services,
 /// not something the buyer can act on: it is logged and answered as an internal error.
-fn refusal(reason: Option<&str>, message: &str) -> OrderError {
-    match reason {
+fn refusal(info: Info, message: &str) -> OrderError {
+    match info.reason.as_deref() {
         Some(RESERVATION_RELEASED) => OrderError::ReservationReleased(message.to_owned()),
         Some(r) => match Refusal::from_reason(r) {
+            Some(refusal) if refusal.is_window() => closed(refusal, &info.metadata, message),
             Some(refusal) => OrderError::Refused(refusal, message.to_owned()),
             None => unknown_refusal(r, message),
         },
         None => unknown_refusal("", message),
+    }
+}
+
+/// A refusal by the sale window, with the instants its metadata names; one without them breaks
+/// the contract as an unknown reason does.
+fn closed(refusal: Refusal, metadata: &HashMap<String, String>, message: &str) -> OrderError {
+    let at_key = if refusal == Refusal::SaleEnded {
+        meta::SALE_END
+    } else {
+        meta::SALE_START
+    };
+    let instant = |k: &str| metadata.get(k).and_then(|v| parse_rfc3339_ms(v));
+    match (instant(at_key), instant(meta::GATE_TIME)) {
+        (Some(at_ms), Some(gate_ms)) => OrderError::Closed {
+            refusal,
+            at_ms,
+            gate_ms,
+            message: message.to_owned(),
+        },
+        _ => unknown_refusal(refusal.reason(), message),
     }
 }
 
@@ -330,14 +365,12 @@ mod tests {
 
     #[test]
     fn refusals_are_translated_once_into_typed_values() {
-        for r in Refusal::ALL {
-            let e = map_error(
-                Code::FailedPrecondition,
-                "no",
-                Some(r.reason().into()),
-                vec![],
-                "S",
-            );
+        let reason = |r: &str| Info {
+            reason: Some(r.to_owned()),
+            metadata: HashMap::new(),
+        };
+        for r in Refusal::ALL.into_iter().filter(|r| !r.is_window()) {
+            let e = map_error(Code::FailedPrecondition, "no", reason(r.reason()), vec![], "S");
             assert!(
                 matches!(e, OrderError::Refused(got, ref m) if got == r && m == "no"),
                 "{e:?}"
@@ -346,7 +379,7 @@ mod tests {
         let released = map_error(
             Code::FailedPrecondition,
             "gone",
-            Some(RESERVATION_RELEASED.into()),
+            reason(RESERVATION_RELEASED),
             vec![],
             "S",
         );
@@ -354,9 +387,70 @@ mod tests {
             matches!(released, OrderError::ReservationReleased(_)),
             "{released:?}"
         );
-        for unknown in [Some("SOMETHING_NEW".to_owned()), None] {
+        for unknown in [reason("SOMETHING_NEW"), Info::default()] {
             let e = map_error(Code::FailedPrecondition, "?", unknown, vec![], "S");
             assert!(matches!(e, OrderError::Internal(_)), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_by_the_sale_window_carries_its_instants_or_is_a_broken_contract() {
+        let info = |r: Refusal, pairs: &[(&str, &str)]| Info {
+            reason: Some(r.reason().to_owned()),
+            metadata: pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        let start = "2026-12-07T20:00:00.000Z";
+        let gate = "2026-12-07T19:59:55.250Z";
+        let e = map_error(
+            Code::FailedPrecondition,
+            "not yet",
+            info(
+                Refusal::SaleNotStarted,
+                &[(meta::SALE_START, start), (meta::GATE_TIME, gate)],
+            ),
+            vec![],
+            "S",
+        );
+        match e {
+            OrderError::Closed {
+                refusal: Refusal::SaleNotStarted,
+                at_ms,
+                gate_ms,
+                ..
+            } => assert_eq!(at_ms - gate_ms, 4_750),
+            other => panic!("{other:?}"),
+        }
+        let e = map_error(
+            Code::FailedPrecondition,
+            "over",
+            info(
+                Refusal::SaleEnded,
+                &[(meta::SALE_END, start), (meta::GATE_TIME, gate)],
+            ),
+            vec![],
+            "S",
+        );
+        assert!(
+            matches!(e, OrderError::Closed { refusal: Refusal::SaleEnded, .. }),
+            "{e:?}"
+        );
+        // The wrong instant's key, or none, or one that is no instant.
+        for pairs in [
+            vec![(meta::SALE_END, start), (meta::GATE_TIME, gate)],
+            vec![],
+            vec![(meta::SALE_START, "soon"), (meta::GATE_TIME, gate)],
+        ] {
+            let e = map_error(
+                Code::FailedPrecondition,
+                "?",
+                info(Refusal::SaleNotStarted, &pairs),
+                vec![],
+                "S",
+            );
+            assert!(matches!(e, OrderError::Internal(_)), "{pairs:?}: {e:?}");
         }
     }
 }

@@ -248,6 +248,11 @@ async fn spawn_order(settings: Settings, db: TestDatabase) -> TestApp {
     }
 }
 
+/// A client of the order service listening on `port`.
+pub async fn client_at(port: u16) -> Client {
+    OrderServiceClient::new(channel(port).await.unwrap())
+}
+
 pub fn as_user<T>(user: &str, msg: T) -> tonic::Request<T> {
     with_token(msg, &token(user, Role::User))
 }
@@ -292,10 +297,15 @@ impl Replica {
 impl TestApp {
     /// A second replica of this order service.
     pub async fn spawn_replica(&self) -> Replica {
+        self.spawn_replica_with(Failpoints::default()).await
+    }
+
+    /// [`Self::spawn_replica`] with `failpoints` armed (a clock that runs fast, say).
+    pub async fn spawn_replica_with(&self, failpoints: Failpoints) -> Replica {
         let mut settings = self.settings.clone();
         settings.grpc.addr = "127.0.0.1:0".into();
         settings.metrics.addr = "127.0.0.1:0".into();
-        let app = flashsale_order::startup::build_with(settings, Failpoints::default())
+        let app = flashsale_order::startup::build_with(settings, failpoints)
             .await
             .unwrap();
         let (grpc_port, shutdown) = (app.grpc_port(), app.shutdown());
@@ -388,6 +398,39 @@ impl TestApp {
             per_user_limit: limit,
             deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
             stock_buckets: buckets,
+            ..Default::default()
+        };
+        self.stock()
+            .await
+            .create_product(as_admin(req))
+            .await
+            .unwrap()
+            .into_inner()
+            .product
+            .unwrap()
+    }
+
+    /// A product of `stock` units priced 2500, on sale at 1999 from `start_ms` until `end_ms`
+    /// (milliseconds since the Unix epoch), `limit` units per buyer.
+    pub async fn product_on_sale(
+        &self,
+        sku: &str,
+        stock: i64,
+        limit: u32,
+        start_ms: i64,
+        end_ms: i64,
+    ) -> Product {
+        let req = CreateProductRequest {
+            sku: sku.into(),
+            name: format!("{sku} bottle"),
+            price_cents: 2500,
+            initial_stock: stock,
+            per_user_limit: limit,
+            deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
+            sale_start: flashsale_contract::ms_to_timestamp(start_ms),
+            sale_end: flashsale_contract::ms_to_timestamp(end_ms),
+            sale_price_cents: Some(1999),
+            ..Default::default()
         };
         self.stock()
             .await

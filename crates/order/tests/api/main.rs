@@ -28,6 +28,7 @@ mod refunds;
 mod rpc_metrics;
 mod saga;
 mod saga_batch;
+mod sale_window;
 mod sold_out;
 mod stock_balance;
 mod stock_fallback;

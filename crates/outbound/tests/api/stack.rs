@@ -108,6 +108,7 @@ impl Stack {
             per_user_limit: 0,
             deduction_policy: policy as i32,
             stock_buckets: 0,
+            ..Default::default()
         };
         self.stock().await.create_product(admin(req)).await.unwrap();
     }

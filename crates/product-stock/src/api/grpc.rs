@@ -2,7 +2,10 @@
 //! request into domain values (junk becomes `INVALID_ARGUMENT` with field violations), call the
 //! use case, turn the answer back.
 
-use flashsale_contract::{PAGE_TOKEN_MAX_LEN, check_optional_text, to_timestamp};
+use flashsale_contract::{
+    PAGE_TOKEN_MAX_LEN, Timestamp, check_optional_text, ms_to_timestamp, reason::meta,
+    rfc3339_ms, timestamp_to_ms, to_timestamp,
+};
 use flashsale_platform::{
     ApiError,
     auth::{Caller, Role},
@@ -22,7 +25,7 @@ use crate::{
     app::{Catalog, CommitBatcher, DriftReport, Reconciler, Reservations},
     domain::{
         Adjustment, DeductionPolicy, GateBuyers, Product, ProductDraft, Refusal, ReservationState,
-        ReserveRequest, Sku, StockError, parse_order_id,
+        ReserveRequest, Sale, Sku, StockError, parse_order_id,
     },
 };
 
@@ -89,6 +92,46 @@ fn product_to_proto((p, gate): (Product, Option<i64>)) -> pb::Product {
         stock_buckets: p.stock_buckets,
         create_time: Some(to_timestamp(p.created_at)),
         update_time: Some(to_timestamp(p.updated_at)),
+        sale_start: p.sale.start_ms.and_then(ms_to_timestamp),
+        sale_end: p.sale.end_ms.and_then(ms_to_timestamp),
+        sale_price_cents: p.sale.price_cents,
+    }
+}
+
+/// A sale off the wire: each instant to the millisecond (finer parts are dropped), with the
+/// fields that are no instant named (and left unset).
+fn sale_of(
+    start: Option<&Timestamp>,
+    end: Option<&Timestamp>,
+    price_cents: Option<i64>,
+) -> (Sale, Vec<(String, String)>) {
+    let mut bad = Vec::new();
+    let mut instant = |field: &str, ts: Option<&Timestamp>| {
+        let ms = timestamp_to_ms(ts?);
+        if ms.is_none() {
+            bad.push((
+                field.to_owned(),
+                "must be a valid instant (nanos in 0..1e9, years 1..=9999)".to_owned(),
+            ));
+        }
+        ms
+    };
+    let sale = Sale {
+        start_ms: instant("sale_start", start),
+        end_ms: instant("sale_end", end),
+        price_cents,
+    };
+    (sale, bad)
+}
+
+fn reserved_to_proto(ok: &crate::app::Reserved) -> ReserveStockResponse {
+    ReserveStockResponse {
+        status: pb::ReservationStatus::Reserved as i32,
+        unit_price_cents: ok.unit_price_cents,
+        deduction_policy: ok.policy.as_proto(),
+        gate_available: ok.gate_available,
+        replayed: ok.replayed,
+        gate_time: ok.gate_ms.and_then(ms_to_timestamp),
     }
 }
 
@@ -121,6 +164,22 @@ impl From<StockError> for ApiError {
                 message,
             },
             StockError::Refused(r, _) => ApiError::failed_precondition(r.reason(), message),
+            StockError::Closed {
+                refusal,
+                at_ms,
+                gate_ms,
+            } => {
+                let at = if refusal == Refusal::SaleEnded {
+                    meta::SALE_END
+                } else {
+                    meta::SALE_START
+                };
+                ApiError::failed_precondition_with(
+                    refusal.reason(),
+                    message,
+                    vec![(at, rfc3339_ms(at_ms)), (meta::GATE_TIME, rfc3339_ms(gate_ms))],
+                )
+            }
             StockError::WriteOffAboveFree(_) => {
                 ApiError::failed_precondition(Refusal::InsufficientStock.reason(), message)
             }
@@ -161,8 +220,14 @@ impl ProductStockService for ProductStockApi {
             r.per_user_limit,
             DeductionPolicy::from_proto(r.deduction_policy),
             r.stock_buckets,
-        )
-        .map_err(status)?;
+        );
+        let (sale, unreadable) = sale_of(
+            r.sale_start.as_ref(),
+            r.sale_end.as_ref(),
+            r.sale_price_cents,
+        );
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let draft = ProductDraft::on_sale(draft, sale, unreadable, now_ms).map_err(status)?;
         let view = self.catalog.create_product(draft).await.map_err(status)?;
         Ok(Response::new(CreateProductResponse {
             product: Some(product_to_proto(view)),
@@ -226,13 +291,7 @@ impl ProductStockService for ProductStockApi {
         let reserve = ReserveRequest::new(&r.order_id, &r.user_id, &r.sku, r.quantity, max)
             .map_err(status)?;
         let ok = self.gate.reserve(reserve).await.map_err(status)?;
-        Ok(Response::new(ReserveStockResponse {
-            status: pb::ReservationStatus::Reserved as i32,
-            unit_price_cents: ok.unit_price_cents,
-            deduction_policy: ok.policy.as_proto(),
-            gate_available: ok.gate_available,
-            replayed: ok.replayed,
-        }))
+        Ok(Response::new(reserved_to_proto(&ok)))
     }
 
     async fn reserve_stock_batch(
@@ -275,13 +334,7 @@ impl ProductStockService for ProductStockApi {
                 };
                 match result {
                     Ok(ok) => ReserveStockOutcome {
-                        reserved: Some(ReserveStockResponse {
-                            status: pb::ReservationStatus::Reserved as i32,
-                            unit_price_cents: ok.unit_price_cents,
-                            deduction_policy: ok.policy.as_proto(),
-                            gate_available: ok.gate_available,
-                            replayed: ok.replayed,
-                        }),
+                        reserved: Some(reserved_to_proto(&ok)),
                         ..ReserveStockOutcome::default()
                     },
                     Err(e) => {
@@ -292,6 +345,7 @@ impl ProductStockService for ProductStockApi {
                             message: s.message().to_owned(),
                             reason: flashsale_platform::error::reason_of(&s).unwrap_or_default(),
                             fields: flashsale_platform::error::violated_fields(&s),
+                            metadata: flashsale_platform::error::info_metadata(&s),
                         }
                     }
                 }

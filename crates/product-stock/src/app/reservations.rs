@@ -15,7 +15,7 @@ use crate::{
     },
     infra::{
         db,
-        gate::{LoadOutcome, RebuiltHold, RedisGate, ReserveArgs, ReserveOutcome},
+        gate::{LoadOutcome, RebuiltHold, RedisGate, ReserveArgs, ReserveOutcome, SaleWindow},
         orders::OrderPort,
     },
 };
@@ -27,6 +27,8 @@ pub struct Reserved {
     pub policy: DeductionPolicy,
     pub gate_available: i64,
     pub replayed: bool,
+    /// The gate's clock when it took the units (`None` on a replay).
+    pub gate_ms: Option<i64>,
 }
 
 /// The gate's use cases: reservations and the gate's buyers. Cheap to clone.
@@ -69,14 +71,18 @@ impl Reservations {
         for _ in 0..2 {
             let outcome = self
                 .gate
-                .reserve_product(
-                    req.sku.as_str(),
+                .reserve_product_with(
                     terms.stock_buckets,
-                    req.order_id,
-                    &req.user_id,
-                    req.quantity,
-                    terms.per_user_limit,
-                    chrono::Utc::now().timestamp_millis(),
+                    ReserveArgs {
+                        sku: req.sku.as_str(),
+                        bucket: 0,
+                        order_id: req.order_id,
+                        user_id: &req.user_id,
+                        qty: req.quantity,
+                        per_user_limit: terms.per_user_limit,
+                        now_ms: chrono::Utc::now().timestamp_millis(),
+                        window: window_of(&terms),
+                    },
                 )
                 .await
                 .map_err(gate_err)?;
@@ -147,6 +153,7 @@ impl Reservations {
                     qty: r.quantity,
                     per_user_limit: t.per_user_limit,
                     now_ms,
+                    window: window_of(t),
                 })
             })
             .collect();
@@ -343,10 +350,26 @@ pub(super) async fn rebuild(
     Ok(true)
 }
 
+/// A product's sale window as the gate judges it.
+fn window_of(terms: &ProductTerms) -> SaleWindow {
+    let (start_ms, end_ms) = terms.sale.gate_args();
+    SaleWindow { start_ms, end_ms }
+}
+
 /// A refusal, counted.
 fn refused(r: Refusal, available: i64) -> Result<Reserved, StockError> {
     metrics::counter!("flashsale_reserve_refused_total", "reason" => r.reason()).increment(1);
     Err(StockError::Refused(r, available))
+}
+
+/// A refusal by the sale window, counted.
+fn closed(refusal: Refusal, at_ms: i64, gate_ms: i64) -> Result<Reserved, StockError> {
+    metrics::counter!("flashsale_reserve_refused_total", "reason" => refusal.reason()).increment(1);
+    Err(StockError::Closed {
+        refusal,
+        at_ms,
+        gate_ms,
+    })
 }
 
 /// What the gate's outcome means for the caller; `None` when the gate lost the product.
@@ -359,15 +382,21 @@ fn answer(
         ReserveOutcome::Reserved {
             remaining,
             replayed,
+            gate_ms,
         } => {
             metrics::counter!("flashsale_reserve_accepted_total").increment(1);
             Ok(Reserved {
-                unit_price_cents: terms.price_cents,
+                unit_price_cents: terms.unit_price(),
                 policy: terms.policy,
                 gate_available: remaining,
                 replayed,
+                gate_ms,
             })
         }
+        ReserveOutcome::NotStarted { gate_ms, start_ms } => {
+            closed(Refusal::SaleNotStarted, start_ms, gate_ms)
+        }
+        ReserveOutcome::Ended { gate_ms, end_ms } => closed(Refusal::SaleEnded, end_ms, gate_ms),
         ReserveOutcome::SoldOut => refused(Refusal::SoldOut, 0),
         ReserveOutcome::InsufficientStock { available } => {
             refused(Refusal::InsufficientStock, available)

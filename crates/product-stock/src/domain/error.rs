@@ -15,6 +15,14 @@ pub enum StockError {
     UnknownReservation(uuid::Uuid),
     #[error("{}", refusal_message(.0, *.1))]
     Refused(Refusal, i64),
+    /// The product is not on sale now, by the gate's clock (`gate_ms`): its sale opens at
+    /// `at_ms` ([`Refusal::SaleNotStarted`]) or closed at `at_ms` ([`Refusal::SaleEnded`]).
+    #[error("{}", closed_message(*.refusal, *.at_ms, *.gate_ms))]
+    Closed {
+        refusal: Refusal,
+        at_ms: i64,
+        gate_ms: i64,
+    },
     /// A write-off of more units than are free: on hand, less reserved, less the units held
     /// for orders acknowledged but not yet in the database.
     #[error(
@@ -41,6 +49,22 @@ fn refusal_message(r: &Refusal, available: i64) -> String {
         Refusal::UserLimitExceeded => {
             "the per-user limit of this product would be exceeded".to_owned()
         }
+        Refusal::SaleNotStarted => "the sale has not started".to_owned(),
+        Refusal::SaleEnded => "the sale has ended".to_owned(),
+    }
+}
+
+fn closed_message(r: Refusal, at_ms: i64, gate_ms: i64) -> String {
+    let at = flashsale_contract::rfc3339_ms(at_ms);
+    match r {
+        Refusal::SaleEnded => format!(
+            "the sale ended at {at} ({} ms ago by the stock gate's clock)",
+            gate_ms.saturating_sub(at_ms)
+        ),
+        _ => format!(
+            "the sale starts at {at} (in {} ms by the stock gate's clock)",
+            at_ms.saturating_sub(gate_ms)
+        ),
     }
 }
 

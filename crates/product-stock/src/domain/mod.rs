@@ -4,9 +4,11 @@
 
 mod buyers;
 mod error;
+mod sale;
 
 pub use buyers::{GateBuyers, REFILLS_MAX_LEN, check_known_refills};
 pub use error::StockError;
+pub use sale::{MAX_SALE_MS, Sale};
 /// When on_hand is deducted; its database, event and API names are the contract's.
 pub use flashsale_contract::Policy as DeductionPolicy;
 /// Why the gate refused a reservation; its reasons are the contract's.
@@ -42,6 +44,8 @@ pub struct ProductDraft {
     pub policy: DeductionPolicy,
     /// How many stock buckets the gate splits the product's stock into (1 = one bucket).
     pub stock_buckets: u32,
+    /// When it is on sale, and at what price.
+    pub sale: Sale,
 }
 
 /// Most stock buckets one product may have.
@@ -119,8 +123,36 @@ impl ProductDraft {
                 per_user_limit,
                 policy,
                 stock_buckets,
+                sale: Sale::default(),
             }),
             _ => Err(StockError::Invalid(bad)),
+        }
+    }
+
+    /// `draft` on `sale`, judged at `now_ms`: every bad field of both reported at once.
+    /// `unreadable` names the sale's fields that could not be read off the wire (left unset in
+    /// `sale`).
+    pub fn on_sale(
+        draft: Result<Self, StockError>,
+        sale: Sale,
+        mut unreadable: Vec<(String, String)>,
+        now_ms: i64,
+    ) -> Result<Self, StockError> {
+        match draft {
+            Ok(mut d) => {
+                unreadable.extend(sale.violations(d.price_cents, now_ms));
+                if !unreadable.is_empty() {
+                    return Err(StockError::Invalid(unreadable));
+                }
+                d.sale = sale;
+                Ok(d)
+            }
+            Err(e) => {
+                let mut bad = e.violations();
+                bad.extend(unreadable);
+                bad.extend(sale.violations(flashsale_contract::MAX_PRICE_CENTS, now_ms));
+                Err(StockError::Invalid(bad))
+            }
         }
     }
 }
@@ -137,6 +169,8 @@ pub struct Product {
     pub reserved: i64,
     /// How many stock buckets the gate splits the stock into (1..=[`MAX_STOCK_BUCKETS`]).
     pub stock_buckets: u32,
+    /// When it is on sale, and at what price.
+    pub sale: Sale,
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }
@@ -157,7 +191,7 @@ impl Product {
     }
 }
 
-/// The fields of a product the hot path needs; they never change after creation.
+/// The fields of a product the hot path needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProductTerms {
     pub sku: Sku,
@@ -165,9 +199,15 @@ pub struct ProductTerms {
     pub per_user_limit: u32,
     pub policy: DeductionPolicy,
     pub stock_buckets: u32,
+    pub sale: Sale,
 }
 
 impl ProductTerms {
+    /// The unit price of an order the gate accepts now (it accepts only in the window).
+    pub fn unit_price(&self) -> i64 {
+        self.sale.unit_price(self.price_cents)
+    }
+
     /// The bucket holding `user_id`'s orders of this product.
     pub fn bucket_of(&self, user_id: &str) -> u32 {
         bucket_of(user_id, self.stock_buckets)

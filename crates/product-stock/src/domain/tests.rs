@@ -72,6 +72,7 @@ fn gate_target_follows_the_policy() {
         on_hand: 10,
         reserved: 3,
         stock_buckets: 1,
+        sale: Sale::default(),
         created_at: now,
         updated_at: now,
     };

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::domain::{
     Adjustment, DeductionPolicy, Product, ProductDraft, ProductTerms, Reservation,
-    ReservationState, Sku, StockError,
+    ReservationState, Sale, Sku, StockError,
 };
 
 pub(crate) fn stmt(sql: &str, values: impl IntoIterator<Item = Value>) -> Statement {
@@ -27,6 +27,9 @@ struct ProductRow {
     on_hand: i64,
     reserved: i64,
     stock_buckets: i32,
+    sale_start: Option<chrono::DateTime<chrono::Utc>>,
+    sale_end: Option<chrono::DateTime<chrono::Utc>>,
+    sale_price_cents: Option<i64>,
     created_at: chrono::DateTime<chrono::Utc>,
     updated_at: chrono::DateTime<chrono::Utc>,
 }
@@ -48,6 +51,11 @@ impl TryFrom<ProductRow> for Product {
                 .ok()
                 .filter(|n| (1..=crate::domain::MAX_STOCK_BUCKETS).contains(n))
                 .ok_or_else(|| corrupt("stock_buckets", &r.sku))?,
+            sale: Sale {
+                start_ms: r.sale_start.map(|t| t.timestamp_millis()),
+                end_ms: r.sale_end.map(|t| t.timestamp_millis()),
+                price_cents: r.sale_price_cents,
+            },
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
@@ -61,7 +69,8 @@ fn corrupt(what: &str, value: &str) -> StockError {
 }
 
 const PRODUCT_SELECT: &str = "SELECT p.sku, p.name, p.price_cents, p.per_user_limit, p.deduction_policy, \
-     s.on_hand, s.reserved, p.stock_buckets, p.created_at, s.updated_at FROM products p JOIN stock s USING (sku)";
+     s.on_hand, s.reserved, p.stock_buckets, p.sale_start, p.sale_end, p.sale_price_cents, \
+     p.created_at, s.updated_at FROM products p JOIN stock s USING (sku)";
 
 fn is_unique_violation(e: &sea_orm::DbErr) -> bool {
     matches!(
@@ -75,8 +84,8 @@ pub async fn insert_product<C: ConnectionTrait>(c: &C, d: &ProductDraft) -> Resu
     let sku = d.sku.as_str();
     let inserted = c
         .execute_raw(stmt(
-            "INSERT INTO products (sku, name, price_cents, per_user_limit, deduction_policy, stock_buckets) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO products (sku, name, price_cents, per_user_limit, deduction_policy, stock_buckets, \
+             sale_start, sale_end, sale_price_cents) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             [
                 sku.into(),
                 d.name.clone().into(),
@@ -84,6 +93,9 @@ pub async fn insert_product<C: ConnectionTrait>(c: &C, d: &ProductDraft) -> Resu
                 i64::from(d.per_user_limit).into(),
                 d.policy.as_db().into(),
                 i64::from(d.stock_buckets).into(),
+                instant(d.sale.start_ms),
+                instant(d.sale.end_ms),
+                d.sale.price_cents.into(),
             ],
         ))
         .await;
@@ -97,6 +109,11 @@ pub async fn insert_product<C: ConnectionTrait>(c: &C, d: &ProductDraft) -> Resu
     ))
     .await?;
     ledger(c, &d.sku, "INITIAL", d.initial_stock, 0, "CreateProduct").await
+}
+
+/// An instant in milliseconds as a nullable `timestamptz`.
+fn instant(ms: Option<i64>) -> Value {
+    ms.and_then(chrono::DateTime::from_timestamp_millis).into()
 }
 
 /// One product with its stock; `lock` takes the stock row's lock until the transaction ends.
@@ -145,7 +162,7 @@ pub async fn all_skus<C: ConnectionTrait>(c: &C) -> Result<Vec<Sku>, StockError>
         .collect()
 }
 
-/// The immutable terms of a product.
+/// The terms of a product the gate sells it by.
 pub async fn terms<C: ConnectionTrait>(
     c: &C,
     sku: &Sku,
@@ -156,6 +173,7 @@ pub async fn terms<C: ConnectionTrait>(
         per_user_limit: p.per_user_limit,
         policy: p.policy,
         stock_buckets: p.stock_buckets,
+        sale: p.sale,
     }))
 }
 

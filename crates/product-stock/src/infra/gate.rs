@@ -75,7 +75,7 @@ pub use outcome::{
     AdjustOutcome, GateBuyers, GateError, GateSnapshot, LoadOutcome, PendingHold, PrepareOutcome,
     RebuiltHold, ReleaseFrom, ReleaseOutcome, RepairOutcome, ReserveOutcome, SettleOutcome,
 };
-pub use reserve::ReserveArgs;
+pub use reserve::{ReserveArgs, SaleWindow};
 pub use restart::{RunCheck, check_redis_run, on_connect};
 
 use keys::{validate_bucket, validate_prefix};

@@ -4,6 +4,7 @@ use sea_orm_migration::{MigrationTrait, MigratorTrait, async_trait::async_trait}
 
 mod m0001_stock;
 mod m0002_stock_buckets;
+mod m0003_sale_window;
 
 pub struct Migrator;
 
@@ -17,6 +18,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0002_stock_buckets::Migration),
             Box::new(flashsale_messaging::migration::AddCorrelation),
             Box::new(flashsale_messaging::migration::AddDeadLetterCorrelation),
+            Box::new(m0003_sale_window::Migration),
         ]
     }
 }

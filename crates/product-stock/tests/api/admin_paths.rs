@@ -228,6 +228,7 @@ async fn a_products_stock_buckets_cannot_be_changed_so_its_holds_stay_where_they
             per_user_limit: 0,
             deduction_policy: RTC as i32,
             stock_buckets: 4,
+            ..Default::default()
         }))
         .await
         .unwrap_err();

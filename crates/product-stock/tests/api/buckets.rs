@@ -39,6 +39,7 @@ impl TestApp {
             per_user_limit: limit,
             deduction_policy: RTC as i32,
             stock_buckets: buckets,
+            ..Default::default()
         };
         self.client()
             .await

@@ -21,6 +21,7 @@ fn draft(sku: &str) -> CreateProductRequest {
         per_user_limit: 2,
         deduction_policy: RTC as i32,
         stock_buckets: 0,
+        ..Default::default()
     }
 }
 

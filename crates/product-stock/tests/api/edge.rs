@@ -55,6 +55,7 @@ async fn a_control_character_in_any_string_field_is_invalid_argument_naming_it()
         per_user_limit: 0,
         deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
         stock_buckets: 0,
+        ..Default::default()
     };
     assert_invalid(
         c.clone()
@@ -234,6 +235,7 @@ async fn quantities_and_prices_at_the_ends_of_their_range_are_refused() {
             per_user_limit: u32::MAX,
             deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
             stock_buckets: 0,
+            ..Default::default()
         };
         let status = c.clone().create_product(admin(req)).await.unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument);

@@ -255,6 +255,7 @@ impl TestApp {
             per_user_limit: limit,
             deduction_policy: policy as i32,
             stock_buckets: 0,
+            ..Default::default()
         };
         self.client()
             .await

@@ -23,4 +23,5 @@ mod reconcile;
 mod reserve;
 mod saga;
 mod saga_batch;
+mod sale;
 mod write_off;

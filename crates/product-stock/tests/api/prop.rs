@@ -177,6 +177,7 @@ fn call() -> impl Strategy<Value = Call> {
                         per_user_limit,
                         deduction_policy,
                         stock_buckets: 0,
+                        ..Default::default()
                     })
                 }
             ),

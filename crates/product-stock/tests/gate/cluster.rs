@@ -19,12 +19,12 @@ use flashsale_platform::{
 };
 use flashsale_product_stock::infra::gate::{
     GateError, LoadOutcome, RebuiltHold, RedisGate, ReserveArgs, ReserveOutcome, RunCheck,
-    check_redis_run, product_tag,
+    SaleWindow, check_redis_run, product_tag,
 };
 use flashsale_test_support::redis_cluster::RedisCluster;
 use uuid::Uuid;
 
-use crate::helpers::NOW;
+use crate::helpers::{NOW, clock_checked};
 
 /// A gate over a private cluster, under a fresh key prefix.
 struct ClusterGate {
@@ -142,14 +142,16 @@ async fn products_on_every_master_reserve_persist_release_and_rebuild_as_on_one_
             qty: 2,
             per_user_limit: 0,
             now_ms: NOW,
+            window: SaleWindow::ALWAYS,
         })
         .collect();
     for (sku, outcome) in skus.iter().zip(t.gate.reserve_many(&items).await.unwrap()) {
         assert_eq!(
-            outcome.unwrap(),
+            clock_checked(outcome.unwrap()),
             ReserveOutcome::Reserved {
                 remaining: 8,
-                replayed: false
+                replayed: false,
+                gate_ms: None
             },
             "{sku}"
         );
@@ -162,7 +164,8 @@ async fn products_on_every_master_reserve_persist_release_and_rebuild_as_on_one_
             .unwrap(),
         ReserveOutcome::Reserved {
             remaining: 8,
-            replayed: true
+            replayed: true,
+            gate_ms: None
         }
     );
 

@@ -37,6 +37,7 @@ async fn two_thousand_concurrent_reserves_admit_exactly_the_stock_and_respect_th
             ReserveOutcome::Reserved {
                 remaining,
                 replayed: false,
+                ..
             } => {
                 assert!((0..STOCK).contains(&remaining), "{remaining}");
                 reserved += 1;

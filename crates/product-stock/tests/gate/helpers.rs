@@ -115,3 +115,33 @@ impl TestGate {
         assert!(self.all_keys().await.is_empty());
     }
 }
+
+/// `outcome` with the gate's clock checked and dropped, to compare the rest: a first grant
+/// carries the gate's time (within a minute of this machine's, whose Redis it is), a replay none.
+pub fn clock_checked(
+    outcome: flashsale_product_stock::infra::gate::ReserveOutcome,
+) -> flashsale_product_stock::infra::gate::ReserveOutcome {
+    use flashsale_product_stock::infra::gate::ReserveOutcome;
+    match outcome {
+        ReserveOutcome::Reserved {
+            remaining,
+            replayed,
+            gate_ms,
+        } => {
+            match gate_ms {
+                Some(ms) => {
+                    assert!(!replayed, "a replay carries no clock");
+                    let now = chrono::Utc::now().timestamp_millis();
+                    assert!((ms - now).abs() < 60_000, "gate clock {ms}, here {now}");
+                }
+                None => assert!(replayed, "a first grant carries the gate's clock"),
+            }
+            ReserveOutcome::Reserved {
+                remaining,
+                replayed,
+                gate_ms: None,
+            }
+        }
+        other => other,
+    }
+}

@@ -57,7 +57,8 @@ async fn mark_persisted_moves_a_hold_out_of_held_once() {
             .unwrap(),
         ReserveOutcome::Reserved {
             remaining: 7,
-            replayed: true
+            replayed: true,
+            gate_ms: None
         }
     );
     t.cleanup().await;

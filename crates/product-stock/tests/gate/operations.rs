@@ -7,7 +7,7 @@ use flashsale_product_stock::infra::gate::{
 };
 use uuid::Uuid;
 
-use crate::helpers::{NOW, SKU, TestGate};
+use crate::helpers::{NOW, SKU, TestGate, clock_checked};
 
 /// What a Redis restart or failover does to the script cache.
 async fn flush_script_cache(t: &TestGate) {
@@ -29,10 +29,11 @@ async fn every_script_still_runs_after_redis_flushed_its_script_cache() {
         .await
         .unwrap();
     assert_eq!(
-        reserved,
+        clock_checked(reserved),
         ReserveOutcome::Reserved {
             remaining: 8,
-            replayed: false
+            replayed: false,
+            gate_ms: None
         }
     );
 

@@ -1,10 +1,10 @@
 //! Reservations: decrement and record, replays, limits, refusals, a missing counter.
 
 use deadpool_redis::redis;
-use flashsale_product_stock::infra::gate::{GateError, ReserveOutcome};
+use flashsale_product_stock::infra::gate::{GateError, ReserveArgs, ReserveOutcome, SaleWindow};
 use uuid::Uuid;
 
-use crate::helpers::{NOW, SKU, TestGate};
+use crate::helpers::{NOW, SKU, TestGate, clock_checked};
 
 #[tokio::test]
 async fn reserve_moves_units_from_avail_to_held_and_records_the_hold() {
@@ -19,10 +19,11 @@ async fn reserve_moves_units_from_avail_to_held_and_records_the_hold() {
         .unwrap();
 
     assert_eq!(
-        outcome,
+        clock_checked(outcome),
         ReserveOutcome::Reserved {
             remaining: 7,
-            replayed: false
+            replayed: false,
+            gate_ms: None
         }
     );
     let snap = t.snapshot(SKU).await;
@@ -68,7 +69,8 @@ async fn a_replayed_reserve_returns_the_first_answer_without_a_second_decrement(
         replay,
         ReserveOutcome::Reserved {
             remaining: 7,
-            replayed: true
+            replayed: true,
+            gate_ms: None
         }
     );
     let snap = t.snapshot(SKU).await;
@@ -366,5 +368,115 @@ async fn input_a_lua_number_cannot_hold_is_refused_before_redis() {
             .unwrap(),
         ReserveOutcome::InsufficientStock { available: 10 }
     );
+    t.cleanup().await;
+}
+
+/// The gate's clock: Redis `TIME`, in milliseconds.
+async fn redis_ms(t: &TestGate) -> i64 {
+    let (secs, micros): (i64, i64) = t.query(&redis::cmd("TIME")).await;
+    secs * 1_000 + micros / 1_000
+}
+
+fn args<'a>(order_id: Uuid, user_id: &'a str, window: SaleWindow, now_ms: i64) -> ReserveArgs<'a> {
+    ReserveArgs {
+        sku: SKU,
+        bucket: 0,
+        order_id,
+        user_id,
+        qty: 1,
+        per_user_limit: 0,
+        // The caller's clock, wildly off: the window is judged by the gate's clock only.
+        now_ms,
+        window,
+    }
+}
+
+#[tokio::test]
+async fn the_sale_window_is_judged_by_the_redis_server_s_clock_not_the_caller_s() {
+    let t = TestGate::new();
+    t.loaded(SKU, 3).await;
+    let now = redis_ms(&t).await;
+    let later = SaleWindow {
+        start_ms: now + 3_600_000,
+        end_ms: 0,
+    };
+    // A caller whose clock says the sale opened long ago is still refused.
+    let before = t
+        .gate
+        .reserve_with(&args(Uuid::new_v4(), "alice", later, now + 7_200_000))
+        .await
+        .unwrap();
+    match before {
+        ReserveOutcome::NotStarted { gate_ms, start_ms } => {
+            assert_eq!(start_ms, now + 3_600_000);
+            assert!((now..now + 60_000).contains(&gate_ms), "{gate_ms}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let over = SaleWindow {
+        start_ms: now - 60_000,
+        end_ms: now - 1,
+    };
+    let after = t
+        .gate
+        .reserve_with(&args(Uuid::new_v4(), "alice", over, now - 30_000))
+        .await
+        .unwrap();
+    assert!(
+        matches!(after, ReserveOutcome::Ended { end_ms, gate_ms } if end_ms == now - 1 && gate_ms >= now),
+        "{after:?}"
+    );
+    // Refusals write nothing.
+    let snap = t.snapshot(SKU).await;
+    assert_eq!((snap.available, snap.held), (3, 0));
+    assert!(t.users(SKU).await.is_empty());
+
+    // In the window the units go, with the gate's clock on the grant.
+    let open = SaleWindow {
+        start_ms: now - 1_000,
+        end_ms: now + 3_600_000,
+    };
+    let order = Uuid::new_v4();
+    let got = t
+        .gate
+        .reserve_with(&args(order, "alice", open, 0))
+        .await
+        .unwrap();
+    assert!(
+        matches!(got, ReserveOutcome::Reserved { remaining: 2, replayed: false, gate_ms: Some(g) } if g >= now),
+        "{got:?}"
+    );
+    // Once it has closed, that order's replay is still its grant.
+    let replay = t
+        .gate
+        .reserve_with(&args(order, "alice", over, 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        replay,
+        ReserveOutcome::Reserved {
+            remaining: 2,
+            replayed: true,
+            gate_ms: None
+        }
+    );
+    t.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_lost_counter_is_rebuilt_before_the_opening_not_at_it() {
+    let t = TestGate::new();
+    let now = redis_ms(&t).await;
+    let later = SaleWindow {
+        start_ms: now + 3_600_000,
+        end_ms: 0,
+    };
+    // No counter: the crowd before the opening finds it lost, so it is rebuilt then.
+    let got = t
+        .gate
+        .reserve_with(&args(Uuid::new_v4(), "alice", later, 0))
+        .await
+        .unwrap();
+    assert_eq!(got, ReserveOutcome::NotLoaded);
     t.cleanup().await;
 }

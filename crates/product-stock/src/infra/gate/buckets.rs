@@ -24,7 +24,7 @@ use super::keys::{validate_amount, validate_buckets};
 use super::script::{int, redis_error, text};
 use super::{
     AdjustOutcome, At, GateBuyers, GateError, GateSnapshot, LoadOutcome, NOT_LOADED_GENERATION,
-    RebuiltHold, RedisGate, RepairOutcome, ReserveOutcome,
+    RebuiltHold, RedisGate, RepairOutcome, ReserveArgs, ReserveOutcome, SaleWindow,
 };
 use crate::domain::{bucket_of, split_evenly};
 
@@ -131,22 +131,41 @@ impl RedisGate {
         per_user_limit: u32,
         now_ms: i64,
     ) -> Result<ReserveOutcome, GateError> {
+        self.reserve_product_with(
+            buckets,
+            ReserveArgs {
+                sku,
+                bucket: 0,
+                order_id,
+                user_id,
+                qty,
+                per_user_limit,
+                now_ms,
+                window: SaleWindow::ALWAYS,
+            },
+        )
+        .await
+    }
+
+    /// [`reserve_product`](Self::reserve_product) with every argument of the reserve script,
+    /// the sale window too; `r.bucket` is ignored (the buyer's bucket is used). Each bucket
+    /// judges the window by its own node's clock.
+    pub async fn reserve_product_with(
+        &self,
+        buckets: u32,
+        r: ReserveArgs<'_>,
+    ) -> Result<ReserveOutcome, GateError> {
         validate_buckets(buckets)?;
-        let home = bucket_of(user_id, buckets);
-        let at = At::new(sku, home);
-        let mut outcome = self
-            .reserve(at, order_id, user_id, qty, per_user_limit, now_ms)
-            .await?;
+        let home = bucket_of(r.user_id, buckets);
+        let r = ReserveArgs { bucket: home, ..r };
+        let mut outcome = self.reserve_with(&r).await?;
         if buckets == 1 {
             return Ok(outcome);
         }
         for _ in 0..buckets + EXTRA_BORROW_ROUNDS {
-            outcome = match self.after_dry(sku, buckets, home, qty, outcome).await? {
+            outcome = match self.after_dry(r.sku, buckets, home, r.qty, outcome).await? {
                 Some(final_answer) => return Ok(final_answer),
-                None => {
-                    self.reserve(at, order_id, user_id, qty, per_user_limit, now_ms)
-                        .await?
-                }
+                None => self.reserve_with(&r).await?,
             };
         }
         metrics::counter!("flashsale_gate_borrow_exhausted_total").increment(1);

@@ -23,8 +23,17 @@ pub enum GateError {
 /// answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReserveOutcome {
-    /// The units are held for the order; `remaining` is the counter after the first answer.
-    Reserved { remaining: i64, replayed: bool },
+    /// The units are held for the order; `remaining` is the counter after the first answer,
+    /// `gate_ms` the gate's clock when it took them (`None` on a replay).
+    Reserved {
+        remaining: i64,
+        replayed: bool,
+        gate_ms: Option<i64>,
+    },
+    /// The product's sale opens at `start_ms`; the gate's clock read `gate_ms`. Not recorded.
+    NotStarted { gate_ms: i64, start_ms: i64 },
+    /// The product's sale closed at `end_ms`; the gate's clock read `gate_ms`. Not recorded.
+    Ended { gate_ms: i64, end_ms: i64 },
     /// The counter is at zero. Refusals are not recorded (they write nothing), so a replay is
     /// judged afresh and may answer differently.
     SoldOut,

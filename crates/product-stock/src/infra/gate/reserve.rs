@@ -86,7 +86,7 @@ impl RedisGate {
         now_ms: i64,
     ) -> Result<ReserveOutcome, GateError> {
         let at = at.into();
-        let r = ReserveArgs {
+        self.reserve_with(&ReserveArgs {
             sku: at.sku,
             bucket: at.bucket,
             order_id,
@@ -94,8 +94,15 @@ impl RedisGate {
             qty,
             per_user_limit,
             now_ms,
-        };
-        let (keys, args) = self.reserve_call(&r)?;
+            window: SaleWindow::ALWAYS,
+        })
+        .await
+    }
+
+    /// [`reserve`](Self::reserve) with every argument, the sale window too: outside it the
+    /// gate refuses by its own clock ([`ReserveOutcome::NotStarted`], [`ReserveOutcome::Ended`]).
+    pub async fn reserve_with(&self, r: &ReserveArgs<'_>) -> Result<ReserveOutcome, GateError> {
+        let (keys, args) = self.reserve_call(r)?;
         reserve_outcome(RESERVE.run(&mut *self.conn().await?, &keys, &args).await?)
     }
 
@@ -149,6 +156,8 @@ impl RedisGate {
         validate_user(user_id)?;
         validate_qty(qty)?;
         validate_amount(now_ms, "now_ms must be 0..=2^53-1")?;
+        validate_amount(r.window.start_ms, "sale start must be 0..=2^53-1")?;
+        validate_amount(r.window.end_ms, "sale end must be 0..=2^53-1")?;
         let keys = vec![
             k.avail(),
             k.held(),
@@ -164,6 +173,8 @@ impl RedisGate {
             per_user_limit.to_string(),
             now_ms.to_string(),
             self.record_ttl_ms.clone(),
+            r.window.start_ms.to_string(),
+            r.window.end_ms.to_string(),
         ];
         Ok((keys, args))
     }
@@ -250,6 +261,26 @@ pub struct ReserveArgs<'a> {
     pub qty: i64,
     pub per_user_limit: u32,
     pub now_ms: i64,
+    /// When the product is on sale, by the gate's clock.
+    pub window: SaleWindow,
+}
+
+/// A product's sale window as the gate judges it: milliseconds since the Unix epoch by the
+/// Redis server's clock, 0 where unset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SaleWindow {
+    /// Before it, [`ReserveOutcome::NotStarted`].
+    pub start_ms: i64,
+    /// From it on, [`ReserveOutcome::Ended`].
+    pub end_ms: i64,
+}
+
+impl SaleWindow {
+    /// No window: on sale until sold out.
+    pub const ALWAYS: Self = Self {
+        start_ms: 0,
+        end_ms: 0,
+    };
 }
 
 /// Reads the reserve script's reply.
@@ -259,6 +290,16 @@ fn reserve_outcome(value: deadpool_redis::redis::Value) -> Result<ReserveOutcome
         "H" => ReserveOutcome::Reserved {
             remaining: r.int(1)?,
             replayed: false,
+            // A gate script older than the sale window answered without its clock.
+            gate_ms: r.int(2).ok(),
+        },
+        "B" => ReserveOutcome::NotStarted {
+            gate_ms: r.int(1)?,
+            start_ms: r.int(2)?,
+        },
+        "E" => ReserveOutcome::Ended {
+            gate_ms: r.int(1)?,
+            end_ms: r.int(2)?,
         },
         "S" => ReserveOutcome::SoldOut,
         "L" => ReserveOutcome::UserLimitExceeded { bought: r.int(1)? },
@@ -271,6 +312,7 @@ fn reserve_outcome(value: deadpool_redis::redis::Value) -> Result<ReserveOutcome
             "H" | "P" => ReserveOutcome::Reserved {
                 remaining: r.int(2)?,
                 replayed: true,
+                gate_ms: None,
             },
             "L" => ReserveOutcome::UserLimitExceeded { bought: r.int(2)? },
             "I" => ReserveOutcome::InsufficientStock {

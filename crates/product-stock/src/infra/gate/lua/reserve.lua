@@ -1,10 +1,14 @@
 -- Takes qty units of one product for one order, once (docs/architecture.md#the-stock-model).
 -- KEYS: 1 avail, 2 held, 3 pending, 4 users, 5 the order's record, 6 node (cluster only)
--- ARGV: 1 order id, 2 user id, 3 qty, 4 per-user limit (0 = none), 5 now ms, 6 record ttl ms
--- Reply: {'H', remaining} reserved | {'S'} sold out | {'L', bought} user limit
+-- ARGV: 1 order id, 2 user id, 3 qty, 4 per-user limit (0 = none), 5 now ms, 6 record ttl ms,
+--       7 sale start ms (0 = none), 8 sale end ms (0 = none)
+-- Reply: {'H', remaining, gate ms} reserved | {'S'} sold out | {'L', bought} user limit
+--      | {'B', gate ms, start ms} before the sale | {'E', gate ms, end ms} after it
 --      | {'I', available} insufficient | {'N'} not loaded | {'C'} order id reused
 --      | {'R', state, n} replay of the order's first answer (n as first answered)
--- A refusal (S, L, I) writes nothing: a buyer retrying at their limit with fresh ids, or a flood
+-- The sale window is judged by this server's clock (TIME), never by the caller's: every replica
+-- of every service asks the same clock, so a sale opens at one instant for all of them.
+-- A refusal (S, L, I, B, E) writes nothing: a buyer retrying at their limit with fresh ids, or a flood
 -- on a sold-out product, creates no key. Only a hold is recorded (state H; older versions also
 -- recorded L and I, which a replay still answers while those records live).
 local node = redis.call('GET', KEYS[6])
@@ -38,6 +42,17 @@ if not avail then
   return {'N'}
 end
 avail = tonumber(avail)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local start, stop = tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0
+-- After the counter exists (a lost gate is rebuilt by the crowd before the opening, not at it)
+-- and before it is read (refusals before the opening cost no write).
+if start > 0 and now < start then
+  return {'B', now, start}
+end
+if stop > 0 and now >= stop then
+  return {'E', now, stop}
+end
 if avail <= 0 then
   -- Checked before the user limit and not recorded: a sold-out flood costs no writes.
   return {'S'}
@@ -59,4 +74,4 @@ redis.call('INCRBY', KEYS[2], ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
 redis.call('HSET', KEYS[5], 's', 'H', 'q', ARGV[3], 'u', ARGV[2], 'n', remaining, 't', ARGV[5])
 redis.call('PEXPIRE', KEYS[5], ARGV[6])
-return {'H', remaining}
+return {'H', remaining, now}
