@@ -1,4 +1,4 @@
-//! `flashsale product create|get|list|restock|reconcile` against product-stock. Commands mint
+//! `flashsale product create|update|get|list|restock|reconcile` against product-stock. Commands mint
 //! an admin token from the shared secret unless `--token` is given; answers print as JSON.
 
 use std::{process::ExitCode, time::Duration};
@@ -7,7 +7,7 @@ use clap::{Subcommand, ValueEnum};
 use flashsale_platform::auth::Role;
 use flashsale_proto::product::v1::{
     AdjustStockRequest, CreateProductRequest, DeductionPolicy, GetProductRequest,
-    ListProductsRequest, ReconcileStockRequest,
+    ListProductsRequest, Product, ReconcileStockRequest, UpdateProductRequest,
     product_stock_service_client::ProductStockServiceClient,
 };
 
@@ -75,6 +75,42 @@ enum Command {
         /// The unit price in cents of every order accepted (at most --price-cents).
         #[arg(long, allow_negative_numbers = true)]
         sale_price_cents: Option<i64>,
+    },
+    /// Change a product's terms: only the fields given change (UpdateProduct); idempotent on
+    /// --request-id, and with --etag only if the product is still that version.
+    Update {
+        #[arg(long)]
+        sku: String,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, allow_negative_numbers = true)]
+        price_cents: Option<i64>,
+        /// 0 = no limit; a lower limit applies to new orders only.
+        #[arg(long)]
+        per_user_limit: Option<u32>,
+        /// A new opening (RFC 3339 or +90s, +15m, +2h).
+        #[arg(long, value_parser = parse_instant, conflicts_with = "no_sale_start")]
+        sale_start: Option<i64>,
+        /// Remove the opening: on sale until the window's end.
+        #[arg(long)]
+        no_sale_start: bool,
+        /// A new closing (RFC 3339 or +90s, +15m, +2h); closes an open sale early.
+        #[arg(long, value_parser = parse_instant, conflicts_with = "no_sale_end")]
+        sale_end: Option<i64>,
+        /// Remove the closing.
+        #[arg(long)]
+        no_sale_end: bool,
+        #[arg(long, allow_negative_numbers = true, conflicts_with = "no_sale_price")]
+        sale_price_cents: Option<i64>,
+        /// Remove the sale price: orders are accepted at the price.
+        #[arg(long)]
+        no_sale_price: bool,
+        /// The etag GetProduct answered: change only that version of the product.
+        #[arg(long)]
+        etag: Option<String>,
+        /// Idempotency key; a fresh one when unset.
+        #[arg(long)]
+        request_id: Option<String>,
     },
     /// Show one product with its database and gate figures.
     Get { sku: String },
@@ -172,6 +208,66 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             print(
                 &resp.into_inner(),
                 "flashsale.product.v1.CreateProductResponse",
+            )?;
+        }
+        Command::Update {
+            sku,
+            name,
+            price_cents,
+            per_user_limit,
+            sale_start,
+            no_sale_start,
+            sale_end,
+            no_sale_end,
+            sale_price_cents,
+            no_sale_price,
+            etag,
+            request_id,
+        } => {
+            let mut paths = Vec::new();
+            let mut named = |path: &str, given: bool| {
+                if given {
+                    paths.push(path.to_owned());
+                }
+            };
+            named("name", name.is_some());
+            named("price_cents", price_cents.is_some());
+            named("per_user_limit", per_user_limit.is_some());
+            named("sale_start", sale_start.is_some() || no_sale_start);
+            named("sale_end", sale_end.is_some() || no_sale_end);
+            named(
+                "sale_price_cents",
+                sale_price_cents.is_some() || no_sale_price,
+            );
+            anyhow::ensure!(
+                !paths.is_empty(),
+                "nothing to change: give at least one of --name, --price-cents, --per-user-limit, \
+                 --sale-start/--no-sale-start, --sale-end/--no-sale-end, \
+                 --sale-price-cents/--no-sale-price"
+            );
+            let product = Product {
+                sku,
+                name: name.unwrap_or_default(),
+                price_cents: price_cents.unwrap_or_default(),
+                per_user_limit: per_user_limit.unwrap_or_default(),
+                sale_start: sale_start.and_then(flashsale_contract::ms_to_timestamp),
+                sale_end: sale_end.and_then(flashsale_contract::ms_to_timestamp),
+                sale_price_cents,
+                etag: etag.unwrap_or_default(),
+                ..Product::default()
+            };
+            let req = UpdateProductRequest {
+                request_id: request_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+                product: Some(product),
+                update_mask: Some(flashsale_contract::FieldMask { paths }),
+            };
+            let resp = client
+                .update_product(authorized(req, &token)?)
+                .await
+                .map_err(status_error)?;
+            print(
+                &resp.into_inner(),
+                "flashsale.product.v1.UpdateProductResponse",
             )?;
         }
         Command::Get { sku } => {

@@ -18,7 +18,7 @@ mod time;
 
 pub use limits::*;
 pub use policy::Policy;
-pub use prost_types::Timestamp;
+pub use prost_types::{FieldMask, Timestamp};
 pub use refusal::Refusal;
 pub use sku::{SKU_MAX_LEN, Sku, SkuError, check_sku};
 pub use text::{

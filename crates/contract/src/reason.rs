@@ -35,12 +35,16 @@ pub const PAYMENT_MISMATCH: &str = "PAYMENT_MISMATCH";
 pub const PAYMENT_PROVIDER_REFUSED: &str = "PAYMENT_PROVIDER_REFUSED";
 /// The refund is completed already.
 pub const REFUND_COMPLETED: &str = "REFUND_COMPLETED";
+/// UpdateProduct for a version of the product that changed since (AIP-154): read it again.
+pub const ETAG_MISMATCH: &str = "ETAG_MISMATCH";
+/// UpdateProduct moving the start of a sale that has opened.
+pub const SALE_IN_PROGRESS: &str = "SALE_IN_PROGRESS";
 /// The replica answering is stopping (being replaced or scaled in): call again, and another
 /// replica answers. A stream (WatchOrder) ends with it rather than being cut off.
 pub const SERVER_STOPPING: &str = "SERVER_STOPPING";
 
 /// Every reason above.
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 19] = [
     DATABASE_UNAVAILABLE,
     BROKER_UNAVAILABLE,
     STOCK_GATE_UNAVAILABLE,
@@ -58,6 +62,8 @@ pub const ALL: [&str; 17] = [
     PAYMENT_PROVIDER_REFUSED,
     REFUND_COMPLETED,
     SERVER_STOPPING,
+    ETAG_MISMATCH,
+    SALE_IN_PROGRESS,
 ];
 
 /// The `ErrorInfo.metadata` keys a refusal carries besides its reason.

@@ -17,6 +17,7 @@ pub mod keys {
     pub const STOCK_COMMITTED: &str = "stock.committed";
     pub const STOCK_ADJUSTED: &str = "stock.adjusted";
     pub const STOCK_GATE_REFILLED: &str = "stock.gate_refilled";
+    pub const PRODUCT_UPDATED: &str = "product.updated";
     pub const OUTBOUND_COMPLETED: &str = "outbound.completed";
     pub const OUTBOUND_FAILED: &str = "outbound.failed";
     pub const ORDER_PAYMENT_TIMEOUT: &str = "order.payment_timeout";
@@ -25,13 +26,15 @@ pub mod keys {
     /// of the saga needs them, so "no queue bound" is not an error for these. Every other key
     /// has a consumer in the design, and an unroutable message for it is retried until that
     /// consumer's queue exists (never dropped).
-    /// (The order service's replicas listen to `stock.released` and `stock.gate_refilled` on
-    /// queues of their own while they run; with none running nothing needs them.)
+    /// (The order service's replicas listen to `stock.released`, `stock.gate_refilled` and
+    /// `product.updated`, and product-stock's to `product.updated`, on queues of their own
+    /// while they run; with none running nothing needs them.)
     pub const NOTIFICATIONS: &[&str] = &[
         ORDER_REFUNDED,
         STOCK_RELEASED,
         STOCK_COMMITTED,
         STOCK_GATE_REFILLED,
+        PRODUCT_UPDATED,
     ];
 
     /// Every routing key, in the order of the payload's field numbers.
@@ -46,6 +49,7 @@ pub mod keys {
         STOCK_COMMITTED,
         STOCK_ADJUSTED,
         STOCK_GATE_REFILLED,
+        PRODUCT_UPDATED,
         OUTBOUND_COMPLETED,
         OUTBOUND_FAILED,
         ORDER_PAYMENT_TIMEOUT,
@@ -90,6 +94,7 @@ pub fn routing_key(payload: &Payload) -> &'static str {
         Payload::StockCommitted(_) => keys::STOCK_COMMITTED,
         Payload::StockAdjusted(_) => keys::STOCK_ADJUSTED,
         Payload::StockGateRefilled(_) => keys::STOCK_GATE_REFILLED,
+        Payload::ProductUpdated(_) => keys::PRODUCT_UPDATED,
         Payload::OutboundCompleted(_) => keys::OUTBOUND_COMPLETED,
         Payload::OutboundFailed(_) => keys::OUTBOUND_FAILED,
         Payload::PaymentTimeout(_) => keys::ORDER_PAYMENT_TIMEOUT,
@@ -185,6 +190,7 @@ mod tests {
             Payload::StockCommitted(StockCommitted::default()),
             Payload::StockAdjusted(StockAdjusted::default()),
             Payload::StockGateRefilled(StockGateRefilled::default()),
+            Payload::ProductUpdated(ProductUpdated::default()),
             Payload::OutboundCompleted(OutboundCompleted::default()),
             Payload::OutboundFailed(OutboundFailed::default()),
             Payload::PaymentTimeout(PaymentTimeout::default()),

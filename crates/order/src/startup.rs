@@ -144,18 +144,24 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     f.runner.spawn(admission.run(shutdown.clone()));
     f.runner.spawn(refunds.clone().run(shutdown.clone()));
     f.runner.spawn(reconciler.run(shutdown.clone()));
-    // Every replica hears when units of a product come back, and stops refusing it from memory.
+    // Every replica hears when units of a product come back, and stops refusing it from memory;
+    // and when its terms change, and forgets what it knew of its sale window.
     let (forget, reset) = (intake.sold_out().clone(), intake.sold_out().clone());
-    let windows = intake.windows().clone();
+    let (windows, forget_window) = (intake.windows().clone(), intake.windows().clone());
     let s = shutdown.clone();
     f.runner.spawn(flashsale_messaging::broadcast::run(
         messaging.broker,
         amqp::UNITS_BACK_KEYS
             .iter()
+            .chain([&amqp::PRODUCT_UPDATED])
             .map(|k| (*k).to_owned())
             .collect(),
         move |env| {
             if let Some(sku) = amqp::sku_with_units_back(&env) {
+                forget.forget(sku);
+            }
+            if let Some(sku) = amqp::updated_sku(&env) {
+                forget_window.forget(sku);
                 forget.forget(sku);
             }
         },

@@ -42,6 +42,13 @@ pub enum ApiError {
         message: String,
         retry_after: std::time::Duration,
     },
+    /// The request was for a version of a resource that changed since (AIP-154); read it
+    /// again. `reason` is the `ErrorInfo.reason`.
+    #[error("{message}")]
+    Aborted {
+        reason: &'static str,
+        message: String,
+    },
     #[error("{0}")]
     Unauthenticated(String),
     #[error("{0}")]
@@ -143,6 +150,7 @@ impl From<ApiError> for Status {
                 details.set_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
                 Status::with_error_details(Code::ResourceExhausted, message, details)
             }
+            ApiError::Aborted { reason, .. } => with_info(Code::Aborted, message, reason),
             ApiError::Unauthenticated(_) => {
                 with_info(Code::Unauthenticated, message, "UNAUTHENTICATED")
             }

@@ -90,7 +90,7 @@ pub async fn build_with_orders(
         .with_released_record_ttl(
             Duration::from_millis(settings.stock.released_record_ttl_ms).min(record_ttl),
         );
-    // One terms cache for every handle: a product's terms never change after creation.
+    // One terms cache for every handle; UpdateProduct's `product.updated` invalidates it.
     let terms = Terms::new(f.db.clone());
     let gate = Reservations::new(
         f.db.clone(),
@@ -120,7 +120,13 @@ pub async fn build_with_orders(
                 .watch_redis_runs(CLUSTER_RUN_CHECK_PERIOD, f.runner.shutdown()),
         );
     }
-    let reconciler = Reconciler::new(f.db.clone(), redis_gate, orders, terms, &settings.stock);
+    let reconciler = Reconciler::new(
+        f.db.clone(),
+        redis_gate,
+        orders,
+        terms.clone(),
+        &settings.stock,
+    );
 
     let topologies = [
         amqp::order_events_topology(&settings.amqp),
@@ -130,7 +136,7 @@ pub async fn build_with_orders(
         crate::app::created_batcher(saga.clone(), usize::from(settings.amqp.prefetch) / 2);
     let consumer_saga = saga.clone();
     let handler = move |msg| amqp::handle(consumer_saga.clone(), created.clone(), msg);
-    let dead_letters = flashsale_messaging::wiring::start(
+    let messaging = flashsale_messaging::wiring::start(
         &mut f.runner,
         &f.db,
         &settings.amqp,
@@ -139,8 +145,26 @@ pub async fn build_with_orders(
         handler,
         &failpoints,
     )
-    .await?
-    .dead_letters;
+    .await?;
+    let dead_letters = messaging.dead_letters;
+    // Every replica hears of every product's change of terms, and reads them again.
+    let (forget, reset) = (terms.clone(), terms);
+    let stop = f.runner.shutdown();
+    f.runner.spawn(flashsale_messaging::broadcast::run(
+        messaging.broker,
+        vec![amqp::PRODUCT_UPDATED.to_owned()],
+        move |env| {
+            if let Some(sku) = amqp::updated_sku(&env) {
+                let (terms, sku) = (forget.clone(), sku.to_owned());
+                tokio::spawn(async move { terms.forget(&sku).await });
+            }
+        },
+        move || {
+            let terms = reset.clone();
+            tokio::spawn(async move { terms.clear().await });
+        },
+        async move { stop.wait().await },
+    ));
     f.runner
         .spawn(reconciler.clone().run_sweeper(f.runner.shutdown()));
     f.runner

@@ -245,3 +245,106 @@ async fn product_create_sets_a_sale_window_and_refuses_a_bad_one() {
     assert!(!missing.ok && missing.stderr.contains("NotFound"));
     stop.trigger();
 }
+
+#[tokio::test]
+async fn product_update_changes_the_named_terms_and_reports_a_stale_etag() {
+    let (url, stop, _db) = product_stock().await;
+    let create = flashsale(
+        &[
+            "product",
+            "create",
+            "--sku",
+            "CLI-UPD",
+            "--name",
+            "Gin",
+            "--price-cents",
+            "2500",
+            "--stock",
+            "10",
+        ],
+        &url,
+    )
+    .await;
+    assert!(create.ok, "{}", create.stderr);
+    let update = flashsale(
+        &[
+            "product",
+            "update",
+            "--sku",
+            "CLI-UPD",
+            "--price-cents",
+            "2000",
+            "--sale-start",
+            "+1h",
+            "--sale-price-cents",
+            "1500",
+            "--etag",
+            "1",
+        ],
+        &url,
+    )
+    .await;
+    assert!(update.ok, "{}", update.stderr);
+    let json: serde_json::Value = serde_json::from_str(&update.stdout).unwrap();
+    assert_eq!(json["product"]["priceCents"], "2000");
+    assert_eq!(json["product"]["salePriceCents"], "1500");
+    assert!(json["product"]["saleStart"].is_string(), "{json}");
+    assert_eq!(json["product"]["etag"], "2");
+    assert_eq!(json["product"]["name"], "Gin", "not given: unchanged");
+
+    let stale = flashsale(
+        &[
+            "product", "update", "--sku", "CLI-UPD", "--name", "Rum", "--etag", "1",
+        ],
+        &url,
+    )
+    .await;
+    assert!(
+        !stale.ok && stale.stderr.contains("Aborted"),
+        "{}",
+        stale.stderr
+    );
+    let cleared = flashsale(
+        &[
+            "product",
+            "update",
+            "--sku",
+            "CLI-UPD",
+            "--no-sale-start",
+            "--no-sale-price",
+        ],
+        &url,
+    )
+    .await;
+    assert!(cleared.ok, "{}", cleared.stderr);
+    let json: serde_json::Value = serde_json::from_str(&cleared.stdout).unwrap();
+    assert!(json["product"]["saleStart"].is_null(), "{json}");
+    assert!(json["product"]["salePriceCents"].is_null(), "{json}");
+
+    // Nothing to change, or a flag and its removal together: refused before anything is sent.
+    let nothing = flashsale(&["product", "update", "--sku", "CLI-UPD"], &url).await;
+    assert!(
+        !nothing.ok && nothing.stderr.contains("nothing to change"),
+        "{}",
+        nothing.stderr
+    );
+    let both = flashsale(
+        &[
+            "product",
+            "update",
+            "--sku",
+            "CLI-UPD",
+            "--sale-end",
+            "+1h",
+            "--no-sale-end",
+        ],
+        &url,
+    )
+    .await;
+    assert!(
+        !both.ok && both.stderr.contains("--no-sale-end"),
+        "{}",
+        both.stderr
+    );
+    stop.trigger();
+}

@@ -55,6 +55,18 @@ pub fn sku_with_units_back(env: &flashsale_proto::events::v1::Envelope) -> Optio
     }
 }
 
+/// The event after which a product's terms (its sale window above all) may have changed: every
+/// replica forgets what it remembered of the product (a broadcast subscription).
+pub const PRODUCT_UPDATED: &str = "product.updated";
+
+/// The product a `product.updated` names.
+pub fn updated_sku(env: &flashsale_proto::events::v1::Envelope) -> Option<&str> {
+    match &env.payload {
+        Some(Payload::ProductUpdated(ev)) => Some(&ev.sku),
+        _ => None,
+    }
+}
+
 fn classify(e: OrderError) -> HandlerError {
     match e {
         OrderError::Invalid(v) => HandlerError::permanent(anyhow::anyhow!("invalid event: {v:?}")),

@@ -18,18 +18,18 @@ async fn three_thousand_orders_for_two_hundred_units_accept_exactly_two_hundred(
             c.create_order(as_user(&user, req))
                 .await
                 .map(|r| r.into_inner().order.unwrap())
-                .map_err(|s| reason(&s))
+                .map_err(|s| (reason(&s), s))
         });
     }
     let (mut accepted, mut refused) = (Vec::new(), 0);
     while let Some(r) = tasks.join_next().await {
         match r.unwrap() {
             Ok(o) => accepted.push(o),
-            Err(why) => {
+            Err((why, status)) => {
                 assert!(
                     ["SOLD_OUT", "USER_LIMIT_EXCEEDED", "INSUFFICIENT_STOCK"]
                         .contains(&why.as_str()),
-                    "{why}"
+                    "{why}: {status:?}"
                 );
                 refused += 1;
             }

@@ -8,6 +8,7 @@ use std::{collections::HashMap, time::Duration};
 use flashsale_contract::{parse_rfc3339_ms, reason::meta};
 use flashsale_order::app::{CLOCK, REMEMBERED};
 use flashsale_platform::failpoint::{Action, Failpoints};
+use flashsale_proto::product::v1::{Product, UpdateProductRequest};
 use tonic::Code;
 
 use crate::helpers::{Client, as_user, create_req, reason, spawn_stack};
@@ -205,5 +206,58 @@ async fn replicas_whose_clocks_are_four_seconds_apart_open_at_the_gate_s_instant
             remembered.get(replica).copied().unwrap_or(0) > 0,
             "{replica} never refused from memory: {remembered:?}"
         );
+    }
+}
+
+#[tokio::test]
+async fn a_window_moved_by_update_product_is_forgotten_by_every_replica_s_memory() {
+    let app = spawn_stack(|_| {}).await;
+    let replica = app.spawn_replica().await;
+    app.product_on_sale("MOVED-1", 5, 1, now_ms() + 3_600_000, now_ms() + 7_200_000)
+        .await;
+    let mut one = app.client().await;
+    let mut two = replica.client().await;
+    until_remembered(&mut one, "MOVED-1", "one").await;
+    until_remembered(&mut two, "MOVED-1", "two").await;
+
+    // The opening comes forward by an hour.
+    let opening = now_ms() + 1_500;
+    app.stock()
+        .await
+        .update_product(crate::helpers::as_admin(UpdateProductRequest {
+            request_id: "move-1".into(),
+            product: Some(Product {
+                sku: "MOVED-1".into(),
+                sale_start: flashsale_contract::ms_to_timestamp(opening),
+                ..Product::default()
+            }),
+            update_mask: Some(flashsale_contract::FieldMask {
+                paths: vec!["sale_start".into()],
+            }),
+        }))
+        .await
+        .unwrap();
+    sleep_until(opening).await;
+    // Both replicas sell from the new opening: their memory of the old one is gone.
+    for (name, client) in [("one", &mut one), ("two", &mut two)] {
+        let mut sold = false;
+        for i in 0..100 {
+            match client
+                .create_order(as_user(
+                    &format!("{name}-late-{i}"),
+                    create_req("r", "MOVED-1", 1),
+                ))
+                .await
+            {
+                Ok(_) => {
+                    sold = true;
+                    break;
+                }
+                // Until the event reaches the replica, its memory refuses by the old opening.
+                Err(e) => assert_eq!(reason(&e), "SALE_NOT_STARTED", "{name}: {e:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(sold, "{name} never sold after the new opening");
     }
 }

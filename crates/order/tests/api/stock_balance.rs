@@ -75,6 +75,13 @@ impl ProductStockService for Replica {
         Err(Status::unimplemented("not in this test"))
     }
 
+    async fn update_product(
+        &self,
+        _: Request<pb::UpdateProductRequest>,
+    ) -> Result<Response<pb::UpdateProductResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+
     async fn list_products(
         &self,
         _: Request<pb::ListProductsRequest>,

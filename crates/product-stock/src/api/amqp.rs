@@ -30,6 +30,18 @@ pub fn stock_events_topology(config: &AmqpConfig) -> QueueTopology {
     QueueTopology::new(config, STOCK_EVENTS_QUEUE, &["stock.adjusted"])
 }
 
+/// The event every replica hears (a broadcast subscription of its own) to forget the terms it
+/// cached of a product.
+pub const PRODUCT_UPDATED: &str = flashsale_messaging::envelope::keys::PRODUCT_UPDATED;
+
+/// The product a `product.updated` names.
+pub fn updated_sku(env: &flashsale_proto::events::v1::Envelope) -> Option<&str> {
+    match &env.payload {
+        Some(Payload::ProductUpdated(ev)) => Some(&ev.sku),
+        _ => None,
+    }
+}
+
 fn classify(e: StockError) -> HandlerError {
     match e {
         StockError::Invalid(v) => HandlerError::permanent(anyhow::anyhow!("invalid event: {v:?}")),

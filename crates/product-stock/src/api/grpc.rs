@@ -17,6 +17,7 @@ use flashsale_proto::product::v1::{
     GetGateBuyersResponse, GetProductRequest, GetProductResponse, ListProductsRequest,
     ListProductsResponse, ReconcileStockRequest, ReconcileStockResponse, ReserveStockBatchRequest,
     ReserveStockBatchResponse, ReserveStockOutcome, ReserveStockRequest, ReserveStockResponse,
+    UpdateProductRequest, UpdateProductResponse,
     product_stock_service_server::ProductStockService,
 };
 use tonic::{Request, Response, Status};
@@ -25,7 +26,7 @@ use crate::{
     app::{Catalog, CommitBatcher, DriftReport, Reconciler, Reservations},
     domain::{
         Adjustment, DeductionPolicy, GateBuyers, Product, ProductDraft, Refusal, ReservationState,
-        ReserveRequest, Sale, Sku, StockError, parse_order_id,
+        ProductUpdate, ReserveRequest, Sale, Sku, StockError, UpdateValues, etag_of, parse_order_id,
     },
 };
 
@@ -95,6 +96,7 @@ fn product_to_proto((p, gate): (Product, Option<i64>)) -> pb::Product {
         sale_start: p.sale.start_ms.and_then(ms_to_timestamp),
         sale_end: p.sale.end_ms.and_then(ms_to_timestamp),
         sale_price_cents: p.sale.price_cents,
+        etag: etag_of(p.version),
     }
 }
 
@@ -183,6 +185,14 @@ impl From<StockError> for ApiError {
             StockError::WriteOffAboveFree(_) => {
                 ApiError::failed_precondition(Refusal::InsufficientStock.reason(), message)
             }
+            StockError::EtagMismatch { .. } => ApiError::Aborted {
+                reason: flashsale_contract::reason::ETAG_MISMATCH,
+                message,
+            },
+            StockError::SaleInProgress => ApiError::failed_precondition(
+                flashsale_contract::reason::SALE_IN_PROGRESS,
+                message,
+            ),
             StockError::IdempotencyKeyReused(_) => ApiError::failed_precondition(
                 flashsale_contract::reason::IDEMPOTENCY_KEY_REUSED,
                 message,
@@ -231,6 +241,32 @@ impl ProductStockService for ProductStockApi {
         let view = self.catalog.create_product(draft).await.map_err(status)?;
         Ok(Response::new(CreateProductResponse {
             product: Some(product_to_proto(view)),
+        }))
+    }
+
+    async fn update_product(
+        &self,
+        req: Request<UpdateProductRequest>,
+    ) -> Result<Response<UpdateProductResponse>, Status> {
+        authorize(&req, ADMIN)?;
+        let r = req.into_inner();
+        let p = r.product.unwrap_or_default();
+        let (sale, unreadable) =
+            sale_of(p.sale_start.as_ref(), p.sale_end.as_ref(), p.sale_price_cents);
+        let values = UpdateValues {
+            name: p.name,
+            price_cents: p.price_cents,
+            per_user_limit: p.per_user_limit,
+            sale,
+            unreadable,
+        };
+        let paths = r.update_mask.map(|m| m.paths).unwrap_or_default();
+        let update = ProductUpdate::new(&r.request_id, &p.sku, &p.etag, &paths, values)
+            .map_err(status)?;
+        let (view, replayed) = self.catalog.update_product(update).await.map_err(status)?;
+        Ok(Response::new(UpdateProductResponse {
+            product: Some(product_to_proto(view)),
+            replayed,
         }))
     }
 

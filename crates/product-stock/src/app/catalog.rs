@@ -3,12 +3,12 @@
 use flashsale_contract::MAX_UNITS;
 use flashsale_messaging::{envelope, outbox};
 use flashsale_platform::failpoint::Failpoints;
-use flashsale_proto::events::v1::{StockAdjusted, envelope::Payload};
+use flashsale_proto::events::v1::{ProductUpdated, StockAdjusted, envelope::Payload};
 use sea_orm::{DatabaseConnection, TransactionTrait as _};
 
 use super::{PRODUCER, Reservations, failpoint, gate_err};
 use crate::{
-    domain::{Adjustment, Product, ProductDraft, Sku, StockError},
+    domain::{Adjustment, Product, ProductDraft, ProductUpdate, Sku, StockError, etag_of},
     infra::{
         db,
         gate::{NOT_LOADED_GENERATION, RedisGate, WriteOffOutcome},
@@ -101,6 +101,71 @@ impl Catalog {
         }
         txn.commit().await?;
         Ok(())
+    }
+
+    /// Changes a product's terms (UpdateProduct): `(product, replayed)`. In one transaction,
+    /// under the product row's lock: the etag check, the rules of
+    /// [`ProductUpdate::apply`], the new terms, the request id and a `product.updated` event;
+    /// then this replica forgets its copy of the terms (the others when the event reaches them).
+    #[tracing::instrument(target = "flashsale::log_scope", skip_all, fields(sku = %u.sku))]
+    pub async fn update_product(&self, u: ProductUpdate) -> Result<(ProductView, bool), StockError> {
+        let digest = u.digest();
+        let txn = self.db.begin().await?;
+        if let Some(first) = db::product_update(&txn, &u.request_id).await? {
+            txn.commit().await?;
+            return self.replayed_update(&u, &digest, first).await;
+        }
+        let current = db::product_for_update(&txn, &u.sku)
+            .await?
+            .ok_or_else(|| StockError::UnknownProduct(u.sku.to_string()))?;
+        if let Some(etag) = u.etag
+            && etag != current.version
+        {
+            return Err(StockError::EtagMismatch {
+                given: etag_of(etag),
+                current: etag_of(current.version),
+            });
+        }
+        let terms = u.apply(&current, chrono::Utc::now().timestamp_millis())?;
+        let version = db::update_terms(&txn, &u.sku, &terms).await?;
+        if !db::insert_product_update(&txn, &u.request_id, &u.sku, &digest, version).await? {
+            // A concurrent twin with the same request id committed first.
+            drop(txn);
+            let first = db::product_update(&self.db, &u.request_id)
+                .await?
+                .ok_or_else(|| StockError::Internal(anyhow::anyhow!("update twin vanished")))?;
+            return self.replayed_update(&u, &digest, first).await;
+        }
+        let event = ProductUpdated {
+            sku: u.sku.to_string(),
+            etag: etag_of(version),
+            fields: u.fields().into_iter().map(str::to_owned).collect(),
+        };
+        let env = envelope::new(
+            Payload::ProductUpdated(event),
+            u.sku.as_str(),
+            "",
+            PRODUCER,
+        );
+        outbox::enqueue(&txn, &env).await?;
+        txn.commit().await?;
+        self.reservations.forget_terms(u.sku.as_str()).await;
+        tracing::info!(fields = ?u.fields(), version, "product terms updated");
+        Ok((self.get_product(&u.sku).await?, false))
+    }
+
+    /// The answer to a request id used before: the product as it is now, if the request is
+    /// the same.
+    async fn replayed_update(
+        &self,
+        u: &ProductUpdate,
+        digest: &str,
+        (sku, first): (String, String),
+    ) -> Result<(ProductView, bool), StockError> {
+        if sku != u.sku.as_str() || first != digest {
+            return Err(StockError::IdempotencyKeyReused("request_id"));
+        }
+        Ok((self.get_product(&u.sku).await?, true))
     }
 
     /// One product with its figures.

@@ -60,6 +60,11 @@ impl Reservations {
         }
     }
 
+    /// `sku`'s terms changed: this replica reads them again for its next reservation.
+    pub async fn forget_terms(&self, sku: &str) {
+        self.terms.forget(sku).await;
+    }
+
     /// Most units one reservation may take.
     pub fn max_quantity(&self) -> i64 {
         self.max_quantity

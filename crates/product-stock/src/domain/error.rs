@@ -31,6 +31,12 @@ pub enum StockError {
     WriteOffAboveFree(i64),
     #[error("{0} was used before with a different payload")]
     IdempotencyKeyReused(&'static str),
+    /// UpdateProduct for a version of the product that is no longer its own.
+    #[error("the product changed since etag {given} was read (it is {current} now): read it again")]
+    EtagMismatch { given: String, current: String },
+    /// UpdateProduct moving the start of a sale that has opened and not ended.
+    #[error("the sale has opened: its sale_start cannot change (close it with sale_end, and give it a new window once it has ended)")]
+    SaleInProgress,
     #[error("the reservation of order {0} was released")]
     ReservationReleased(uuid::Uuid),
     #[error("the stock gate is unavailable: {0}")]

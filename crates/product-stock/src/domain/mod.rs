@@ -5,10 +5,12 @@
 mod buyers;
 mod error;
 mod sale;
+mod update;
 
 pub use buyers::{GateBuyers, REFILLS_MAX_LEN, check_known_refills};
 pub use error::StockError;
 pub use sale::{MAX_SALE_MS, Sale};
+pub use update::{NewTerms, ProductUpdate, UPDATABLE, UpdateValues, etag_of};
 /// When on_hand is deducted; its database, event and API names are the contract's.
 pub use flashsale_contract::Policy as DeductionPolicy;
 /// Why the gate refused a reservation; its reasons are the contract's.
@@ -171,6 +173,8 @@ pub struct Product {
     pub stock_buckets: u32,
     /// When it is on sale, and at what price.
     pub sale: Sale,
+    /// The version of its terms, bumped by every UpdateProduct (its etag).
+    pub version: i64,
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }

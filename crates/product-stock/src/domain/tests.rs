@@ -73,6 +73,7 @@ fn gate_target_follows_the_policy() {
         reserved: 3,
         stock_buckets: 1,
         sale: Sale::default(),
+        version: 1,
         created_at: now,
         updated_at: now,
     };

@@ -9,7 +9,7 @@ use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement, Value};
 use uuid::Uuid;
 
 use crate::domain::{
-    Adjustment, DeductionPolicy, Product, ProductDraft, ProductTerms, Reservation,
+    Adjustment, DeductionPolicy, NewTerms, Product, ProductDraft, ProductTerms, Reservation,
     ReservationState, Sale, Sku, StockError,
 };
 
@@ -30,6 +30,7 @@ struct ProductRow {
     sale_start: Option<chrono::DateTime<chrono::Utc>>,
     sale_end: Option<chrono::DateTime<chrono::Utc>>,
     sale_price_cents: Option<i64>,
+    version: i64,
     created_at: chrono::DateTime<chrono::Utc>,
     updated_at: chrono::DateTime<chrono::Utc>,
 }
@@ -56,6 +57,7 @@ impl TryFrom<ProductRow> for Product {
                 end_ms: r.sale_end.map(|t| t.timestamp_millis()),
                 price_cents: r.sale_price_cents,
             },
+            version: r.version,
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
@@ -70,7 +72,7 @@ fn corrupt(what: &str, value: &str) -> StockError {
 
 const PRODUCT_SELECT: &str = "SELECT p.sku, p.name, p.price_cents, p.per_user_limit, p.deduction_policy, \
      s.on_hand, s.reserved, p.stock_buckets, p.sale_start, p.sale_end, p.sale_price_cents, \
-     p.created_at, s.updated_at FROM products p JOIN stock s USING (sku)";
+     p.version, p.created_at, s.updated_at FROM products p JOIN stock s USING (sku)";
 
 fn is_unique_violation(e: &sea_orm::DbErr) -> bool {
     matches!(
@@ -130,6 +132,90 @@ pub async fn product<C: ConnectionTrait>(
         .one(c)
         .await?;
     row.map(Product::try_from).transpose()
+}
+
+/// One product with its stock, its `products` row locked until the transaction ends (an
+/// UpdateProduct's; the saga's stock row locks are not taken).
+pub async fn product_for_update<C: ConnectionTrait>(
+    c: &C,
+    sku: &Sku,
+) -> Result<Option<Product>, StockError> {
+    let sql = format!("{PRODUCT_SELECT} WHERE p.sku = $1 FOR UPDATE OF p");
+    let row = ProductRow::find_by_statement(stmt(&sql, [sku.as_str().into()]))
+        .one(c)
+        .await?;
+    row.map(Product::try_from).transpose()
+}
+
+/// Writes a product's new terms and bumps its version; the version now.
+pub async fn update_terms<C: ConnectionTrait>(
+    c: &C,
+    sku: &Sku,
+    t: &NewTerms,
+) -> Result<i64, StockError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        version: i64,
+    }
+    Row::find_by_statement(stmt(
+        "UPDATE products SET name = $2, price_cents = $3, per_user_limit = $4, sale_start = $5, \
+         sale_end = $6, sale_price_cents = $7, version = version + 1 WHERE sku = $1 RETURNING version",
+        [
+            sku.as_str().into(),
+            t.name.clone().into(),
+            t.price_cents.into(),
+            i64::from(t.per_user_limit).into(),
+            instant(t.sale.start_ms),
+            instant(t.sale.end_ms),
+            t.sale.price_cents.into(),
+        ],
+    ))
+    .one(c)
+    .await?
+    .map(|r| r.version)
+    .ok_or_else(|| StockError::UnknownProduct(sku.to_string()))
+}
+
+/// The update applied under `request_id` before: its product and digest.
+pub async fn product_update<C: ConnectionTrait>(
+    c: &C,
+    request_id: &str,
+) -> Result<Option<(String, String)>, StockError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        sku: String,
+        digest: String,
+    }
+    Ok(Row::find_by_statement(stmt(
+        "SELECT sku, digest FROM product_updates WHERE request_id = $1",
+        [request_id.into()],
+    ))
+    .one(c)
+    .await?
+    .map(|r| (r.sku, r.digest)))
+}
+
+/// Records an applied update; `false` when its request id was recorded meanwhile.
+pub async fn insert_product_update<C: ConnectionTrait>(
+    c: &C,
+    request_id: &str,
+    sku: &Sku,
+    digest: &str,
+    version: i64,
+) -> Result<bool, StockError> {
+    let done = c
+        .execute_raw(stmt(
+            "INSERT INTO product_updates (request_id, sku, digest, version) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (request_id) DO NOTHING",
+            [
+                request_id.into(),
+                sku.as_str().into(),
+                digest.into(),
+                version.into(),
+            ],
+        ))
+        .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Up to `limit` products with a sku greater than `after`, by sku.

@@ -5,6 +5,7 @@ use sea_orm_migration::{MigrationTrait, MigratorTrait, async_trait::async_trait}
 mod m0001_stock;
 mod m0002_stock_buckets;
 mod m0003_sale_window;
+mod m0004_product_updates;
 
 pub struct Migrator;
 
@@ -19,6 +20,7 @@ impl MigratorTrait for Migrator {
             Box::new(flashsale_messaging::migration::AddCorrelation),
             Box::new(flashsale_messaging::migration::AddDeadLetterCorrelation),
             Box::new(m0003_sale_window::Migration),
+            Box::new(m0004_product_updates::Migration),
         ]
     }
 }

@@ -240,6 +240,21 @@ impl TestApp {
         ProductStockServiceClient::new(channel(self.grpc_port).await.unwrap())
     }
 
+    /// Another replica of this service (same database, Redis keys and queues; its own ports):
+    /// its gRPC port, and what stops it.
+    pub async fn spawn_replica(&self) -> (u16, Shutdown) {
+        let app = flashsale_product_stock::startup::build_with_orders(
+            self.settings.clone(),
+            Failpoints::default(),
+            self.orders.clone(),
+        )
+        .await
+        .expect("build replica");
+        let (port, stop) = (app.grpc_port(), app.shutdown());
+        tokio::spawn(app.run_until_stopped());
+        (port, stop)
+    }
+
     pub async fn create(
         &self,
         sku: &str,

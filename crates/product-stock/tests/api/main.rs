@@ -24,4 +24,5 @@ mod reserve;
 mod saga;
 mod saga_batch;
 mod sale;
+mod update;
 mod write_off;
