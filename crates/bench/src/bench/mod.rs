@@ -76,6 +76,9 @@ pub enum Mode {
     /// The platform's product sold out, then a flood that is all refused, with the servers'
     /// work counters read around it (PostgreSQL transactions and tuples, Redis commands).
     Refusals,
+    /// A flood that starts 5 s before the product's sale opens and is all refused
+    /// SALE_NOT_STARTED, its counters read as the refusals mode reads them: opt-in.
+    RefusalsBeforeOpening,
     /// The platform under a fixed arrival rate (open loop), for each of --open-loop-rates.
     OpenLoopPlatform,
     /// The naive design under a fixed arrival rate (open loop): the best of a naive-sweep run
@@ -349,7 +352,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let admin = args
         .secret
         .mint("bench", Role::Admin, Duration::from_secs(3600))?;
-    let sources = if args.modes.contains(&Mode::Refusals) {
+    let sources = if args.modes.contains(&Mode::Refusals)
+        || args.modes.contains(&Mode::RefusalsBeforeOpening)
+    {
         Some(counters::Sources::connect(&args.postgres_url, &args.stats_db, &args.redis_url).await?)
     } else {
         // The database work per order is counted wherever the servers can be read.
@@ -606,6 +611,35 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     )
                     .await,
                 );
+                refused_stretch = Some(r);
+                (m, None, checks)
+            }
+            Mode::RefusalsBeforeOpening => {
+                let Some(sources) = &sources else {
+                    anyhow::bail!("the refusals-before-opening mode has no counters to read");
+                };
+                let target = refusals::Target {
+                    product_stock_url: &args.product_stock_url,
+                    order_urls: &args.order_url,
+                    stock_buckets: args.stock_buckets.unwrap_or(0),
+                    secret: &args.secret,
+                    follow_db: None,
+                    services: &services,
+                    sources,
+                };
+                let (m, r) = refusals::run_before_opening(target, &load, &sku).await?;
+                let reasons: Vec<&String> = m.refused.keys().collect();
+                let checks = vec![
+                    invariants::no_errors(&m),
+                    invariants::Check {
+                        name: "nothing is sold before the opening",
+                        pass: m.accepted == 0 && reasons == ["SALE_NOT_STARTED"],
+                        detail: format!(
+                            "{} accepted of {} calls; refused {:?}",
+                            m.accepted, m.requests, m.refused
+                        ),
+                    },
+                ];
                 refused_stretch = Some(r);
                 (m, None, checks)
             }

@@ -11,7 +11,13 @@ use std::{
 };
 
 use flashsale_platform::auth::Role;
-use flashsale_proto::order::v1::order_service_client::OrderServiceClient;
+use flashsale_proto::{
+    order::v1::order_service_client::OrderServiceClient,
+    product::v1::{
+        CreateProductRequest, DeductionPolicy,
+        product_stock_service_client::ProductStockServiceClient,
+    },
+};
 use serde_json::{Value, json};
 
 use super::{
@@ -22,15 +28,24 @@ use super::{
     saga::Saga,
 };
 use crate::{
-    client::{Secret, connect, place_order},
+    client::{Secret, authorized, connect, place_order, status_error},
     procstat::{self, ServicePid},
 };
 
 /// Units of the product sold out before the stretch.
 pub const SELL_OUT_STOCK: usize = 200;
 
+/// How long before its sale opens the flood of the refusals-before-opening mode starts.
+pub const BEFORE_OPENING: Duration = Duration::from_secs(5);
+/// The stretch ends this long before the opening: nearer to it, the order service lets the
+/// gate decide (docs/architecture.md#sale-windows).
+const STOP_BEFORE_OPENING: Duration = Duration::from_millis(500);
+
 /// The servers' counters around the stretch.
 pub struct Refusals {
+    /// What the product was refused for: `"sold out"`, or `"before the opening"` (the
+    /// refusals-before-opening mode, which sells nothing first).
+    pub stretch: &'static str,
     /// What the sell-out before the stretch did (its own measurement and saga).
     pub sell_out_accepted: usize,
     pub sell_out_saga: Saga,
@@ -47,6 +62,7 @@ pub struct Refusals {
 impl Refusals {
     pub fn to_json(&self) -> Value {
         json!({
+            "stretch": self.stretch,
             "sell_out_units": SELL_OUT_STOCK,
             "sell_out_accepted": self.sell_out_accepted,
             "sell_out_saga": self.sell_out_saga.to_json(),
@@ -63,10 +79,11 @@ impl Refusals {
     pub fn text(&self) -> String {
         let per = |name: &str| self.net.get(name) as f64 / self.refused.max(1) as f64;
         format!(
-            "{} refused; per refused request, beyond the background: {:.4} PostgreSQL transactions \
+            "{} refused ({}); per refused request, beyond the background: {:.4} PostgreSQL transactions \
              ({} committed, {} rolled back in all), {:.4} tuples written, {:.4} Redis commands \
              (during {} vs background {} commands over {:.1} s each)",
             self.refused,
+            self.stretch,
             per("pg.xact_commit") + per("pg.xact_rollback"),
             self.net.get("pg.xact_commit"),
             self.net.get("pg.xact_rollback"),
@@ -108,7 +125,7 @@ pub async fn run(t: Target<'_>, load: &Load, sku: &str) -> anyhow::Result<(Measu
         sku,
         1,
         false,
-        t.follow_db,
+        t.follow_db.clone(),
     )
     .await?;
     anyhow::ensure!(
@@ -121,6 +138,81 @@ pub async fn run(t: Target<'_>, load: &Load, sku: &str) -> anyhow::Result<(Measu
     procstat::wait_idle(t.services, Duration::from_secs(60)).await;
     tokio::time::sleep(PG_STATS_SETTLE).await;
 
+    let (m, r) = stretch(
+        &t,
+        load,
+        sku,
+        "refusals (CreateOrder, sold out)",
+        load.deadline,
+    )
+    .await?;
+    Ok((
+        m,
+        Refusals {
+            stretch: "sold out",
+            sell_out_accepted: sold.accepted,
+            sell_out_saga,
+            ..r
+        },
+    ))
+}
+
+/// Creates `sku` ([`SELL_OUT_STOCK`] units) with its sale opening [`BEFORE_OPENING`] from now,
+/// then sends `load.requests` calls from `load.buyers` buyers until shortly before the opening,
+/// and reads the counters around them: what a refusal `SALE_NOT_STARTED` costs.
+pub async fn run_before_opening(
+    t: Target<'_>,
+    load: &Load,
+    sku: &str,
+) -> anyhow::Result<(Measurement, Refusals)> {
+    let admin = t
+        .secret
+        .mint("bench", Role::Admin, Duration::from_secs(3600))?;
+    let opening = chrono::Utc::now() + BEFORE_OPENING;
+    let create = CreateProductRequest {
+        sku: sku.into(),
+        name: "bench: before the opening".into(),
+        price_cents: 1999,
+        initial_stock: i64::try_from(SELL_OUT_STOCK).unwrap_or(i64::MAX),
+        per_user_limit: 1,
+        deduction_policy: DeductionPolicy::ReserveThenCommit as i32,
+        stock_buckets: t.stock_buckets,
+        sale_start: Some(flashsale_contract::to_timestamp(opening)),
+        ..Default::default()
+    };
+    ProductStockServiceClient::new(connect(t.product_stock_url, Duration::from_secs(10)).await?)
+        .create_product(authorized(create, &admin)?)
+        .await
+        .map_err(status_error)?;
+    let left = (opening - chrono::Utc::now())
+        .to_std()
+        .unwrap_or_default()
+        .saturating_sub(STOP_BEFORE_OPENING);
+    let (m, r) = stretch(
+        &t,
+        load,
+        sku,
+        "refusals (CreateOrder, before the opening)",
+        load.deadline.min(left),
+    )
+    .await?;
+    Ok((
+        m,
+        Refusals {
+            stretch: "before the opening",
+            ..r
+        },
+    ))
+}
+
+/// The refused stretch itself and the quiet one after it.
+async fn stretch(
+    t: &Target<'_>,
+    load: &Load,
+    sku: &str,
+    name: &str,
+    deadline: Duration,
+) -> anyhow::Result<(Measurement, Refusals)> {
     let tokens: Vec<String> = (0..load.buyers.max(1))
         .map(|b| {
             t.secret
@@ -138,22 +230,16 @@ pub async fn run(t: Target<'_>, load: &Load, sku: &str) -> anyhow::Result<(Measu
     let before = t.sources.read().await?;
     let started = Instant::now();
     let sku_owned = sku.to_owned();
-    let m = drive(
-        "refusals (CreateOrder, sold out)",
-        load.requests,
-        load.concurrency,
-        load.deadline,
-        move |i| {
-            let mut c = channels[i % channels.len()].clone();
-            let (tokens, sku) = (tokens.clone(), sku_owned.clone());
-            async move {
-                let request_id = format!("{sku}-late-{i}");
-                place_order(&mut c, &tokens[i % tokens.len()], sku, request_id)
-                    .await
-                    .into()
-            }
-        },
-    )
+    let m = drive(name, load.requests, load.concurrency, deadline, move |i| {
+        let mut c = channels[i % channels.len()].clone();
+        let (tokens, sku) = (tokens.clone(), sku_owned.clone());
+        async move {
+            let request_id = format!("{sku}-late-{i}");
+            place_order(&mut c, &tokens[i % tokens.len()], sku, request_id)
+                .await
+                .into()
+        }
+    })
     .await?;
     tokio::time::sleep(PG_STATS_SETTLE).await;
     let after = t.sources.read().await?;
@@ -172,8 +258,9 @@ pub async fn run(t: Target<'_>, load: &Load, sku: &str) -> anyhow::Result<(Measu
     Ok((
         m,
         Refusals {
-            sell_out_accepted: sold.accepted,
-            sell_out_saga,
+            stretch: "",
+            sell_out_accepted: 0,
+            sell_out_saga: Saga::default(),
             refused,
             during,
             background,

@@ -24,6 +24,7 @@ pub fn order_key(name: &str) -> (usize, String) {
         "big-sale",
         "ticketing",
         "refusals",
+        "refusals-before-opening",
         "open-loop",
         "sustained",
     ];
@@ -755,9 +756,14 @@ fn refusals(md: &mut String, modes: &[Value]) {
         if !r.is_object() {
             continue;
         }
+        let on = if r["stretch"] == "before the opening" {
+            "`SALE_NOT_STARTED` in the 5 s before a product's sale opened"
+        } else {
+            "on a sold-out product"
+        };
         let _ = writeln!(
             md,
-            "Refusal-only stretch: {} requests refused on a sold-out product, the servers' \
+            "Refusal-only stretch: {} requests refused {on}, the servers' \
              counters read around it and around an equally long quiet stretch ({} s each):\n",
             num(&r["refused"], 0),
             num(&r["window_s"], 1)

@@ -401,6 +401,62 @@ async fn the_refusals_mode_reads_the_servers_counters_around_a_sold_out_flood() 
     assert!(r["meta"]["machine"]["memory_mib"].is_u64(), "{}", r["meta"]);
 }
 
+#[tokio::test]
+async fn the_refusals_before_opening_mode_reads_the_counters_around_a_flood_before_the_sale() {
+    let stack = FullStack::spawn(|_| {}).await;
+    let mut cmd = command(&[
+        "bench",
+        "--scenario",
+        "flood",
+        "--modes",
+        "refusals-before-opening",
+        "--requests",
+        "300",
+        "--buyers",
+        "100",
+        "--concurrency",
+        "8",
+        "--max-seconds-per-mode",
+        "60",
+        "--max-idle-wait-secs",
+        "0",
+        "--orders-db-url",
+        &stack.order_db_url,
+        "--postgres-url",
+        &flashsale_test_support::postgres_server_url(),
+        "--redis-url",
+        &flashsale_test_support::redis_url(),
+        "--json",
+    ]);
+    cmd.env("FLASHSALE_PRODUCT_STOCK_URL", &stack.stock_url)
+        .env("FLASHSALE_ORDER_URL", &stack.order_url);
+    let run = output(cmd).await;
+    let r = run.json();
+    assert_eq!(r["passed"], true, "{r}");
+    let mode = &r["modes"][0];
+    assert_eq!(mode["accepted"], 0, "{mode}");
+    assert_eq!(mode["refused"]["SALE_NOT_STARTED"], 300, "{mode}");
+    let refusals = &mode["refusals"];
+    assert_eq!(refusals["stretch"], "before the opening", "{refusals}");
+    assert_eq!(refusals["refused"], 300, "{refusals}");
+    for counter in ["pg.xact_commit", "redis.calls"] {
+        assert!(
+            refusals["net_per_refused"][counter].is_f64(),
+            "{counter}: {refusals}"
+        );
+    }
+    let names: Vec<&Value> = mode["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["name"])
+        .collect();
+    assert!(
+        names.contains(&&Value::from("nothing is sold before the opening")),
+        "{mode}"
+    );
+}
+
 /// The naive modes on `db` for 5 buyers × 8 requests and 10 units (per-user limit 1).
 fn naive_args(db: &str) -> Vec<String> {
     let pg = flashsale_test_support::postgres_server_url();
