@@ -1,10 +1,12 @@
-//! `flashsale product create|update|get|list|restock|reconcile` against product-stock. Commands mint
+//! `flashsale product create|update|get|list|restock|reconcile` against product-stock, and
+//! `flashsale product report` against the order service. Commands mint
 //! an admin token from the shared secret unless `--token` is given; answers print as JSON.
 
 use std::{process::ExitCode, time::Duration};
 
 use clap::{Subcommand, ValueEnum};
 use flashsale_platform::auth::Role;
+use flashsale_proto::order::v1::{GetSaleReportRequest, order_service_client::OrderServiceClient};
 use flashsale_proto::product::v1::{
     AdjustStockRequest, CreateProductRequest, DeductionPolicy, GetProductRequest,
     ListProductsRequest, Product, ReconcileStockRequest, UpdateProductRequest,
@@ -114,6 +116,20 @@ enum Command {
     },
     /// Show one product with its database and gate figures.
     Get { sku: String },
+    /// The sale report of one product (GetSaleReport, asked of the order service): units,
+    /// orders accepted, confirmed, paid, shipped and cancelled by reason, refunds, revenue at
+    /// the accepted prices, refusals by reason, the time from the opening to sold out, and
+    /// each second's accepted and refused calls.
+    Report {
+        sku: String,
+        /// The order service's gRPC endpoint.
+        #[arg(
+            long,
+            env = "FLASHSALE_ORDER_URL",
+            default_value = "http://127.0.0.1:50052"
+        )]
+        order_url: String,
+    },
     /// List products by sku (every page unless --page-size is given).
     List {
         #[arg(long)]
@@ -170,6 +186,20 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             .secret
             .mint("cli", Role::Admin, Duration::from_secs(600))?,
     };
+    if let Command::Report { sku, order_url } = &args.command {
+        let mut orders =
+            OrderServiceClient::new(connect(order_url, Duration::from_secs(10)).await?);
+        let req = GetSaleReportRequest { sku: sku.clone() };
+        let resp = orders
+            .get_sale_report(authorized(req, &token)?)
+            .await
+            .map_err(status_error)?;
+        print(
+            &resp.into_inner(),
+            "flashsale.order.v1.GetSaleReportResponse",
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut client =
         ProductStockServiceClient::new(connect(&args.url, Duration::from_secs(10)).await?);
     match args.command {
@@ -270,6 +300,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "flashsale.product.v1.UpdateProductResponse",
             )?;
         }
+        // Answered above, by the order service.
+        Command::Report { .. } => {}
         Command::Get { sku } => {
             let resp = client
                 .get_product(authorized(GetProductRequest { sku }, &token)?)

@@ -29,7 +29,9 @@ use crate::{
         grpc::{EdgeLimits, OrderApi},
         payment::PaymentNotifications,
     },
-    app::{Admission, Checkout, Intake, Payments, Queries, Reconciler, Refunds, Saga, Stuck},
+    app::{
+        Admission, Checkout, Intake, Payments, Queries, Reconciler, Refunds, Reports, Saga, Stuck,
+    },
     config::Settings,
     domain::PaymentProvider,
     infra::{changes::OrderChanges, payment::GrpcPaymentProvider, stock::GrpcStock},
@@ -80,9 +82,11 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     );
     let changes = OrderChanges::new();
     let admission = Admission::new(f.db.clone(), &settings.admission);
+    let stock: Arc<GrpcStock> = Arc::new(stock);
+    let reports = Reports::new(f.db.clone(), stock.clone());
     let intake = Intake::new(
         f.db.clone(),
-        Arc::new(stock),
+        stock,
         &settings.saga,
         admission.clone(),
         failpoints.clone(),
@@ -144,6 +148,12 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     f.runner.spawn(admission.run(shutdown.clone()));
     f.runner.spawn(refunds.clone().run(shutdown.clone()));
     f.runner.spawn(reconciler.run(shutdown.clone()));
+    f.runner.spawn(
+        intake
+            .refusals()
+            .clone()
+            .run(f.db.clone(), shutdown.clone()),
+    );
     // Every replica hears when units of a product come back, and stops refusing it from memory;
     // and when its terms change, and forgets what it knew of its sale window.
     let (forget, reset) = (intake.sold_out().clone(), intake.sold_out().clone());
@@ -179,7 +189,7 @@ pub async fn build_with(settings: Settings, failpoints: Failpoints) -> anyhow::R
     let routes = ServerRoutes::new()
         .with_service(InterceptedService::new(
             OrderServiceServer::new(OrderApi::new(
-                intake, checkout, queries, stuck, refunds, limits,
+                intake, checkout, queries, stuck, refunds, reports, limits,
             ))
             .max_decoding_message_size(max)
             .max_encoding_message_size(max),

@@ -557,6 +557,7 @@ pub async fn batched_insert(
                             place,
                             unit_price_cents: 1999,
                             policy: order::Policy::ReserveThenCommit,
+                            accepted_at: None,
                         }),
                         Err(e) => return Outcome::Error(e.to_string()),
                     }

@@ -12,9 +12,9 @@ use flashsale_proto::{
     order::v1::{CancelOrderRequest, order_service_client::OrderServiceClient},
     product::v1::{
         AdjustStockRequest, CommitReservationRequest, CreateProductRequest, DeductionPolicy,
-        GetGateBuyersRequest, GetProductRequest, ListProductsRequest, ReconcileStockRequest,
-        ReservationStatus, ReserveStockBatchRequest, ReserveStockRequest,
-        product_stock_service_client::ProductStockServiceClient,
+        GetGateBuyersRequest, GetProductRequest, ListProductsRequest, Product,
+        ReconcileStockRequest, ReservationStatus, ReserveStockBatchRequest, ReserveStockRequest,
+        UpdateProductRequest, product_stock_service_client::ProductStockServiceClient,
     },
 };
 use tonic::{Code, transport::Channel};
@@ -113,6 +113,7 @@ pub(super) async fn run(cx: &Ctx, url: &str, report: &mut Report) -> anyhow::Res
     let (admin, buyer, service) = (cx.admin()?, cx.user("buyer")?, cx.service()?);
     let sku = cx.sku("stock");
     let one_left = cx.sku("last-unit");
+    let later = cx.sku("opens-later");
     let get = |sku: &str| GetProductRequest {
         sku: sku.to_owned(),
     };
@@ -189,6 +190,130 @@ pub(super) async fn run(cx: &Ctx, url: &str, report: &mut Report) -> anyhow::Res
             Code::AlreadyExists,
             Some(reason::SKU_EXISTS),
         ),
+    );
+
+    // UpdateProduct
+    let rename = |request_id: &str, etag: &str, paths: &[&str]| UpdateProductRequest {
+        request_id: format!("{sku}-{request_id}"),
+        product: Some(Product {
+            sku: sku.clone(),
+            etag: etag.to_owned(),
+            name: "flashsale verify, renamed".to_owned(),
+            ..Product::default()
+        }),
+        update_mask: Some(flashsale_contract::FieldMask {
+            paths: paths.iter().map(|p| (*p).to_owned()).collect(),
+        }),
+    };
+    report.record(
+        "UpdateProduct as a buyer: PERMISSION_DENIED",
+        denied(
+            c.clone()
+                .update_product(with(rename("buyer", "", &["name"]), &buyer))
+                .await,
+        ),
+    );
+    report.record(
+        "UpdateProduct with an empty update_mask: INVALID_ARGUMENT update_mask",
+        bad_field(
+            c.clone()
+                .update_product(with(rename("empty", "", &[]), &admin))
+                .await,
+            "update_mask",
+        ),
+    );
+    report.record(
+        "UpdateProduct of the name, for the etag read, and its replay",
+        async {
+            let p = answered(c.clone().get_product(with(get(&sku), &admin)).await)?
+                .product
+                .context("no product in the answer")?;
+            let first = answered(
+                c.clone()
+                    .update_product(with(rename("name", &p.etag, &["name"]), &admin))
+                    .await,
+            )?;
+            let renamed = first.product.context("no product in the answer")?;
+            ensure!(
+                !first.replayed
+                    && renamed.name == "flashsale verify, renamed"
+                    && renamed.etag != p.etag
+                    && renamed.price_cents == p.price_cents,
+                "answered {renamed:?}"
+            );
+            let again = answered(
+                c.clone()
+                    .update_product(with(rename("name", &p.etag, &["name"]), &admin))
+                    .await,
+            )?;
+            ensure!(again.replayed, "the retry was applied again: {again:?}");
+            refused(
+                c.clone()
+                    .update_product(with(rename("stale", &p.etag, &["name"]), &admin))
+                    .await,
+                Code::Aborted,
+                Some(reason::ETAG_MISMATCH),
+            )
+        }
+        .await,
+    );
+    report.record(
+        "UpdateProduct of an unknown sku: NOT_FOUND",
+        refused(
+            c.clone()
+                .update_product(with(
+                    UpdateProductRequest {
+                        product: Some(Product {
+                            sku: cx.sku("missing"),
+                            name: "flashsale verify".to_owned(),
+                            ..Product::default()
+                        }),
+                        ..rename("missing", "", &["name"])
+                    },
+                    &admin,
+                ))
+                .await,
+            Code::NotFound,
+            None,
+        ),
+    );
+    report.record(
+        "ReserveStock before the product's sale opens: SALE_NOT_STARTED with the opening",
+        async {
+            let start = chrono::Utc::now().timestamp_millis() + 3_600_000;
+            let opens_later = CreateProductRequest {
+                sale_start: flashsale_contract::ms_to_timestamp(start),
+                ..product(&later, 1)
+            };
+            create(&channel, &admin, opens_later).await?;
+            let order_id = uuid::Uuid::new_v4().to_string();
+            let early = ReserveStockRequest {
+                order_id,
+                user_id: cx.user_id("early"),
+                sku: later.clone(),
+                quantity: 1,
+            };
+            let status = match c.clone().reserve_stock(with(early, &service)).await {
+                Ok(r) => anyhow::bail!("reserved before the opening: {:?}", r.into_inner()),
+                Err(s) => s,
+            };
+            ensure!(
+                status.code() == Code::FailedPrecondition
+                    && flashsale_platform::error::reason_of(&status).as_deref()
+                        == Some("SALE_NOT_STARTED"),
+                "answered {status:?}"
+            );
+            let meta = flashsale_platform::error::info_metadata(&status);
+            let opening = meta
+                .get(reason::meta::SALE_START)
+                .and_then(|v| flashsale_contract::parse_rfc3339_ms(v));
+            ensure!(
+                opening == Some(start) && meta.contains_key(reason::meta::GATE_TIME),
+                "metadata {meta:?}"
+            );
+            anyhow::Ok(())
+        }
+        .await,
     );
 
     // GetProduct, ListProducts
@@ -551,7 +676,7 @@ pub(super) async fn run(cx: &Ctx, url: &str, report: &mut Report) -> anyhow::Res
     );
     admin_apis(cx, report, &channel).await?;
 
-    write_off(cx, &channel, &[sku, one_left], Settle::Database).await
+    write_off(cx, &channel, &[sku, one_left, later], Settle::Database).await
 }
 
 /// Places an order for one unit of `sku` through the order service, waits until product-stock

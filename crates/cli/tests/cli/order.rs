@@ -297,3 +297,30 @@ async fn order_refunds_lists_and_retries_refunds_for_an_admin_and_reports_bad_in
         bad.stderr
     );
 }
+
+#[tokio::test]
+async fn product_report_answers_a_sale_s_figures_and_refuses_a_bad_sku() {
+    let stack = Stack::spawn().await;
+    stack.product("ORD-REPORT", 1500, 2).await;
+    for user in ["alice", "bob", "carol"] {
+        // Two win, the third is refused: the report counts both.
+        let _ = stack
+            .order(user, &["create", "--sku", "ORD-REPORT", "--quantity", "1"])
+            .await;
+    }
+    let run = stack.run(&["product", "report", "ORD-REPORT"]).await;
+    assert!(run.ok, "{}", run.stderr);
+    let json: Value = serde_json::from_str(&run.stdout).unwrap();
+    let r = &json["report"];
+    assert_eq!(r["sku"], "ORD-REPORT", "{json}");
+    assert_eq!(
+        (&r["accepted"], &r["priceCents"]),
+        (&Value::from("2"), &Value::from("1500"))
+    );
+    let bad = stack.run(&["product", "report", "not a sku"]).await;
+    assert!(
+        !bad.ok && bad.stderr.contains("InvalidArgument") && bad.stderr.contains("sku"),
+        "{}",
+        bad.stderr
+    );
+}

@@ -18,7 +18,8 @@ use flashsale_proto::order::v1::{
     self as pb, CancelOrderRequest, CancelOrderResponse, CreateOrderRequest, CreateOrderResponse,
     GetOrderRequest, GetOrderResponse, ListOrdersRequest, ListOrdersResponse,
     ListPendingOrdersRequest, ListPendingOrdersResponse, ListRefundsRequest, ListRefundsResponse,
-    ListStuckOrdersRequest, ListStuckOrdersResponse, LookupOrdersRequest, LookupOrdersResponse,
+    GetSaleReportRequest, GetSaleReportResponse, ListStuckOrdersRequest, ListStuckOrdersResponse,
+    LookupOrdersRequest, LookupOrdersResponse,
     PayOrderRequest, PayOrderResponse, RetryRefundRequest, RetryRefundResponse, WatchOrderRequest,
     WatchOrderResponse, order_service_server::OrderService,
 };
@@ -28,7 +29,8 @@ use tonic::{Request, Response, Status};
 use super::payment::{checkout_to_proto, list_refunds, refund_status, retry_refund};
 use crate::{
     app::{
-        Checkout, Intake, PayBatcher, PayCall, Queries, Refunds, Stuck, StuckOrder, pay_batcher, reason_to_proto,
+        Checkout, Intake, PayBatcher, PayCall, Queries, Refunds, Reports, SaleReport, Stuck,
+        StuckOrder, pay_batcher, reason_to_proto,
         status_to_proto,
     },
     config::LimitSettings,
@@ -48,16 +50,19 @@ pub struct OrderApi {
     queries: Queries,
     stuck: Stuck,
     refunds: Refunds,
+    reports: Reports,
     limits: EdgeLimits,
 }
 
 impl OrderApi {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         intake: Intake,
         checkout: Checkout,
         queries: Queries,
         stuck: Stuck,
         refunds: Refunds,
+        reports: Reports,
         limits: EdgeLimits,
     ) -> Self {
         Self {
@@ -67,8 +72,45 @@ impl OrderApi {
             queries,
             stuck,
             refunds,
+            reports,
             limits,
         }
+    }
+}
+
+fn sale_report_to_proto(r: SaleReport) -> pb::SaleReport {
+    let at = |ms: Option<i64>| ms.and_then(flashsale_contract::ms_to_timestamp);
+    let o = r.orders;
+    pb::SaleReport {
+        sku: r.sku,
+        sale_start: at(r.product.sale_start_ms),
+        sale_end: at(r.product.sale_end_ms),
+        price_cents: r.product.price_cents,
+        sale_price_cents: r.product.sale_price_cents,
+        on_hand: r.product.on_hand,
+        reserved: r.product.reserved,
+        available: r.product.available,
+        accepted: o.accepted,
+        accepted_units: o.accepted_units,
+        confirmed: o.confirmed,
+        paid: o.paid,
+        shipped: o.shipped,
+        cancelled: o.cancelled.into_iter().collect(),
+        refunds: o.refunds,
+        refunded_cents: o.refunded_cents,
+        revenue_cents: o.revenue_cents,
+        refused: r.refused.into_iter().collect(),
+        sold_out_time: at(r.sold_out_ms),
+        opening_to_sold_out_ms: r.opening_to_sold_out_ms,
+        seconds: r
+            .seconds
+            .into_iter()
+            .map(|s| pb::SaleSecond {
+                second: at(Some(s.second_ms)),
+                accepted: s.accepted,
+                refused: s.refused.into_iter().collect(),
+            })
+            .collect(),
     }
 }
 
@@ -465,6 +507,20 @@ impl OrderService for OrderApi {
         let orders = self.queries.lookup(&ids).await.map_err(status)?;
         Ok(Response::new(LookupOrdersResponse {
             orders: orders.into_iter().map(order_to_proto).collect(),
+        }))
+    }
+
+    async fn get_sale_report(
+        &self,
+        req: Request<GetSaleReportRequest>,
+    ) -> Result<Response<GetSaleReportResponse>, Status> {
+        authorize(&req, ADMIN)?;
+        let sku = &req.get_ref().sku;
+        flashsale_contract::check_sku(sku)
+            .map_err(|e| status(OrderError::invalid("sku", e.to_string())))?;
+        let report = self.reports.sale(sku).await.map_err(status)?;
+        Ok(Response::new(GetSaleReportResponse {
+            report: Some(sale_report_to_proto(report)),
         }))
     }
 

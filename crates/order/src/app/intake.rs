@@ -20,7 +20,9 @@ pub use writes::{
 };
 use writes::{QueuedWrite, write_queue};
 
-use super::{Admission, GateClock, SaleWindows, SoldOutCache, Verdict, WindowVerdict};
+use super::{
+    Admission, GateClock, RefusalTally, SaleWindows, SoldOutCache, Verdict, WindowVerdict,
+};
 use crate::{
     config::SagaSettings,
     domain::{CancelReason, Order, OrderError, PlaceOrder, Policy, Refusal, Status, order_total},
@@ -47,6 +49,8 @@ pub struct Intake {
     sold_out: SoldOutCache,
     /// Refuses products outside their sale window from memory, by the gate's clock.
     windows: SaleWindows,
+    /// Every refusal, counted per product, second and reason for the sale report.
+    tally: RefusalTally,
     /// Refuses new buyers while the platform's backlog is at its bound (`admission.*`).
     admission: Admission,
     /// Writes accepted orders, many per transaction (one commit for a batch), each on its own
@@ -98,6 +102,7 @@ impl Intake {
             max_quantity: settings.max_quantity,
             sold_out: SoldOutCache::new(Duration::from_millis(settings.sold_out_cache_ms)),
             windows: SaleWindows::new(GateClock::new(failpoints.clone())),
+            tally: RefusalTally::default(),
             admission,
             writes,
             write_deadline: Duration::from_millis(settings.intake_write_deadline_ms),
@@ -135,6 +140,18 @@ impl Intake {
     /// came back; docs/adr/0005-sold-out-memory.md).
     pub fn sold_out(&self) -> &SoldOutCache {
         &self.sold_out
+    }
+
+    /// The refusals counted for the sale report (written by [`RefusalTally::run`]).
+    pub fn refusals(&self) -> &RefusalTally {
+        &self.tally
+    }
+
+    /// Counts a refusal of `sku` now, by the gate's clock as this replica knows it.
+    fn count_refusal(&self, sku: &str, reason: &'static str) {
+        let clock = self.windows.clock();
+        let now = clock.gate_now().map_or_else(|| clock.local_ms(), |(g, _)| g);
+        self.tally.count(sku, now, reason);
     }
 
     /// This replica's sale-window memory (forgotten per product when its window may have
@@ -177,12 +194,14 @@ impl Intake {
                 "SALE_NOT_STARTED_CACHED"
             };
             metrics::counter!("flashsale_orders_refused_total", "reason" => reason).increment(1);
+            self.count_refusal(&p.sku, refusal.reason());
             return Err(closed(refusal, at_ms, gate_ms, REMEMBERED));
         }
         if self.sold_out.verdict(&p.sku, &p.user_id) == Verdict::Refuse {
             // Sold out, and this user has no order that this could be a replay of.
             metrics::counter!("flashsale_orders_refused_total", "reason" => "SOLD_OUT_CACHED")
                 .increment(1);
+            self.count_refusal(&p.sku, Refusal::SoldOut.reason());
             return Err(OrderError::Refused(
                 Refusal::SoldOut,
                 SOLD_OUT_REMEMBERED.into(),
@@ -221,6 +240,7 @@ impl Intake {
                 }
                 metrics::counter!("flashsale_orders_refused_total", "reason" => refusal.reason())
                     .increment(1);
+                self.count_refusal(&p.sku, refusal.reason());
                 return Err(OrderError::Closed {
                     refusal,
                     at_ms,
@@ -243,6 +263,7 @@ impl Intake {
                 }
                 metrics::counter!("flashsale_orders_refused_total", "reason" => refusal.reason())
                     .increment(1);
+                self.count_refusal(&p.sku, refusal.reason());
                 return Err(OrderError::Refused(refusal, message));
             }
             Err(OrderError::ReservationReleased(message)) => {
@@ -337,6 +358,7 @@ impl Intake {
                 place: p.clone(),
                 unit_price_cents: g.unit_price_cents,
                 policy: g.policy,
+                accepted_at: g.gate_ms.and_then(chrono::DateTime::from_timestamp_millis),
             },
             deadline,
             trace: flashsale_messaging::outbox::current_trace(),

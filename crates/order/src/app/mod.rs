@@ -28,6 +28,8 @@ mod payments;
 mod queries;
 mod reconcile;
 mod refunds;
+mod report;
+mod refusal_tally;
 mod saga;
 mod saga_batch;
 mod sale_window;
@@ -53,6 +55,8 @@ pub use refunds::{
 pub use saga::Saga;
 pub use saga_batch::{Reserved, ReservedBatcher, reserved_batcher};
 pub use shipped_batch::{Completed, CompletedBatcher, completed_batcher};
+pub use report::{MAX_REPORT_SECONDS, Reports, SaleReport, SaleSecond};
+pub use refusal_tally::{FLUSH_EVERY as REFUSALS_FLUSH_EVERY, RefusalTally};
 pub use sale_window::{CLOCK, GateClock, OPENING_MARGIN, SaleWindows, WindowVerdict};
 pub use sold_out::{Load, SoldOutCache, Verdict};
 pub use stuck::{

@@ -329,6 +329,188 @@ pub enum Inserted {
     Unknown,
 }
 
+/// A product's orders in figures (the sale report).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SaleOrders {
+    pub accepted: i64,
+    pub accepted_units: i64,
+    /// All but the orders still PENDING and those cancelled OUT_OF_STOCK or HOLD_EXPIRED.
+    pub confirmed: i64,
+    /// PAID or SHIPPED now, or paid and refunded.
+    pub paid: i64,
+    pub shipped: i64,
+    /// Cancelled orders by cancel reason.
+    pub cancelled: std::collections::BTreeMap<String, i64>,
+    pub refunds: i64,
+    pub refunded_cents: i64,
+    /// Σ total_cents of the orders PAID or SHIPPED.
+    pub revenue_cents: i64,
+    /// The first order's acceptance (the gate's clock, else its creation), ms since the epoch.
+    pub first_accepted_ms: Option<i64>,
+}
+
+/// A product's orders in figures (the sale report): two statements.
+pub async fn sale_orders<C: ConnectionTrait>(c: &C, sku: &str) -> Result<SaleOrders, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Group {
+        status: String,
+        cancel_reason: Option<String>,
+        orders: i64,
+        units: i64,
+        cents: i64,
+        first_ms: Option<i64>,
+    }
+    #[derive(FromQueryResult)]
+    struct Refunded {
+        n: i64,
+        cents: i64,
+    }
+    let groups = Group::find_by_statement(stmt(
+        "SELECT status, cancel_reason, count(*)::int8 AS orders, sum(quantity)::int8 AS units, \
+         sum(total_cents)::int8 AS cents, \
+         (extract(epoch FROM min(coalesce(accepted_at, created_at))) * 1000)::int8 AS first_ms \
+         FROM orders WHERE sku = $1 GROUP BY status, cancel_reason",
+        [sku.into()],
+    ))
+    .all(c)
+    .await?;
+    let refunded = Refunded::find_by_statement(stmt(
+        "SELECT count(*)::int8 AS n, coalesce(sum(r.amount_cents), 0)::int8 AS cents \
+         FROM refunds r JOIN orders o USING (order_id) WHERE o.sku = $1",
+        [sku.into()],
+    ))
+    .one(c)
+    .await?;
+    let mut s = SaleOrders::default();
+    for g in groups {
+        s.accepted += g.orders;
+        s.accepted_units += g.units;
+        s.first_accepted_ms = match (s.first_accepted_ms, g.first_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let never_reserved = matches!(
+            g.cancel_reason.as_deref(),
+            Some("OUT_OF_STOCK" | "HOLD_EXPIRED")
+        );
+        if g.status != "PENDING" && !never_reserved {
+            s.confirmed += g.orders;
+        }
+        match g.status.as_str() {
+            "PAID" | "SHIPPED" => {
+                s.paid += g.orders;
+                s.revenue_cents += g.cents;
+                if g.status == "SHIPPED" {
+                    s.shipped += g.orders;
+                }
+            }
+            "CANCELLED" => {
+                *s.cancelled
+                    .entry(g.cancel_reason.unwrap_or_default())
+                    .or_default() += g.orders;
+            }
+            _ => {}
+        }
+    }
+    if let Some(r) = refunded {
+        s.refunds = r.n;
+        s.refunded_cents = r.cents;
+        s.paid += r.n;
+    }
+    Ok(s)
+}
+
+/// Orders of `sku` accepted per second (the gate's clock, else their creation): `(second in ms
+/// since the Unix epoch, orders)`, in order.
+pub async fn accepted_per_second<C: ConnectionTrait>(
+    c: &C,
+    sku: &str,
+) -> Result<Vec<(i64, i64)>, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        second_ms: i64,
+        n: i64,
+    }
+    Ok(Row::find_by_statement(stmt(
+        "SELECT (extract(epoch FROM date_trunc('second', coalesce(accepted_at, created_at))) * 1000)::int8 \
+         AS second_ms, count(*)::int8 AS n FROM orders WHERE sku = $1 GROUP BY 1 ORDER BY 1 LIMIT 100000",
+        [sku.into()],
+    ))
+    .all(c)
+    .await?
+    .into_iter()
+    .map(|r| (r.second_ms, r.n))
+    .collect())
+}
+
+/// The refusals of `sku` counted per second and reason: `(second in ms, reason, calls)`.
+pub async fn sale_refusals<C: ConnectionTrait>(
+    c: &C,
+    sku: &str,
+) -> Result<Vec<(i64, String, i64)>, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        second_ms: i64,
+        reason: String,
+        refused: i64,
+    }
+    Ok(Row::find_by_statement(stmt(
+        "SELECT (extract(epoch FROM second) * 1000)::int8 AS second_ms, reason, refused \
+         FROM sale_refusals WHERE sku = $1 ORDER BY second, reason LIMIT 100000",
+        [sku.into()],
+    ))
+    .all(c)
+    .await?
+    .into_iter()
+    .map(|r| (r.second_ms, r.reason, r.refused))
+    .collect())
+}
+
+/// The last acceptance (ms) of an order of `sku` before `before_ms`, if any.
+pub async fn last_accepted_before<C: ConnectionTrait>(
+    c: &C,
+    sku: &str,
+    before_ms: i64,
+) -> Result<Option<i64>, OrderError> {
+    #[derive(FromQueryResult)]
+    struct Row {
+        ms: Option<i64>,
+    }
+    Ok(Row::find_by_statement(stmt(
+        "SELECT (extract(epoch FROM max(coalesce(accepted_at, created_at))) * 1000)::int8 AS ms \
+         FROM orders WHERE sku = $1 AND coalesce(accepted_at, created_at) < to_timestamp($2 / 1000.0)",
+        [sku.into(), before_ms.into()],
+    ))
+    .one(c)
+    .await?
+    .and_then(|r| r.ms))
+}
+
+/// One order to write PENDING: its id, request, unit price, policy and when the gate accepted
+/// it (by the gate's clock, where known).
+pub type NewOrderRow<'a> = (Uuid, &'a PlaceOrder, i64, Policy, Option<DateTime<Utc>>);
+
+/// Adds refusal counts to `sale_refusals`: `(sku, second in ms since the Unix epoch, reason,
+/// count)` each.
+pub async fn add_refusals<C: ConnectionTrait>(
+    c: &C,
+    rows: &[(String, i64, &'static str, i64)],
+) -> Result<(), OrderError> {
+    let skus: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
+    let seconds: Vec<i64> = rows.iter().map(|r| r.1 / 1_000).collect();
+    let reasons: Vec<String> = rows.iter().map(|r| r.2.to_owned()).collect();
+    let counts: Vec<i64> = rows.iter().map(|r| r.3).collect();
+    c.execute_raw(stmt(
+        "INSERT INTO sale_refusals (sku, second, reason, refused) \
+         SELECT sku, to_timestamp(second), reason, refused \
+         FROM unnest($1::text[], $2::int8[], $3::text[], $4::int8[]) AS r(sku, second, reason, refused) \
+         ON CONFLICT (sku, second, reason) DO UPDATE SET refused = sale_refusals.refused + EXCLUDED.refused",
+        [skus.into(), seconds.into(), reasons.into(), counts.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
 /// Inserts a PENDING order with its first history row.
 pub async fn insert_order<C: ConnectionTrait>(
     c: &C,
@@ -374,7 +556,7 @@ pub async fn insert_order<C: ConnectionTrait>(
 /// (user, request) key already existed is skipped, with its event.
 pub async fn insert_orders_with_events<C: ConnectionTrait>(
     c: &C,
-    rows: &[(Uuid, &PlaceOrder, i64, Policy)],
+    rows: &[NewOrderRow<'_>],
     event_orders: &[Uuid],
     events: flashsale_messaging::outbox::EventColumns,
 ) -> Result<Vec<(Uuid, DateTime<Utc>)>, OrderError> {
@@ -390,13 +572,14 @@ pub async fn insert_orders_with_events<C: ConnectionTrait>(
         format!(
             "WITH ins AS ( \
                 INSERT INTO orders (order_id, user_id, request_id, sku, quantity, unit_price_cents, \
-                    total_cents, deduction_policy, status) \
+                    total_cents, deduction_policy, status, accepted_at) \
                 SELECT i.order_id, i.user_id, i.request_id, i.sku, i.quantity, i.unit_price_cents, \
-                    i.quantity * i.unit_price_cents, i.deduction_policy, 'PENDING' \
+                    i.quantity * i.unit_price_cents, i.deduction_policy, 'PENDING', \
+                    CASE WHEN i.accepted_ms > 0 THEN to_timestamp(i.accepted_ms / 1000.0) END \
                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], \
-                    $7::text[]) \
+                    $7::text[], $8::int8[]) \
                     WITH ORDINALITY AS i(order_id, user_id, request_id, sku, quantity, \
-                        unit_price_cents, deduction_policy, n) \
+                        unit_price_cents, deduction_policy, accepted_ms, n) \
                 ORDER BY i.user_id, i.request_id, i.n \
                 ON CONFLICT DO NOTHING \
                 RETURNING order_id, created_at \
@@ -405,13 +588,16 @@ pub async fn insert_orders_with_events<C: ConnectionTrait>(
                 SELECT order_id, NULL, 'PENDING', 'CreateOrder' FROM ins \
             ), events AS ({}) \
             SELECT order_id, created_at FROM ins",
-            flashsale_messaging::outbox::insert_keyed_sql(8, "ins", "order_id")
+            flashsale_messaging::outbox::insert_keyed_sql(9, "ins", "order_id")
         )
     });
     let mut ids = Vec::with_capacity(rows.len());
     let (mut users, mut requests, mut skus) = (Vec::new(), Vec::new(), Vec::new());
     let (mut quantities, mut prices, mut policies) = (Vec::new(), Vec::new(), Vec::new());
-    for (id, p, price, policy) in rows {
+    // Milliseconds since the Unix epoch; 0 where not known.
+    let mut accepted: Vec<i64> = Vec::new();
+    for (id, p, price, policy, at) in rows {
+        accepted.push(at.map_or(0, |t| t.timestamp_millis()));
         ids.push(*id);
         users.push(p.user_id.clone());
         requests.push(p.request_id.clone());
@@ -428,6 +614,7 @@ pub async fn insert_orders_with_events<C: ConnectionTrait>(
         quantities.into(),
         prices.into(),
         policies.into(),
+        accepted.into(),
     ];
     values.extend(events.bind(event_orders.to_vec()));
     Ok(Id::find_by_statement(stmt(&SQL, values))

@@ -8,7 +8,7 @@ use flashsale_contract::{parse_rfc3339_ms, reason::meta};
 use flashsale_platform::batch::Batcher;
 use flashsale_platform::{auth::ServiceToken, settings::UpstreamSettings, tls::GrpcTlsSettings};
 use flashsale_proto::product::v1::{
-    GetGateBuyersRequest, ReserveStockBatchRequest, ReserveStockRequest,
+    GetGateBuyersRequest, GetProductRequest, ReserveStockBatchRequest, ReserveStockRequest,
     product_stock_service_client::ProductStockServiceClient,
 };
 use tonic::{Code, transport::Channel};
@@ -46,6 +46,18 @@ pub struct GateBuyers {
     pub unchanged: bool,
 }
 
+/// What product-stock says of a product, for the sale report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProductFacts {
+    pub price_cents: i64,
+    pub sale_price_cents: Option<i64>,
+    pub sale_start_ms: Option<i64>,
+    pub sale_end_ms: Option<i64>,
+    pub on_hand: i64,
+    pub reserved: i64,
+    pub available: i64,
+}
+
 /// Most buyers asked for in one read (the list must fit in one message).
 pub const MAX_LISTED_BUYERS: u32 = 100_000;
 
@@ -66,6 +78,14 @@ pub trait StockPort: Send + Sync + 'static {
     /// The gate's available counter and buyers of `sku`, in one atomic read; no list when the
     /// product's refills count is still `known_refills` (`""`: always a list).
     async fn buyers(&self, sku: &str, known_refills: &str) -> Result<GateBuyers, OrderError>;
+
+    /// The product's terms and stock (the sale report); `UnknownProduct` when there is none.
+    async fn product(&self, sku: &str) -> Result<ProductFacts, OrderError> {
+        let _ = sku;
+        Err(OrderError::Unavailable(
+            "this stock port does not read products".into(),
+        ))
+    }
 }
 
 /// [`StockPort`] over product-stock's gRPC API. Concurrent reservations are coalesced into
@@ -273,6 +293,32 @@ impl StockPort for GrpcStock {
             }
             Err(s) => Err(map_status(s, sku)),
         }
+    }
+
+    async fn product(&self, sku: &str) -> Result<ProductFacts, OrderError> {
+        let msg = GetProductRequest {
+            sku: sku.to_owned(),
+        };
+        let req = flashsale_platform::grpc::service_request(msg, &self.token)
+            .map_err(|e| OrderError::Internal(anyhow::anyhow!("service request: {e}")))?;
+        let p = match self.client.clone().get_product(req).await {
+            Ok(resp) => resp.into_inner().product.ok_or_else(|| {
+                OrderError::Unavailable("product-stock answered no product".into())
+            })?,
+            Err(s) => return Err(map_status(s, sku)),
+        };
+        let ms = |t: Option<&flashsale_contract::Timestamp>| {
+            t.and_then(flashsale_contract::timestamp_to_ms)
+        };
+        Ok(ProductFacts {
+            price_cents: p.price_cents,
+            sale_price_cents: p.sale_price_cents,
+            sale_start_ms: ms(p.sale_start.as_ref()),
+            sale_end_ms: ms(p.sale_end.as_ref()),
+            on_hand: p.on_hand,
+            reserved: p.reserved,
+            available: p.available,
+        })
     }
 }
 

@@ -10,6 +10,7 @@ pub mod m0005_orders_unsettled;
 pub mod m0006_pending_by_sku;
 pub mod m0007_provider_payments;
 pub mod m0008_payment_reconcile;
+pub mod m0009_sale_report;
 
 pub struct Migrator;
 
@@ -29,6 +30,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0008_payment_reconcile::Migration),
             Box::new(flashsale_messaging::migration::AddCorrelation),
             Box::new(flashsale_messaging::migration::AddDeadLetterCorrelation),
+            Box::new(m0009_sale_report::Migration),
         ]
     }
 }

@@ -218,6 +218,7 @@ fn pending_write(user: &str, key: &str, q: i64) -> flashsale_order::app::Pending
         place: flashsale_order::domain::PlaceOrder::new(user, key, "SKU", q, 10).unwrap(),
         unit_price_cents: 100,
         policy: flashsale_order::domain::Policy::ReserveThenCommit,
+        accepted_at: None,
     }
 }
 

@@ -41,6 +41,7 @@ fn write(user: &str, request_id: &str) -> PendingWrite {
         },
         unit_price_cents: 100,
         policy: Policy::ReserveThenCommit,
+        accepted_at: None,
     }
 }
 

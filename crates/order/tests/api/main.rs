@@ -25,6 +25,7 @@ mod query;
 mod reconcile;
 mod refund_lease;
 mod refunds;
+mod report;
 mod rpc_metrics;
 mod saga;
 mod saga_batch;

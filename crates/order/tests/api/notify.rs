@@ -52,6 +52,7 @@ async fn a_statement_changing_many_orders_notifies_every_id_once_in_few_payloads
             place: PlaceOrder::new(&format!("u{i}"), "k", "SKU", 1, 10).unwrap(),
             unit_price_cents: 100,
             policy: Policy::ReserveThenCommit,
+            accepted_at: None,
         })
         .collect();
     let ids: Vec<Uuid> = writes.iter().map(|w| w.place.order_id()).collect();

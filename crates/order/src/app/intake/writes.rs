@@ -65,6 +65,9 @@ pub struct PendingWrite {
     pub place: PlaceOrder,
     pub unit_price_cents: i64,
     pub policy: Policy,
+    /// When the stock gate accepted it, by the gate's clock (`None`: not known; the report
+    /// then counts the order's creation).
+    pub accepted_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// What [`write_pending_batch`] did with one write.
@@ -259,7 +262,7 @@ async fn write_batch_or_each(
 async fn insert_before(
     db: &sea_orm::DatabaseConnection,
     deadline: Instant,
-    rows: &[(uuid::Uuid, &PlaceOrder, i64, Policy)],
+    rows: &[db::NewOrderRow<'_>],
     event_orders: &[uuid::Uuid],
     columns: outbox::EventColumns,
 ) -> Result<Vec<(uuid::Uuid, chrono::DateTime<chrono::Utc>)>, OrderError> {
@@ -314,7 +317,7 @@ async fn write_batch(
     let rows: Vec<_> = writes
         .iter()
         .zip(&ids)
-        .map(|(w, id)| (*id, &w.place, w.unit_price_cents, w.policy))
+        .map(|(w, id)| (*id, &w.place, w.unit_price_cents, w.policy, w.accepted_at))
         .collect();
     // One event per distinct order, written only if that order is.
     let mut seen = std::collections::HashSet::new();
