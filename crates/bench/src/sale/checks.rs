@@ -4,14 +4,14 @@
 use std::collections::BTreeMap;
 
 use flashsale_proto::{
-    order::v1::{CancelReason, Order, OrderStatus, RefundStatus},
+    order::v1::{CancelReason, Order, OrderStatus, RefundStatus, SaleReport},
     outbound::v1::{Shipment, ShipmentStatus},
     product::v1::Product,
 };
 
 use super::{
     follow::{Outcome, PayTiming, Plan},
-    report::{counts, order_status, refund_status, short},
+    report::{cancel_reason, counts, order_status, refund_status, short},
 };
 
 /// One order in the report.
@@ -366,6 +366,81 @@ pub(super) fn opened_on_time(e: &super::flood::Early) -> Check {
             e.refused, e.remembered, e.other_before_opening, e.after_opening
         ),
     }
+}
+
+/// The order service's sale report (GetSaleReport) tells what the sale saw: the orders
+/// accepted, the calls refused by reason (before the opening too), and the orders paid,
+/// shipped and cancelled by reason, with the revenue at their accepted prices.
+pub(super) fn report_agrees(
+    reports: &[Option<SaleReport>],
+    refused: &BTreeMap<String, u64>,
+    accepted: usize,
+    lines: &[Line],
+) -> Check {
+    let name = "the sale report agrees";
+    let Some(reports) = reports.iter().cloned().collect::<Option<Vec<_>>>() else {
+        return Check {
+            name,
+            pass: false,
+            detail: "the order service answered no report for a product".into(),
+        };
+    };
+    let mut theirs = SaleFigures::default();
+    for r in &reports {
+        theirs.accepted += r.accepted;
+        theirs.paid += r.paid;
+        theirs.shipped += r.shipped;
+        theirs.revenue_cents += r.revenue_cents;
+        for (k, n) in &r.refused {
+            *theirs.refused.entry(k.clone()).or_default() += n;
+        }
+        for (k, n) in &r.cancelled {
+            *theirs.cancelled.entry(k.clone()).or_default() += n;
+        }
+    }
+    let mut ours = SaleFigures {
+        accepted: i64::try_from(accepted).unwrap_or(i64::MAX),
+        refused: refused
+            .iter()
+            .map(|(k, n)| (k.clone(), i64::try_from(*n).unwrap_or(i64::MAX)))
+            .collect(),
+        ..SaleFigures::default()
+    };
+    for o in lines.iter().filter_map(|l| l.order.as_ref()) {
+        if status_is(o, OrderStatus::Paid) || status_is(o, OrderStatus::Shipped) {
+            ours.paid += 1;
+            ours.revenue_cents += o.total_cents;
+        }
+        if status_is(o, OrderStatus::Shipped) {
+            ours.shipped += 1;
+        }
+        if status_is(o, OrderStatus::Cancelled) {
+            *ours.cancelled.entry(cancel_reason(o)).or_default() += 1;
+            if o.refund_cents > 0 {
+                ours.paid += 1;
+            }
+        }
+    }
+    Check {
+        name,
+        pass: ours == theirs,
+        detail: if ours == theirs {
+            format!("{ours:?}")
+        } else {
+            format!("the sale saw {ours:?}; the report says {theirs:?}")
+        },
+    }
+}
+
+/// What the sale saw, and what the report says.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SaleFigures {
+    accepted: i64,
+    refused: BTreeMap<String, i64>,
+    paid: i64,
+    shipped: i64,
+    cancelled: BTreeMap<String, i64>,
+    revenue_cents: i64,
 }
 
 #[cfg(test)]

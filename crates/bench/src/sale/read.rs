@@ -60,6 +60,25 @@ pub(crate) async fn product(ctx: &Ctx, sku: &str) -> Option<Product> {
     resp.ok()?.into_inner().product
 }
 
+/// The order service's report of `sku`'s sale (GetSaleReport).
+pub(crate) async fn sale_report(
+    ctx: &Ctx,
+    sku: &str,
+) -> Option<flashsale_proto::order::v1::SaleReport> {
+    let resp = retrying(|| {
+        let mut client = ctx.orders.clone();
+        let req = request(
+            flashsale_proto::order::v1::GetSaleReportRequest {
+                sku: sku.to_owned(),
+            },
+            &ctx.admin,
+        );
+        async move { client.get_sale_report(req?).await }
+    })
+    .await;
+    resp.ok()?.into_inner().report
+}
+
 /// The ids of `buyer`'s orders of the sale's product, every page.
 pub(crate) async fn list_of(ctx: &Ctx, buyer: usize) -> Result<Vec<String>, tonic::Status> {
     let mut ids = Vec::new();

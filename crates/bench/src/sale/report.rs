@@ -118,6 +118,39 @@ pub(crate) async fn build(
     if ctx.opening_ms.is_some() {
         checks.push(checks::opened_on_time(&flood.early));
     }
+    // Refusals reach the report within a second or so (each replica writes its counts once a
+    // second): it is read until it has them all, or for a few seconds.
+    let mut refused = flood.refused.clone();
+    if flood.early.refused > 0 {
+        *refused.entry("SALE_NOT_STARTED".to_owned()).or_default() += flood.early.refused;
+    }
+    let want: i64 = refused
+        .values()
+        .map(|n| i64::try_from(*n).unwrap_or(i64::MAX))
+        .sum();
+    let until = (tokio::time::Instant::now() + std::time::Duration::from_secs(5)).min(hard);
+    let sale_reports = loop {
+        let mut got = Vec::with_capacity(ctx.skus.len());
+        for sku in &ctx.skus {
+            got.push(
+                tokio::time::timeout_at(hard, read::sale_report(ctx, sku))
+                    .await
+                    .ok()
+                    .flatten(),
+            );
+        }
+        let counted: i64 = got.iter().flatten().flat_map(|r| r.refused.values()).sum();
+        if counted >= want || tokio::time::Instant::now() >= until {
+            break got;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    checks.push(checks::report_agrees(
+        &sale_reports,
+        &refused,
+        flood.accepted.len(),
+        &lines,
+    ));
     let payments = payments_json(&lines, &late, args.pay_concurrency, run.act_elapsed);
 
     let latency: serde_json::Map<String, Value> = QUANTILES

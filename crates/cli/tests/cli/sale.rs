@@ -14,7 +14,7 @@ fn assert_invariants_pass(report: &Value) {
     let checks = report["invariants"].as_array().unwrap();
     // A sale with a window checks that it opened on time too.
     let opening = usize::from(report["beforeOpening"].is_object());
-    assert_eq!(checks.len(), 7 + opening, "{report}");
+    assert_eq!(checks.len(), 8 + opening, "{report}");
     let failed: Vec<&Value> = checks.iter().filter(|c| c["pass"] != true).collect();
     assert!(failed.is_empty(), "failed invariants: {failed:?}");
     assert_eq!(report["pass"], true);
