@@ -8,9 +8,9 @@ use std::time::Duration;
 use deadpool_redis::redis;
 use flashsale_platform::auth::Role;
 use flashsale_proto::order::v1::{
-    CancelOrderRequest, CreateOrderRequest, GetOrderRequest, ListOrdersRequest,
-    ListPendingOrdersRequest, ListStuckOrdersRequest, LookupOrdersRequest, PayOrderRequest,
-    WatchOrderRequest,
+    CancelOrderRequest, CreateOrderRequest, GetOrderRequest, GetSaleReportRequest,
+    ListOrdersRequest, ListPendingOrdersRequest, ListStuckOrdersRequest, LookupOrdersRequest,
+    PayOrderRequest, WatchOrderRequest,
 };
 use flashsale_test_support::grpc::{token, with_token};
 use proptest::{
@@ -39,6 +39,7 @@ enum Call {
     Stuck(ListStuckOrdersRequest),
     Lookup(LookupOrdersRequest),
     Pending(ListPendingOrdersRequest),
+    Report(GetSaleReportRequest),
 }
 
 impl Call {
@@ -54,6 +55,7 @@ impl Call {
             Self::Stuck(m) => vec![&m.page_token],
             Self::Lookup(m) => m.order_ids.iter().map(String::as_str).collect(),
             Self::Pending(m) => vec![&m.sku, &m.page_token],
+            Self::Report(m) => vec![&m.sku],
         };
         fields.iter().any(|f| f.chars().any(char::is_control))
     }
@@ -68,6 +70,7 @@ impl Call {
             Self::List(_) => &[InvalidArgument],
             Self::Pay(_) | Self::Cancel(_) => &[InvalidArgument, NotFound, FailedPrecondition],
             Self::Stuck(_) | Self::Lookup(_) | Self::Pending(_) => &[InvalidArgument],
+            Self::Report(_) => &[InvalidArgument, NotFound],
         }
     }
 }
@@ -168,13 +171,14 @@ fn call(orders: Vec<String>) -> impl Strategy<Value = Call> {
         }),
         1 => proptest::collection::vec(order_id, 0..4)
             .prop_map(|order_ids| Call::Lookup(LookupOrdersRequest { order_ids })),
-        1 => (sku, int32(), text()).prop_map(|(sku, page_size, page_token)| {
+        1 => (sku.clone(), int32(), text()).prop_map(|(sku, page_size, page_token)| {
             Call::Pending(ListPendingOrdersRequest {
                 sku,
                 page_size,
                 page_token,
             })
         }),
+        1 => sku.prop_map(|sku| Call::Report(GetSaleReportRequest { sku })),
     ]
 }
 
@@ -239,6 +243,7 @@ async fn run(app: &TestApp, caller: &Caller, call: Call) -> Result<(), tonic::St
         Call::Stuck(m) => c.list_stuck_orders(request(caller, m)).await.map(drop),
         Call::Lookup(m) => c.lookup_orders(request(caller, m)).await.map(drop),
         Call::Pending(m) => c.list_pending_orders(request(caller, m)).await.map(drop),
+        Call::Report(m) => c.get_sale_report(request(caller, m)).await.map(drop),
     }
 }
 

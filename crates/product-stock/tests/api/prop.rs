@@ -1,6 +1,7 @@
 //! Generated requests against every RPC of a running product-stock (real PostgreSQL, Redis and
 //! RabbitMQ): each answer is OK or a code the contract documents for that RPC, each item of a
-//! ReserveStockBatch is answered as ReserveStock would be, and a refused request changes nothing —
+//! ReserveStockBatch is answered as ReserveStock would be, and a refused request (UpdateProduct
+//! with a stale etag or an open sale's start included) changes nothing —
 //! no row, no stock figure, no Redis key, no unit at the gate.
 
 use std::time::Duration;
@@ -9,8 +10,8 @@ use deadpool_redis::redis;
 use flashsale_platform::auth::Role;
 use flashsale_proto::product::v1::{
     AdjustStockRequest, CommitReservationRequest, CreateProductRequest, DeductionPolicy,
-    GetGateBuyersRequest, GetProductRequest, ListProductsRequest, ReconcileStockRequest,
-    ReserveStockBatchRequest, ReserveStockRequest,
+    GetGateBuyersRequest, GetProductRequest, ListProductsRequest, Product, ReconcileStockRequest,
+    ReserveStockBatchRequest, ReserveStockRequest, UpdateProductRequest,
 };
 use flashsale_test_support::grpc::{token, with_token};
 use proptest::{
@@ -38,10 +39,11 @@ enum Call {
     Buyers(GetGateBuyersRequest),
     Commit(CommitReservationRequest),
     Reconcile(ReconcileStockRequest),
+    Update(UpdateProductRequest),
 }
 
 use Code::{
-    AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied,
+    Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied,
     ResourceExhausted, Unauthenticated,
 };
 
@@ -72,6 +74,13 @@ impl Call {
             Self::Reconcile(m) => {
                 has_control(&m.skus.iter().map(String::as_str).collect::<Vec<_>>())
             }
+            Self::Update(m) => {
+                let p = m.product.clone().unwrap_or_default();
+                let paths = m.update_mask.clone().map(|u| u.paths).unwrap_or_default();
+                let mut fields = vec![m.request_id.as_str(), &p.sku, &p.name, &p.etag];
+                fields.extend(paths.iter().map(String::as_str));
+                has_control(&fields)
+            }
         }
     }
 
@@ -86,6 +95,7 @@ impl Call {
             Self::Reserve(_) => RESERVE,
             Self::Buyers(_) | Self::Reconcile(_) => &[InvalidArgument, NotFound],
             Self::Commit(_) => &[InvalidArgument, NotFound, FailedPrecondition],
+            Self::Update(_) => &[InvalidArgument, NotFound, FailedPrecondition, Aborted],
         }
     }
 }
@@ -145,6 +155,77 @@ fn sku() -> impl Strategy<Value = String> {
     prop_oneof![2 => Just("PROP".to_owned()), 1 => Just("NOPE".to_owned()), 1 => text()]
 }
 
+/// Instants a client might send: none, the past, the near or far future, out of range.
+fn instant() -> impl Strategy<Value = Option<flashsale_contract::Timestamp>> {
+    let now = chrono::Utc::now().timestamp();
+    prop_oneof![
+        2 => Just(None),
+        2 => (-3_600i64..7_200).prop_map(move |d| Some(flashsale_contract::Timestamp {
+            seconds: now + d,
+            nanos: 0,
+        })),
+        1 => (any::<i64>(), any::<i32>()).prop_map(|(seconds, nanos)| Some(
+            flashsale_contract::Timestamp { seconds, nanos }
+        )),
+    ]
+}
+
+/// An update mask: mostly fields that may change, sometimes ones that may not or do not exist.
+fn mask() -> impl Strategy<Value = Option<flashsale_contract::FieldMask>> {
+    let path = prop_oneof![
+        6 => prop::sample::select(vec![
+            "name",
+            "price_cents",
+            "per_user_limit",
+            "sale_start",
+            "sale_end",
+            "sale_price_cents",
+        ])
+        .prop_map(str::to_owned),
+        1 => Just("stock_buckets".to_owned()),
+        1 => text(),
+    ];
+    prop_oneof![
+        6 => proptest::collection::vec(path, 0..4)
+            .prop_map(|paths| Some(flashsale_contract::FieldMask { paths })),
+        1 => Just(None),
+    ]
+}
+
+fn update() -> BoxedStrategy<UpdateProductRequest> {
+    let etag = prop_oneof![2 => Just(String::new()), 2 => Just("1".to_owned()), 1 => text()];
+    let sale_price = prop_oneof![1 => Just(None), 2 => int64().prop_map(Some)];
+    (
+        text(),
+        (sku(), etag, text(), int64(), uint32()),
+        (instant(), instant(), sale_price),
+        mask(),
+    )
+        .prop_map(
+            |(
+                request_id,
+                (sku, etag, name, price_cents, per_user_limit),
+                (sale_start, sale_end, sale_price_cents),
+                update_mask,
+            )| UpdateProductRequest {
+                request_id,
+                product: Some(Product {
+                    sku,
+                    etag,
+                    name,
+                    price_cents,
+                    per_user_limit,
+                    sale_start,
+                    sale_end,
+                    sale_price_cents,
+                    ..Product::default()
+                }),
+                update_mask,
+            },
+        )
+        .boxed()
+}
+
 fn reserve() -> impl Strategy<Value = ReserveStockRequest> {
     let user = prop_oneof![2 => Just("u1".to_owned()), 1 => Just("u2".to_owned()), 1 => text()];
     (order_id(), user, sku(), quantity()).prop_map(|(order_id, user_id, sku, quantity)| {
@@ -160,15 +241,14 @@ fn reserve() -> impl Strategy<Value = ReserveStockRequest> {
 fn call() -> impl Strategy<Value = Call> {
     prop_oneof![
         1 => (
-            sku(),
-            text(),
-            int64(),
-            int64(),
-            uint32(),
-            -1i32..4
+            (sku(), text(), int64(), int64(), uint32(), -1i32..4),
+            (instant(), instant(), proptest::option::of(int64())),
         )
             .prop_map(
-                |(sku, name, price_cents, initial_stock, per_user_limit, deduction_policy)| {
+                |(
+                    (sku, name, price_cents, initial_stock, per_user_limit, deduction_policy),
+                    (sale_start, sale_end, sale_price_cents),
+                )| {
                     Call::Create(CreateProductRequest {
                         sku,
                         name,
@@ -177,10 +257,13 @@ fn call() -> impl Strategy<Value = Call> {
                         per_user_limit,
                         deduction_policy,
                         stock_buckets: 0,
-                        ..Default::default()
+                        sale_start,
+                        sale_end,
+                        sale_price_cents,
                     })
                 }
-            ),
+            )
+            .boxed(),
         1 => sku().prop_map(|sku| Call::Get(GetProductRequest { sku })),
         1 => (any::<i32>(), text()).prop_map(|(page_size, page_token)| {
             Call::List(ListProductsRequest {
@@ -209,6 +292,7 @@ fn call() -> impl Strategy<Value = Call> {
         1 => order_id().prop_map(|order_id| Call::Commit(CommitReservationRequest { order_id })),
         1 => (proptest::collection::vec(sku(), 0..3), any::<bool>())
             .prop_map(|(skus, repair)| Call::Reconcile(ReconcileStockRequest { skus, repair })),
+        2 => update().prop_map(Call::Update),
     ]
 }
 
@@ -230,6 +314,11 @@ async fn snapshot(app: &TestApp, redis: &flashsale_platform::redis::Pool) -> Vec
         "SELECT COUNT(*) AS n FROM stock_ledger",
         "SELECT COUNT(*) AS n FROM stock_adjustments",
         "SELECT COUNT(*) AS n FROM outbox",
+        "SELECT COUNT(*) AS n FROM product_updates",
+        "SELECT COALESCE(SUM(version), 0)::int8 AS n FROM products",
+        "SELECT COALESCE(SUM(price_cents + per_user_limit + COALESCE(sale_price_cents, 0) \
+         + length(name) + COALESCE(extract(epoch FROM sale_start)::int8, 0) \
+         + COALESCE(extract(epoch FROM sale_end)::int8, 0)), 0)::int8 AS n FROM products",
     ] {
         out.push(app.count(sql).await);
     }
@@ -285,6 +374,7 @@ async fn run(app: &TestApp, caller: &Caller, call: Call) -> (Result<(), tonic::S
         Call::Buyers(m) => c.get_gate_buyers(request(caller, m)).await.map(drop),
         Call::Commit(m) => c.commit_reservation(request(caller, m)).await.map(drop),
         Call::Reconcile(m) => c.reconcile_stock(request(caller, m)).await.map(drop),
+        Call::Update(m) => c.update_product(request(caller, m)).await.map(drop),
     };
     (answer, Vec::new())
 }
