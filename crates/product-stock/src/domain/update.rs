@@ -3,7 +3,9 @@
 //! [`ProductUpdate`] names only fields that may change, each with an acceptable value; whether
 //! the change may apply to the product as it is now is [`ProductUpdate::apply`]'s to say.
 
-use flashsale_contract::{MAX_PRICE_CENTS, MAX_UNITS, NAME_MAX_LEN, REQUEST_ID_MAX_LEN, check_text};
+use flashsale_contract::{
+    MAX_PRICE_CENTS, MAX_UNITS, NAME_MAX_LEN, REQUEST_ID_MAX_LEN, check_optional_text, check_text,
+};
 
 use super::{Product, Sale, Sku, StockError, check_trimmed, sale::MAX_SALE_MS, sku_violation};
 
@@ -148,6 +150,13 @@ impl ProductUpdate {
             }
             v.name.trim().to_owned()
         });
+        // A string the mask leaves out is still checked for control characters: none is
+        // taken in, whatever field it is sent in (the contract).
+        if name.is_none()
+            && let Err(e) = check_optional_text("product.name", &v.name, usize::MAX)
+        {
+            bad.push(e);
+        }
         let price_cents = named("price_cents").then(|| {
             if !(0..=MAX_PRICE_CENTS).contains(&v.price_cents) {
                 bad.push((
@@ -379,6 +388,13 @@ mod tests {
             ..UpdateValues::default()
         };
         assert!(update(&["per_user_limit"], v.clone()).is_ok());
+        // A control character is refused even in a field the mask leaves out.
+        let hidden = UpdateValues {
+            name: "Gin\u{0}".into(),
+            ..UpdateValues::default()
+        };
+        let e = update(&["per_user_limit"], hidden).unwrap_err();
+        assert_eq!(violated(e), ["product.name"]);
         let e = update(
             &["name", "price_cents", "sale_start", "sale_price_cents"],
             v,
